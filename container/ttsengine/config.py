@@ -1,0 +1,113 @@
+"""Engine configuration: one frozen dataclass, built once at the edge by `from_env()`.
+
+This is the only module of the core that reads the environment. Every variable is listed in
+ENV_VARS (and in the README's table, which a test keeps in sync).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, fields, replace
+from pathlib import Path
+
+from .errors import ConfigError
+
+DEFAULT_MODEL_DIR = "/opt/ml/model"  # SageMaker's path, used everywhere
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    model_dir: Path = Path(DEFAULT_MODEL_DIR)
+    device: str = "auto"  # auto | cpu | cuda | cuda:N
+    dtype: str = "auto"  # auto (bf16 on CUDA, fp32 on CPU) | bfloat16 | float16 | float32
+    codec_dtype: str = "auto"  # auto (fp32) | bfloat16 | float16 | float32
+    chunk_length: int = 200  # characters per text chunk of a long text
+    max_text_length: int = 20_000  # characters per request
+    max_reference_seconds: float = 60.0
+    reference_cache_size: int = 64  # encoded references kept in memory (LRU, by content hash)
+    allow_special_tokens: bool = False  # honour <|...|> control tokens inside request text
+    log_level: str = "INFO"
+
+    def with_(self, **changes) -> EngineConfig:
+        return replace(self, **changes)
+
+
+# env var -> (field, parser, description); the README table lists the same names.
+ENV_VARS: dict[str, tuple[str, str]] = {
+    "TTS_MODEL_DIR": ("model_dir", "model directory (config.json, model.pth, tokenizer files, codec.pth)"),
+    "TTS_DEVICE": ("device", "auto | cpu | cuda | cuda:N"),
+    "TTS_DTYPE": ("dtype", "DualAR weights: auto (bf16 on CUDA, fp32 on CPU) | bfloat16 | float16 | float32"),
+    "TTS_CODEC_DTYPE": ("codec_dtype", "codec weights: auto (fp32) | bfloat16 | float16 | float32"),
+    "TTS_CHUNK_LENGTH": ("chunk_length", "characters per chunk when a long text is split at sentences (50-1000)"),
+    "TTS_MAX_TEXT_LENGTH": ("max_text_length", "longest accepted request text, in characters"),
+    "TTS_MAX_REFERENCE_SECONDS": ("max_reference_seconds", "longest accepted reference audio, in seconds"),
+    "TTS_REFERENCE_CACHE_SIZE": ("reference_cache_size", "encoded reference voices kept in memory"),
+    "TTS_ALLOW_SPECIAL_TOKENS": ("allow_special_tokens", "1 = honour <|...|> control tokens in request text"),
+    "TTS_LOG_LEVEL": ("log_level", "DEBUG | INFO | WARNING | ERROR"),
+}
+# Variables read outside EngineConfig (download credentials), listed for the README table.
+OTHER_ENV_VARS: dict[str, str] = {
+    "HF_TOKEN": "Hugging Face token for `ttsengine download --hf` (the S1-mini repo is gated)",
+}
+
+_DTYPES = ("auto", "bfloat16", "float16", "float32")
+_LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
+
+
+def _parse(name: str, field: str, text: str, current: object) -> object:
+    text = text.strip()
+    try:
+        if isinstance(current, bool):
+            if text.lower() not in ("1", "0", "true", "false", "yes", "no", "on", "off"):
+                raise ValueError
+            return text.lower() in ("1", "true", "yes", "on")
+        if isinstance(current, int):
+            return int(text)
+        if isinstance(current, float):
+            return float(text)
+        if isinstance(current, Path):
+            return Path(text)
+        return text
+    except ValueError:
+        raise ConfigError(f"environment variable {name}={text!r}: expected {type(current).__name__}") from None
+
+
+def validate(cfg: EngineConfig) -> EngineConfig:
+    def fail(field: str, why: str) -> None:
+        names = [k for k, (f, _) in ENV_VARS.items() if f == field]
+        raise ConfigError(f"{names[0] if names else field}: {why}")
+
+    if cfg.device != "auto" and not (cfg.device == "cpu" or cfg.device == "cuda" or
+                                     (cfg.device.startswith("cuda:") and cfg.device[5:].isdigit())):
+        fail("device", f"{cfg.device!r} is not one of auto, cpu, cuda, cuda:N")
+    for f in ("dtype", "codec_dtype"):
+        if getattr(cfg, f) not in _DTYPES:
+            fail(f, f"{getattr(cfg, f)!r} is not one of {', '.join(_DTYPES)}")
+    if not 50 <= cfg.chunk_length <= 1000:
+        fail("chunk_length", f"{cfg.chunk_length} is outside 50..1000")
+    if cfg.max_text_length < 1:
+        fail("max_text_length", "must be >= 1")
+    if not cfg.max_reference_seconds > 0:
+        fail("max_reference_seconds", "must be > 0")
+    if cfg.reference_cache_size < 0:
+        fail("reference_cache_size", "must be >= 0")
+    if cfg.log_level.upper() not in _LOG_LEVELS:
+        fail("log_level", f"{cfg.log_level!r} is not one of {', '.join(_LOG_LEVELS)}")
+    return cfg
+
+
+def from_env(env: Mapping[str, str] | None = None, **overrides) -> EngineConfig:
+    """Builds the config from TTS_* variables; keyword overrides (e.g. from CLI flags) win."""
+    env = os.environ if env is None else env
+    base = EngineConfig()
+    values: dict[str, object] = {}
+    for name, (field, _) in ENV_VARS.items():
+        if env.get(name, "").strip():
+            values[field] = _parse(name, field, env[name], getattr(base, field))
+    values.update({k: v for k, v in overrides.items() if v is not None})
+    known = {f.name for f in fields(EngineConfig)}
+    unknown = set(values) - known
+    if unknown:
+        raise ConfigError(f"unknown engine setting(s): {', '.join(sorted(unknown))}")
+    return validate(replace(base, **values))

@@ -1,0 +1,30 @@
+"""Error types the core raises. Adapters map them to transport codes (InputError -> 4xx).
+
+Every message is one line that says what is wrong and where, so it can be shown to a user as is.
+"""
+
+from __future__ import annotations
+
+
+class TTSError(Exception):
+    """Base class of every error the engine raises on purpose."""
+
+
+class InputError(TTSError, ValueError):
+    """The request is invalid (bad text, parameter out of range, unreadable reference audio)."""
+
+
+class CheckpointError(TTSError):
+    """A model directory or file cannot be used (missing, corrupt, wrong keys or shapes)."""
+
+
+class ConfigError(CheckpointError):
+    """A config file has unknown or missing keys, or values that cannot describe a model."""
+
+
+class BusyError(TTSError):
+    """The engine has no free slot and its queue is full; the caller should retry later."""
+
+
+class CancelledError(TTSError):
+    """The request was cancelled before it finished."""

@@ -1,0 +1,1 @@
+"""Pure model code: modules and math, no engine, protocol, handlers or environment."""

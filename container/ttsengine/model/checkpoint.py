@@ -1,0 +1,77 @@
+"""A loaded model directory: family, config, tokenizer, DualAR and codec, checked against each other."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
+
+import torch
+
+from ..errors import CheckpointError, ConfigError
+from .codec import Codec, CodecConfig, codec_buffer_key, load_codec_config
+from .dual_ar import DualAR
+from .dual_ar_config import DualARConfig
+from .families import detect
+from .tokenizer import Tokenizer
+from .weights import load_strict, read_state_dict
+
+
+@dataclass
+class Checkpoint:
+    model_dir: Path
+    family: ModuleType
+    config: DualARConfig
+    codec_config: CodecConfig
+    tokenizer: Tokenizer
+    model: DualAR
+    codec: Codec
+
+
+def _find(model_dir: Path, names: tuple[str, ...]) -> Path:
+    for name in names:
+        if (model_dir / name).is_file():
+            return model_dir / name
+    raise CheckpointError(f"{model_dir}: none of {', '.join(names)} found")
+
+
+def check_consistency(cfg: DualARConfig, tok: Tokenizer, codec_cfg: CodecConfig, model_dir: Path) -> None:
+    where = f"{model_dir}/config.json"
+    if cfg.vocab_size < tok.n_vocab:
+        raise ConfigError(f"{where}: key 'vocab_size' is {cfg.vocab_size} but the tokenizer has {tok.n_vocab} ids")
+    if tok.num_semantic > cfg.codebook_size:
+        raise ConfigError(f"{where}: key 'codebook_size' is {cfg.codebook_size} but the tokenizer has "
+                          f"{tok.num_semantic} semantic tokens")
+    if codec_cfg.num_codebooks != cfg.num_codebooks:
+        raise ConfigError(f"{where}: key 'num_codebooks' is {cfg.num_codebooks} but the codec has "
+                          f"{codec_cfg.num_codebooks} codebooks")
+    if codec_cfg.semantic_codebook_size != tok.num_semantic:
+        raise ConfigError(f"{model_dir}: the codec's semantic codebook has {codec_cfg.semantic_codebook_size} "
+                          f"entries but the tokenizer has {tok.num_semantic} semantic tokens")
+
+
+def load_checkpoint(model_dir: Path, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32,
+                    codec_dtype: torch.dtype = torch.float32) -> Checkpoint:
+    model_dir = Path(model_dir)
+    family = detect(model_dir)
+    for name in family.REQUIRED_FILES:
+        if not (model_dir / name).is_file():
+            raise CheckpointError(f"{model_dir}: required file {name} is missing")
+    cfg = family.load_config(model_dir)
+    tok = family.load_tokenizer(model_dir)
+    codec_cfg = load_codec_config(model_dir)
+    check_consistency(cfg, tok, codec_cfg, model_dir)
+
+    model_path = _find(model_dir, family.MODEL_FILES)
+    with torch.device("meta"):
+        model = DualAR(cfg, tok.semantic_begin_id, tok.semantic_end_id)
+    load_strict(model, family.normalize_model_keys(read_state_dict(model_path)), str(model_path))
+    model = model.to(device=device, dtype=dtype).eval()
+    model.init_buffers()
+
+    codec_path = _find(model_dir, family.CODEC_FILES)
+    with torch.device("meta"):
+        codec = Codec(codec_cfg)
+    load_strict(codec, family.normalize_codec_keys(read_state_dict(codec_path)), str(codec_path), codec_buffer_key)
+    codec = codec.to(device=device, dtype=codec_dtype).eval()
+    return Checkpoint(model_dir, family, cfg, codec_cfg, tok, model, codec)

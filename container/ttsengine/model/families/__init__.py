@@ -1,0 +1,25 @@
+"""Checkpoint families. Each module here exposes the same attributes (see s1.py); `detect` picks the
+one a model directory belongs to."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from types import ModuleType
+
+from ...errors import CheckpointError
+from . import s1
+
+FAMILIES: tuple[ModuleType, ...] = (s1,)
+
+
+def detect(model_dir: Path) -> ModuleType:
+    model_dir = Path(model_dir)
+    if not model_dir.is_dir():
+        raise CheckpointError(f"{model_dir}: model directory not found")
+    if not (model_dir / "config.json").is_file():
+        raise CheckpointError(f"{model_dir}: no config.json (is this a model directory?)")
+    for family in FAMILIES:
+        if family.matches(model_dir):
+            return family
+    raise CheckpointError(f"{model_dir}/config.json: not a supported checkpoint family "
+                          f"(supported: {', '.join(f.NAME for f in FAMILIES)}; S1 needs model_type 'dual_ar')")

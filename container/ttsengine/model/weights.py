@@ -1,0 +1,103 @@
+"""Reading state dicts safely (weights_only / safetensors) and loading them strictly.
+
+A checkpoint that does not match the module is an error listing what is missing, unexpected or
+mis-shaped; there is no silent non-strict load.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+from torch import Tensor, nn
+
+from ..compat import load_torch_file
+from ..errors import CheckpointError
+
+StateDict = dict[str, Tensor]
+
+
+def read_state_dict(path: Path) -> StateDict:
+    """A `.pth`/`.pt` (plain or `{"state_dict": ...}`) or `.safetensors` file -> {name: tensor} on CPU."""
+    path = Path(path)
+    if not path.is_file():
+        raise CheckpointError(f"{path}: file not found")
+    if path.suffix == ".safetensors":
+        from safetensors.torch import load_file
+
+        try:
+            obj: object = load_file(str(path), device="cpu")
+        except Exception as e:  # safetensors raises its own error type for every format problem
+            raise CheckpointError(f"{path}: not a readable safetensors file (truncated or corrupt?): {e}") from None
+    else:
+        obj = load_torch_file(path)
+    if isinstance(obj, dict) and isinstance(obj.get("state_dict"), dict):
+        obj = obj["state_dict"]
+    if not isinstance(obj, dict) or not all(isinstance(k, str) and isinstance(v, Tensor) for k, v in obj.items()):
+        raise CheckpointError(f"{path}: does not hold a state_dict (a mapping of names to tensors)")
+    if not obj:
+        raise CheckpointError(f"{path}: the state_dict is empty")
+    return dict(obj)
+
+
+def strip_prefix(sd: StateDict, prefix: str) -> StateDict:
+    return {k[len(prefix):] if k.startswith(prefix) else k: v for k, v in sd.items()}
+
+
+def fold_weight_norm(sd: StateDict) -> StateDict:
+    """Replaces weight-norm pairs by the plain weight W = g * v / ||v|| (norm over all dims but 0).
+
+    Both on-disk forms: `X.weight_g`/`X.weight_v` and `X.parametrizations.weight.original0/1`.
+    For a ConvTranspose1d weight [in, out, k], dim 0 is the input channel, as torch's weight_norm uses.
+    """
+    out = dict(sd)
+    forms = ((".weight_g", ".weight_v"), (".parametrizations.weight.original0", ".parametrizations.weight.original1"))
+    for g_suffix, v_suffix in forms:
+        for key in [k for k in sd if k.endswith(g_suffix)]:
+            base = key[: -len(g_suffix)]
+            if base + v_suffix not in sd:
+                continue
+            g, v = out.pop(key).float(), out.pop(base + v_suffix).float()
+            norm = v.pow(2).sum(dim=tuple(range(1, v.dim())), keepdim=True).sqrt()
+            out[base + ".weight"] = v * (g / norm)
+    return out
+
+
+def fuse_qkv(sd: StateDict) -> StateDict:
+    """Older checkpoints store wq/wk/wv separately; the model reads one wqkv (rows q, k, v)."""
+    out = dict(sd)
+    for key in [k for k in sd if k.endswith(".attention.wq.weight")]:
+        base = key[: -len("wq.weight")]
+        parts = [base + name + ".weight" for name in ("wq", "wk", "wv")]
+        if all(p in out for p in parts):
+            out[base + "wqkv.weight"] = torch.cat([out.pop(p) for p in parts], dim=0)
+    return out
+
+
+def _listing(names: list[str], limit: int = 12) -> str:
+    shown = ", ".join(names[:limit])
+    return shown + (f" ... and {len(names) - limit} more" if len(names) > limit else "")
+
+
+def load_strict(module: nn.Module, sd: StateDict, what: str, ignore: Callable[[str], bool] = lambda k: False) -> None:
+    """Assigns `sd` to `module` (keeping the file's tensors and dtype) after checking that names and
+    shapes match exactly. `ignore` names file entries that are known and deliberately unused."""
+    expected = module.state_dict()
+    sd = {k: v for k, v in sd.items() if not (k not in expected and ignore(k))}
+    missing = sorted(set(expected) - set(sd))
+    unexpected = sorted(set(sd) - set(expected))
+    wrong = sorted(
+        f"{k} (file {list(sd[k].shape)}, model {list(expected[k].shape)})"
+        for k in set(sd) & set(expected) if sd[k].shape != expected[k].shape
+    )
+    problems = []
+    if missing:
+        problems.append(f"missing {len(missing)}: {_listing(missing)}")
+    if unexpected:
+        problems.append(f"unexpected {len(unexpected)}: {_listing(unexpected)}")
+    if wrong:
+        problems.append(f"wrong shape {len(wrong)}: {_listing(wrong)}")
+    if problems:
+        raise CheckpointError(f"{what}: does not match the model config; " + "; ".join(problems))
+    module.load_state_dict(sd, strict=True, assign=True)
