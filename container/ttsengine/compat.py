@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import functools
 import pickle
+import re
 import zipfile
 from pathlib import Path
 
@@ -15,7 +16,7 @@ import torch
 from .errors import CheckpointError
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def torch_version() -> tuple[int, int]:
     major, minor = torch.__version__.split("+")[0].split(".")[:2]
     return int(major), int(minor)
@@ -33,10 +34,13 @@ def load_torch_file(path: Path) -> object:
             return torch.load(path, map_location="cpu", weights_only=True, mmap=True)
         return torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as e:
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise CheckpointError(
-            f"{path}: refused to load: it holds objects other than tensors ({first})"
-        ) from None
+        text = str(e)
+        detail = re.search(r"Unsupported (global|class)[^.\n]*", text)
+        if detail:  # a real pickle of something other than tensors: never unpickle it
+            raise CheckpointError(f"{path}: refused to load: it holds objects other than tensors "
+                                  f"({detail.group(0)})") from None
+        last = text.strip().splitlines()[-1][:200] if text.strip() else "unpickling failed"
+        raise CheckpointError(f"{path}: not a readable torch checkpoint (truncated or corrupt?): {last}") from None
     except (RuntimeError, EOFError, OSError, ValueError, zipfile.BadZipFile) as e:
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise CheckpointError(f"{path}: not a readable torch checkpoint (truncated or corrupt?): {first}") from None

@@ -97,6 +97,16 @@ def validate(cfg: EngineConfig) -> EngineConfig:
     return cfg
 
 
+@dataclass(frozen=True)
+class DownloadConfig:
+    hf_token: str | None = None
+
+    @staticmethod
+    def from_env(env: Mapping[str, str] | None = None) -> DownloadConfig:
+        env = os.environ if env is None else env
+        return DownloadConfig(hf_token=env.get("HF_TOKEN") or None)
+
+
 def from_env(env: Mapping[str, str] | None = None, **overrides) -> EngineConfig:
     """Builds the config from TTS_* variables; keyword overrides (e.g. from CLI flags) win."""
     env = os.environ if env is None else env

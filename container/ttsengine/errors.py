@@ -28,3 +28,7 @@ class BusyError(TTSError):
 
 class CancelledError(TTSError):
     """The request was cancelled before it finished."""
+
+
+class DownloadError(TTSError):
+    """Fetching a model failed (credentials, missing repository or object, network)."""

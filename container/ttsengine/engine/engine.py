@@ -59,6 +59,7 @@ class ChunkReport:
     frames: int
     finish_reason: str  # "stop" (the model ended the utterance) | "length" (max_new_tokens reached)
     context_dropped: bool  # the previous chunk did not fit beside this one as context
+    prompt_tokens: int
 
 
 @dataclass(frozen=True)
@@ -197,7 +198,8 @@ class Engine:
         codes = torch.stack(frames, dim=1)[1:].cpu() if frames else torch.zeros(n, 0, dtype=torch.int64)
         if gen.finish_reason == "length":
             log.warning("text chunk reached max_new_tokens=%d before the model ended it", req.max_new_tokens)
-        return codes, ChunkReport(text, codes.shape[1], gen.finish_reason or "length", dropped), gen.generated
+        report = ChunkReport(text, codes.shape[1], gen.finish_reason or "length", dropped, prompt.shape[1])
+        return codes, report, gen.generated
 
     def decode(self, codes: Tensor) -> np.ndarray:
         """codes: int64 [n, N] -> float32 [N * frame_length]."""

@@ -157,7 +157,8 @@ def _module(raw: Any, where: str, source: str) -> CodecTransformerConfig:
     return CodecTransformerConfig(
         n_layer=_get(c, "n_layer", w, source), n_head=n_head, dim=dim,
         intermediate_size=_get(c, "intermediate_size", w, source), head_dim=head_dim,
-        rope_base=float(_get(c, "rope_base", w, source, "float")), norm_eps=float(_get(c, "norm_eps", w, source, "float")),
+        rope_base=float(_get(c, "rope_base", w, source, "float")),
+        norm_eps=float(_get(c, "norm_eps", w, source, "float")),
         window=_get(m, "window_size", where, source), block_size=_get(c, "block_size", w, source),
     )
 

@@ -54,7 +54,8 @@ class DownsampleQuantizer(nn.Module):
         dim = cfg.latent_dim
         self.semantic_quantizer = ResidualQuantizer(dim, 1, cfg.semantic_codebook_size, cfg.codebook_dim)
         self.quantizer = ResidualQuantizer(dim, cfg.n_codebooks, cfg.codebook_size, cfg.codebook_dim)
-        self.downsample = nn.Sequential(*(_stage(CausalConv(dim, dim, f, stride=f), dim) for f in cfg.downsample_factor))
+        self.downsample = nn.Sequential(
+            *(_stage(CausalConv(dim, dim, f, stride=f), dim) for f in cfg.downsample_factor))
         self.upsample = nn.Sequential(
             *(_stage(CausalTransConv(dim, dim, f, f), dim) for f in reversed(cfg.downsample_factor)))
         self.pre_module = CodecTransformer(cfg.pre_module)

@@ -1,0 +1,116 @@
+"""Command line: `python -m ttsengine synth|download ...`.
+
+Errors print one line (`ttsengine: ...`) and exit 2; nothing prints a stack trace for bad input.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from pathlib import Path
+
+from .config import DownloadConfig, from_env
+from .errors import TTSError
+
+log = logging.getLogger("ttsengine")
+
+
+def _synth(args: argparse.Namespace) -> int:
+    import soundfile as sf
+
+    from .engine.engine import Engine
+    from .engine.request import Reference, SynthesisRequest
+
+    if len(args.reference) != len(args.reference_text):
+        raise TTSError("give one --reference-text per --reference (in the same order)")
+    if args.text is None and args.text_file is None:
+        raise TTSError("give --text or --text-file")
+    text = args.text if args.text is not None else _read_text(args.text_file)
+    refs = []
+    for audio, ref_text in zip(args.reference, args.reference_text):
+        try:
+            refs.append(Reference(text=ref_text, audio=Path(audio).read_bytes()))
+        except OSError as e:
+            raise TTSError(f"--reference {audio}: {e.strerror}") from None
+    fmt = args.out.suffix.lstrip(".").upper() or "WAV"
+    if fmt not in ("WAV", "FLAC", "OGG", "MP3"):
+        raise TTSError(f"--out {args.out}: unsupported extension (use .wav, .flac, .ogg or .mp3)")
+
+    config = from_env(model_dir=args.model, device=args.device)
+    engine = Engine.load(config)
+    result = engine.synthesize(SynthesisRequest(
+        text=text, references=tuple(refs), seed=args.seed, temperature=args.temperature, top_p=args.top_p,
+        repetition_penalty=args.repetition_penalty, max_new_tokens=args.max_new_tokens,
+        chunk_length=args.chunk_length))
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    sf.write(str(args.out), result.audio, result.sample_rate, format=fmt)
+    seconds = len(result.audio) / result.sample_rate
+    print(f"wrote {args.out}: {len(result.audio)} samples, {seconds:.2f} s at {result.sample_rate} Hz, "
+          f"{result.frames} frames, {len(result.chunks)} text chunk(s), seed {result.seed}")
+    return 0
+
+
+def _read_text(path: Path) -> str:
+    try:
+        return Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise TTSError(f"--text-file {path}: {e}") from None
+
+
+def _download(args: argparse.Namespace) -> int:
+    from .download import download_hf, download_s3
+
+    if args.hf:
+        path = download_hf(args.hf, args.to, token=DownloadConfig.from_env().hf_token, revision=args.revision)
+    else:
+        path = download_s3(args.s3, args.to)
+    print(f"model ready in {path}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="python -m ttsengine", description="Fish-Speech S1 inference engine")
+    sub = ap.add_subparsers(dest="command", required=True)
+
+    s = sub.add_parser("synth", help="text -> audio file")
+    s.add_argument("--model", type=Path, default=None, help="model dir (default: $TTS_MODEL_DIR or /opt/ml/model)")
+    s.add_argument("--text")
+    s.add_argument("--text-file", type=Path)
+    s.add_argument("--reference", action="append", default=[], help="reference audio file (repeatable)")
+    s.add_argument("--reference-text", action="append", default=[], help="transcript of each --reference")
+    s.add_argument("--seed", type=int)
+    s.add_argument("--temperature", type=float)
+    s.add_argument("--top-p", type=float)
+    s.add_argument("--repetition-penalty", type=float)
+    s.add_argument("--max-new-tokens", type=int, help="frames per text chunk (0 = fill the context)")
+    s.add_argument("--chunk-length", type=int, help="characters per text chunk of a long text")
+    s.add_argument("--device", help="auto | cpu | cuda | cuda:N")
+    s.add_argument("--out", type=Path, required=True, help=".wav, .flac, .ogg or .mp3")
+    s.set_defaults(func=_synth)
+
+    d = sub.add_parser("download", help="fetch a model dir from the Hugging Face Hub or S3")
+    d.add_argument("--to", type=Path, required=True)
+    src = d.add_mutually_exclusive_group(required=True)
+    src.add_argument("--hf", metavar="REPO_ID", help="e.g. fishaudio/openaudio-s1-mini (uses HF_TOKEN)")
+    src.add_argument("--s3", metavar="URI", help="s3://bucket/prefix/ or s3://bucket/path/model.tar.gz")
+    d.add_argument("--revision", help="HF branch, tag or commit")
+    d.set_defaults(func=_download)
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        logging.basicConfig(level=from_env().log_level.upper(),
+                            format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+        return args.func(args)
+    except TTSError as e:
+        print(f"ttsengine {args.command}: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,59 @@
+"""The CLI as a user runs it: real subprocesses, files on disk, one-line errors."""
+
+from __future__ import annotations
+
+import io
+
+import numpy as np
+import soundfile as sf
+from conftest import MODEL_DIR, run_cli
+
+
+def test_synth_writes_whole_frames(tmp_path):
+    out = tmp_path / "x.wav"
+    proc = run_cli("ttsengine", "synth", "--model", str(MODEL_DIR), "--text", "Hello there.", "--out", str(out),
+                   "--max-new-tokens", "64", "--seed", "4")
+    assert proc.returncode == 0, proc.stderr
+    audio, rate = sf.read(out)
+    assert rate == 44100 and len(audio) > 0 and len(audio) % 2048 == 0
+    assert f"wrote {out}" in proc.stdout and "seed 4" in proc.stdout
+
+
+def test_synth_with_reference_and_model_dir_from_env(tmp_path):
+    ref = tmp_path / "ref.flac"
+    sf.write(ref, (0.2 * np.random.default_rng(0).standard_normal((48000, 2))).astype(np.float32), 48000)
+    out = tmp_path / "y.flac"
+    proc = run_cli("ttsengine", "synth", "--text", "Say it like me.", "--reference", str(ref), "--reference-text",
+                   "Some words.", "--max-new-tokens", "10", "--out", str(out), env={"TTS_MODEL_DIR": str(MODEL_DIR)})
+    assert proc.returncode == 0, proc.stderr
+    audio, rate = sf.read(io.BytesIO(out.read_bytes()))
+    assert rate == 44100 and len(audio) == 9 * 2048
+
+
+def _one_line_error(proc) -> str:
+    assert proc.returncode == 2, (proc.returncode, proc.stderr)
+    assert "Traceback" not in proc.stderr
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("ttsengine ")]
+    assert len(errors) == 1, proc.stderr
+    return errors[0]
+
+
+def test_cli_errors_are_one_line(tmp_path):
+    out = str(tmp_path / "o.wav")
+    assert "model directory not found" in _one_line_error(
+        run_cli("ttsengine", "synth", "--model", str(tmp_path / "none"), "--text", "hi", "--out", out))
+    assert "top_p=3.0 is outside" in _one_line_error(
+        run_cli("ttsengine", "synth", "--model", str(MODEL_DIR), "--text", "hi", "--top-p", "3", "--out", out))
+    bad = tmp_path / "bad.wav"
+    bad.write_bytes(b"not audio at all" * 10)
+    assert "references[0].audio: cannot decode" in _one_line_error(run_cli(
+        "ttsengine", "synth", "--model", str(MODEL_DIR), "--text", "hi", "--reference", str(bad),
+        "--reference-text", "x", "--out", out))
+    assert "--reference" in _one_line_error(run_cli(
+        "ttsengine", "synth", "--model", str(MODEL_DIR), "--text", "hi", "--reference", str(tmp_path / "absent.wav"),
+        "--reference-text", "x", "--out", out))
+    assert "unsupported extension" in _one_line_error(
+        run_cli("ttsengine", "synth", "--model", str(MODEL_DIR), "--text", "hi", "--out", str(tmp_path / "o.xyz")))
+    assert "TTS_DEVICE" in _one_line_error(
+        run_cli("ttsengine", "synth", "--model", str(MODEL_DIR), "--text", "hi", "--out", out,
+                env={"TTS_DEVICE": "quantum"}))

@@ -1,0 +1,98 @@
+"""`python -m ttsengine download --s3` against a local moto S3 server (no network)."""
+
+from __future__ import annotations
+
+import io
+import tarfile
+
+import boto3
+import pytest
+from conftest import MODEL_DIR, free_port, run_cli
+
+from ttsengine.download import verify_model_dir
+from ttsengine.errors import CheckpointError
+
+
+@pytest.fixture(scope="module")
+def s3_env():
+    from moto.server import ThreadedMotoServer
+
+    port = free_port()
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port)
+    server.start()
+    env = {"AWS_ENDPOINT_URL_S3": f"http://127.0.0.1:{port}", "AWS_ACCESS_KEY_ID": "test",
+           "AWS_SECRET_ACCESS_KEY": "test", "AWS_DEFAULT_REGION": "us-east-1"}
+    s3 = boto3.client("s3", endpoint_url=env["AWS_ENDPOINT_URL_S3"], aws_access_key_id="test",
+                      aws_secret_access_key="test", region_name="us-east-1")
+    s3.create_bucket(Bucket="models")
+    for f in MODEL_DIR.iterdir():
+        s3.upload_file(str(f), "models", f"s1/tiny/{f.name}")
+    s3.upload_file(str(MODEL_DIR.parent / "codec_config.json"), "models", "s1/tiny/codec_config.json")
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:gz") as tar:
+        for f in MODEL_DIR.iterdir():
+            tar.add(f, arcname=f"model/{f.name}")  # one top-level folder: flattened on unpack
+        tar.add(MODEL_DIR.parent / "codec_config.json", arcname="model/codec_config.json")
+    s3.put_object(Bucket="models", Key="packed/model.tar.gz", Body=buf.getvalue())
+    evil = io.BytesIO()
+    with tarfile.open(fileobj=evil, mode="w:gz") as tar:
+        info = tarfile.TarInfo("../escape.txt")
+        info.size = 3
+        tar.addfile(info, io.BytesIO(b"bad"))
+    s3.put_object(Bucket="models", Key="evil/model.tar.gz", Body=evil.getvalue())
+    s3.put_object(Bucket="models", Key="partial/config.json", Body=b"{}")
+    yield env
+    server.stop()
+
+
+def test_download_prefix_then_synthesize(s3_env, tmp_path):
+    dest = tmp_path / "m"
+    proc = run_cli("ttsengine", "download", "--to", str(dest), "--s3", "s3://models/s1/tiny", env=s3_env)
+    assert proc.returncode == 0, proc.stderr
+    assert "model ready in" in proc.stdout
+    expected = [p.name for p in MODEL_DIR.iterdir()] + ["codec_config.json"]
+    assert sorted(p.name for p in dest.iterdir()) == sorted(expected)
+    assert (dest / "model.pth").read_bytes() == (MODEL_DIR / "model.pth").read_bytes()
+    out = tmp_path / "a.wav"
+    proc = run_cli("ttsengine", "synth", "--model", str(dest), "--text", "Hi.", "--max-new-tokens", "5",
+                   "--out", str(out))
+    assert proc.returncode == 0, proc.stderr
+
+
+def test_download_tarball_is_unpacked_and_flattened(s3_env, tmp_path):
+    dest = tmp_path / "m"
+    proc = run_cli("ttsengine", "download", "--to", str(dest), "--s3", "s3://models/packed/model.tar.gz", env=s3_env)
+    assert proc.returncode == 0, proc.stderr
+    verify_model_dir(dest)
+    assert (dest / "codec.pth").read_bytes() == (MODEL_DIR / "codec.pth").read_bytes()
+
+
+@pytest.mark.parametrize("uri, pattern", [
+    ("s3://models/evil/model.tar.gz", "refusing unsafe archive member '../escape.txt'"),
+    ("s3://models/partial", "model directory is incomplete, missing: tokenizer.tiktoken, special_tokens.json, "
+                            "model.pth or model.safetensors, codec.pth or codec.safetensors"),
+    ("s3://models/nothing-here", "no objects under this prefix"),
+    ("s3://no-such-bucket/x", "NoSuchBucket"),
+    ("s3://models/absent.tar.gz", "404"),
+    ("http://example.com/x", "not an s3://bucket/key URI"),
+])
+def test_download_errors_are_one_line(s3_env, tmp_path, uri, pattern):
+    proc = run_cli("ttsengine", "download", "--to", str(tmp_path / "m"), "--s3", uri, env=s3_env)
+    assert proc.returncode == 2, proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert pattern in proc.stderr
+    assert not (tmp_path / "escape.txt").exists()
+
+
+def test_missing_credentials(s3_env, tmp_path, monkeypatch):
+    env = {k: v for k, v in s3_env.items() if not k.startswith("AWS_ACCESS") and not k.startswith("AWS_SECRET")}
+    env.update({"AWS_ACCESS_KEY_ID": "", "AWS_SECRET_ACCESS_KEY": "", "AWS_SHARED_CREDENTIALS_FILE": "/nonexistent",
+                "AWS_CONFIG_FILE": "/nonexistent", "AWS_EC2_METADATA_DISABLED": "true"})
+    proc = run_cli("ttsengine", "download", "--to", str(tmp_path / "m"), "--s3", "s3://models/s1/tiny", env=env)
+    assert proc.returncode == 2
+    assert "no AWS credentials" in proc.stderr
+
+
+def test_verify_names_every_missing_file(tmp_path):
+    with pytest.raises(CheckpointError, match="missing: config.json, tokenizer.tiktoken"):
+        verify_model_dir(tmp_path)

@@ -1,0 +1,108 @@
+"""The dependency rules of DESIGN.md, enforced by walking every import statement (AST, no execution).
+
+handlers -> ttsengine public API only; inside the core engine -> model -> compat; the scheduler
+imports no torch; model never imports engine, protocol, config, handlers or the environment; the
+core never imports web frameworks or cloud SDKs (one exception: `ttsengine download` imports boto3
+inside its S3 function, as its issue asks); only config.py reads the environment; an adapter never
+imports another adapter.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+from conftest import ROOT
+
+CORE = ROOT / "container" / "ttsengine"
+HANDLERS = ROOT / "handlers"
+FORBIDDEN_IN_CORE = ("runpod", "fastapi", "starlette", "uvicorn", "sagemaker", "sagemaker_inference", "boto3",
+                     "botocore", "handlers")
+LAZY_SDK_ALLOWED = {"ttsengine.download": ("boto3", "botocore")}
+
+
+def module_name(path: Path) -> str:
+    base = CORE.parent if path.is_relative_to(CORE) else ROOT
+    parts = list(path.relative_to(base).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts = parts[:-1]
+    return ".".join(parts)
+
+
+def imports(path: Path) -> list[tuple[str, bool]]:
+    """-> (absolute module imported, at module level?) for every import in the file."""
+    tree = ast.parse(path.read_text(), str(path))
+    mod = module_name(path)
+    package = mod if path.name == "__init__.py" else mod.rsplit(".", 1)[0]
+    top_level = {id(n) for n in tree.body}
+    out = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            out += [(a.name, id(node) in top_level) for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")[: len(package.split(".")) - node.level + 1]
+                name = ".".join(base + ([node.module] if node.module else []))
+            else:
+                name = node.module
+            out += [(f"{name}.{a.name}" if not node.module or node.level else name, id(node) in top_level)
+                    for a in node.names]
+    return out
+
+
+def core_files() -> list[Path]:
+    return sorted(CORE.rglob("*.py"))
+
+
+def handler_files() -> list[Path]:
+    return sorted(HANDLERS.rglob("*.py")) if HANDLERS.is_dir() else []
+
+
+def test_walker_sees_the_core():
+    assert len(core_files()) > 20
+    names = {n for f in core_files() for n, _ in imports(f)}
+    assert "torch" in names and any(n.startswith("ttsengine.model") for n in names)
+
+
+@pytest.mark.parametrize("path", core_files(), ids=lambda p: str(p.relative_to(CORE)))
+def test_core_rules(path):
+    mod = module_name(path)
+    for name, top in imports(path):
+        root = name.split(".")[0]
+        if root in LAZY_SDK_ALLOWED.get(mod, ()):
+            assert not top, f"{mod} may import {root} only inside a function"
+            continue
+        assert root not in FORBIDDEN_IN_CORE, f"{mod} imports {name}"
+        if mod.startswith("ttsengine.model"):
+            assert not name.startswith(("ttsengine.engine", "ttsengine.protocol", "ttsengine.config")), \
+                f"{mod} (model) imports {name}"
+        if mod == "ttsengine.compat":
+            assert not name.startswith("ttsengine.") or name.startswith("ttsengine.errors"), name
+        if mod == "ttsengine.engine.scheduler":
+            assert root != "torch", "the scheduler must not import torch"
+    source = path.read_text()
+    if mod != "ttsengine.config":
+        assert "os.environ" not in source and "getenv" not in source, f"{mod} reads the environment"
+
+
+def _public(name: str) -> bool:
+    """`import ttsengine`, `from ttsengine import Engine` or anything from ttsengine.protocol."""
+    parts = name.split(".")
+    submodules = {p.stem for p in CORE.iterdir() if p.suffix == ".py" or p.is_dir()}
+    return name == "ttsengine" or name.startswith("ttsengine.protocol") or (
+        len(parts) == 2 and parts[1] not in submodules)
+
+
+@pytest.mark.parametrize("path", handler_files(), ids=lambda p: str(p.relative_to(ROOT)))
+def test_handler_rules(path):
+    mod = module_name(path)
+    parts = mod.split(".")
+    adapter = parts[1] if len(parts) > 1 and parts[1] != "__main__" else None
+    for name, top in imports(path):
+        if name.startswith("ttsengine"):
+            assert _public(name), f"{mod} imports {name}: adapters use the public API (ttsengine, ttsengine.protocol)"
+        if name.startswith("handlers.") and adapter:
+            assert name.split(".")[1] == adapter, f"adapter {adapter} imports {name}"
+        if mod == "handlers.__main__" and name.startswith("handlers."):
+            assert not top, "handlers/__main__.py imports only the chosen adapter, lazily"
