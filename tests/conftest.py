@@ -11,6 +11,12 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
+
+if "TRITON_INTERPRET" not in os.environ:
+    import torch
+
+    if not torch.cuda.is_available():  # Triton kernels run in its interpreter on CPU-only machines
+        os.environ["TRITON_INTERPRET"] = "1"
 GOLDEN = ROOT / "tests" / "assets" / "golden"
 MODEL_DIR = GOLDEN / "checkpoint"
 
@@ -26,10 +32,21 @@ def model_dir() -> Path:
 
 
 @pytest.fixture(scope="session")
+def ref_engine():
+    """The eager reference engine on CPU."""
+    from ttsengine import EngineConfig, ReferenceEngine
+
+    return ReferenceEngine.load(EngineConfig(model_dir=MODEL_DIR, device="cpu"))
+
+
+@pytest.fixture(scope="session")
 def engine():
+    """The batched serving engine on CPU (eager: no CUDA graphs, reference attention)."""
     from ttsengine import Engine, EngineConfig
 
-    return Engine.load(EngineConfig(model_dir=MODEL_DIR, device="cpu"))
+    eng = Engine.load(EngineConfig(model_dir=MODEL_DIR, device="cpu", max_batch=8))
+    yield eng
+    eng.close()
 
 
 def free_port() -> int:

@@ -1,4 +1,4 @@
-"""The eager engine end to end on the tiny checkpoint (CPU)."""
+"""The eager reference engine end to end on the tiny checkpoint (CPU)."""
 
 from __future__ import annotations
 
@@ -10,62 +10,62 @@ from ttsengine import InputError, Reference, SynthesisRequest
 from ttsengine.engine.generator import frame_budget
 
 
-def test_short_text_gives_whole_frames(engine):
-    r = engine.synthesize(SynthesisRequest(text="Hello there.", seed=3, max_new_tokens=30))
+def test_short_text_gives_whole_frames(ref_engine):
+    r = ref_engine.synthesize(SynthesisRequest(text="Hello there.", seed=3, max_new_tokens=30))
     assert r.sample_rate == 44100 and r.audio.dtype == np.float32
     assert len(r.audio) == r.frames * 2048 and r.frames == 29  # 30 generated, the last dropped
     assert np.abs(r.audio).max() <= 1.0 and np.isfinite(r.audio).all()
     assert r.chunks[0].finish_reason == "length"
 
 
-def test_seed_reproduces_and_varies(engine):
+def test_seed_reproduces_and_varies(ref_engine):
     req = SynthesisRequest(text="Same words.", seed=11, max_new_tokens=12)
-    a, b = engine.synthesize(req), engine.synthesize(req)
+    a, b = ref_engine.synthesize(req), ref_engine.synthesize(req)
     assert np.array_equal(a.audio, b.audio) and a.seed == 11
-    c = engine.synthesize(SynthesisRequest(text="Same words.", seed=12, max_new_tokens=12))
+    c = ref_engine.synthesize(SynthesisRequest(text="Same words.", seed=12, max_new_tokens=12))
     assert not np.array_equal(a.audio, c.audio)
-    d = engine.synthesize(SynthesisRequest(text="Same words.", max_new_tokens=12))
-    e = engine.synthesize(SynthesisRequest(text="Same words.", seed=d.seed, max_new_tokens=12))
+    d = ref_engine.synthesize(SynthesisRequest(text="Same words.", max_new_tokens=12))
+    e = ref_engine.synthesize(SynthesisRequest(text="Same words.", seed=d.seed, max_new_tokens=12))
     assert np.array_equal(d.audio, e.audio)  # the drawn seed is reported and reproduces the result
 
 
-def test_stream_equals_synthesize(engine):
+def test_stream_equals_synthesize(ref_engine):
     req = SynthesisRequest(text="First sentence here. " * 8 + "Last one.", seed=5, max_new_tokens=6,
                            chunk_length=60)
-    whole = engine.synthesize(req)
-    synthesis = engine.stream(req)
-    chunks = list(synthesis)
+    whole = ref_engine.synthesize(req)
+    chunks = list(ref_engine.stream(req))
     assert len(chunks) == len(whole.chunks) > 1
     assert [c.index for c in chunks] == list(range(len(chunks)))
     assert np.array_equal(np.concatenate([c.audio for c in chunks]), whole.audio)
 
 
-def test_long_text_keeps_previous_chunk_as_context(engine):
+def test_long_text_keeps_previous_chunk_as_context(ref_engine):
     sentences = [f"This is sentence number {i}, which talks about item {i * 7}." for i in range(90)]
     text = " ".join(sentences)
     assert len(text) >= 5000
-    r = engine.synthesize(SynthesisRequest(text=text, seed=1, max_new_tokens=4, chunk_length=200))
+    r = ref_engine.synthesize(SynthesisRequest(text=text, seed=1, max_new_tokens=4, chunk_length=200))
     assert len(r.chunks) >= 25 and all(len(c.text) <= 200 for c in r.chunks)
     assert " ".join(c.text for c in r.chunks) == text
     assert len(r.audio) == r.frames * 2048 and r.frames == 3 * len(r.chunks)
     # chunk i's prompt = its own prompt + the previous chunk as a reference block (text + its codes)
     for prev, cur in zip(r.chunks, r.chunks[1:]):
-        alone = engine.build_prompt(cur.text, []).shape[1]
-        with_context = engine.build_prompt(cur.text, [(prev.text, torch.zeros(4, prev.frames, dtype=torch.int64))])
+        alone = ref_engine.planner.prompt(cur.text, []).shape[1]
+        prev_codes = torch.zeros(4, prev.frames, dtype=torch.int64)
+        with_context = ref_engine.planner.prompt(cur.text, [(prev.text, prev_codes)])
         assert cur.prompt_tokens == with_context.shape[1] > alone
         assert not cur.context_dropped
 
 
-def test_prompt_too_long_is_rejected_before_audio(engine):
-    huge = np.zeros((4, engine.prompt_limit), dtype=np.int64)
+def test_prompt_too_long_is_rejected_before_audio(ref_engine):
+    huge = np.zeros((4, ref_engine.planner.prompt_limit), dtype=np.int64)
     with pytest.raises(InputError, match=r"needs \d+ prompt tokens; the limit is 2048"):
-        engine.start(SynthesisRequest(text="hi", references=(Reference(text="r", codes=huge),)))
+        ref_engine.start(SynthesisRequest(text="hi", references=(Reference(text="r", codes=huge),)))
 
 
-def test_context_is_dropped_not_truncated_when_it_does_not_fit(engine):
+def test_context_is_dropped_not_truncated_when_it_does_not_fit(ref_engine):
     # a reference that leaves room for one chunk but not for chunk + previous chunk's codes
-    ref = np.zeros((4, engine.prompt_limit - 60), dtype=np.int64)
-    r = engine.synthesize(SynthesisRequest(text="Alpha beta gamma delta. " * 6, seed=2, max_new_tokens=40,
+    ref = np.zeros((4, ref_engine.planner.prompt_limit - 60), dtype=np.int64)
+    r = ref_engine.synthesize(SynthesisRequest(text="Alpha beta gamma delta. " * 6, seed=2, max_new_tokens=40,
                                            chunk_length=60, references=(Reference(text="r", codes=ref),)))
     assert len(r.chunks) > 1 and r.chunks[1].context_dropped
 
@@ -84,14 +84,14 @@ def test_context_is_dropped_not_truncated_when_it_does_not_fit(engine):
     ({"text": "hi", "seed": 2**70}, "seed must be an integer"),
     ({"text": "hi", "references": (Reference(text="x"),)}, r"references\[0\] needs exactly one of audio or codes"),
 ])
-def test_bad_requests(engine, kwargs, pattern):
+def test_bad_requests(ref_engine, kwargs, pattern):
     with pytest.raises(InputError, match=pattern):
-        engine.start(SynthesisRequest(**kwargs))
+        ref_engine.start(SynthesisRequest(**kwargs))
 
 
-def test_special_tokens_in_text_are_plain_by_default(engine):
-    plain = engine.build_prompt("a<|im_end|>b", [])
-    assert engine.ckpt.tokenizer.im_end_id not in plain[0].tolist()
+def test_special_tokens_in_text_are_plain_by_default(ref_engine):
+    plain = ref_engine.planner.prompt("a<|im_end|>b", [])
+    assert ref_engine.ckpt.tokenizer.im_end_id not in plain[0].tolist()
 
 
 def test_frame_budget_follows_upstream():
@@ -102,6 +102,6 @@ def test_frame_budget_follows_upstream():
         frame_budget(4096, 10, 4096)
 
 
-def test_max_new_tokens_one_gives_no_audio(engine):
-    r = engine.synthesize(SynthesisRequest(text="hi", seed=1, max_new_tokens=1))
+def test_max_new_tokens_one_gives_no_audio(ref_engine):
+    r = ref_engine.synthesize(SynthesisRequest(text="hi", seed=1, max_new_tokens=1))
     assert len(r.audio) == 0 and r.frames == 0  # the only frame generated is the dropped last one

@@ -39,13 +39,13 @@ def frames_for(seconds: float) -> int:
     ("pure silence", lambda: _audio(np.zeros(44100, np.float32), 44100, "WAV"), 1.0),
     ("0.1 s", lambda: _audio(_tone(0.1, 44100), 44100, "WAV"), 0.1),
 ])
-def test_readable_forms_encode(engine, name, data, seconds):
-    codes = engine.references.encode(data())
-    n = engine.ckpt.config.num_codebooks
+def test_readable_forms_encode(ref_engine, name, data, seconds):
+    codes = ref_engine.references.encode(data())
+    n = ref_engine.ckpt.config.num_codebooks
     assert codes.dtype.is_floating_point is False and codes.shape[0] == n
     # MP3 and OGG decoders may pad a few samples; allow one frame either way for lossy formats
     assert abs(codes.shape[1] - frames_for(seconds)) <= (1 if name in ("MP3", "OGG Vorbis") else 0), codes.shape
-    assert int(codes[0].max()) < engine.ckpt.tokenizer.num_semantic
+    assert int(codes[0].max()) < ref_engine.ckpt.tokenizer.num_semantic
 
 
 def test_resampling_and_mixdown():
@@ -61,50 +61,50 @@ def test_resampling_and_mixdown():
     (b"RIFF\x00\x00\x00\x00WAVEfmt ", r"cannot decode"),
     (b"", r"empty"),
 ])
-def test_broken_audio_is_a_clear_error(engine, data, pattern):
+def test_broken_audio_is_a_clear_error(ref_engine, data, pattern):
     with pytest.raises(InputError, match=pattern):
-        engine.references.encode(data)
+        ref_engine.references.encode(data)
 
 
-def test_truncated_flac_is_a_clear_error(engine):
+def test_truncated_flac_is_a_clear_error(ref_engine):
     data = _audio(_tone(1.0, 44100), 44100, "FLAC")
     with pytest.raises(InputError, match="cannot decode|no samples"):
-        engine.references.encode(data[:60])
+        ref_engine.references.encode(data[:60])
 
 
-def test_too_long_and_non_finite(engine):
-    long = _audio(np.zeros(int(44100 * (engine.config.max_reference_seconds + 1)), np.float32), 44100, "WAV")
+def test_too_long_and_non_finite(ref_engine):
+    long = _audio(np.zeros(int(44100 * (ref_engine.config.max_reference_seconds + 1)), np.float32), 44100, "WAV")
     with pytest.raises(InputError, match=r"longer than the limit of 60 s"):
-        engine.references.encode(long)
+        ref_engine.references.encode(long)
     bad = _tone(0.2, 44100)
     bad[100] = np.nan
     with pytest.raises(InputError, match="NaN"):
-        engine.references.encode(_audio(bad, 44100, "WAV", "FLOAT"))
+        ref_engine.references.encode(_audio(bad, 44100, "WAV", "FLOAT"))
     with pytest.raises(InputError, match="contains no samples"):
-        engine.references.encode(_audio(np.zeros(0, np.float32), 44100, "WAV"))
+        ref_engine.references.encode(_audio(np.zeros(0, np.float32), 44100, "WAV"))
 
 
-def test_encoding_is_cached_by_content(engine):
+def test_encoding_is_cached_by_content(ref_engine):
     data = _audio(_tone(0.3, 44100), 44100, "WAV")
-    first = engine.references.encode(data)
-    assert engine.references.encode(data) is first
-    assert engine.references.encode(data + b"") is first  # same bytes, same key
-    other = engine.references.encode(_audio(_tone(0.3, 44100) * 0.5, 44100, "WAV"))
+    first = ref_engine.references.encode(data)
+    assert ref_engine.references.encode(data) is first
+    assert ref_engine.references.encode(data + b"") is first  # same bytes, same key
+    other = ref_engine.references.encode(_audio(_tone(0.3, 44100) * 0.5, 44100, "WAV"))
     assert other is not first
 
 
-def test_request_with_bad_reference_names_it(engine):
+def test_request_with_bad_reference_names_it(ref_engine):
     with pytest.raises(InputError, match=r"references\[1\]\.audio: cannot decode"):
-        engine.start(SynthesisRequest(text="hi", references=(
+        ref_engine.start(SynthesisRequest(text="hi", references=(
             Reference(text="a", audio=_audio(_tone(0.2, 44100), 44100, "WAV")),
             Reference(text="b", audio=b"junk" * 20))))
 
 
-def test_stored_codes_are_checked(engine):
-    n = engine.ckpt.config.num_codebooks
+def test_stored_codes_are_checked(ref_engine):
+    n = ref_engine.ckpt.config.num_codebooks
     bad = np.zeros((n, 3), dtype=np.int64)
     bad[0, 0] = 999
     with pytest.raises(InputError, match=r"references\[0\]: code values out of range"):
-        engine.start(SynthesisRequest(text="hi", references=(Reference(text="a", codes=bad),)))
+        ref_engine.start(SynthesisRequest(text="hi", references=(Reference(text="a", codes=bad),)))
     with pytest.raises(InputError, match=r"must have shape \[4, frames\]"):
-        engine.start(SynthesisRequest(text="hi", references=(Reference(text="a", codes=np.zeros((2, 3))),)))
+        ref_engine.start(SynthesisRequest(text="hi", references=(Reference(text="a", codes=np.zeros((2, 3))),)))

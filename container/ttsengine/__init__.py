@@ -4,8 +4,12 @@ The public API adapters use: EngineConfig / from_env, Engine, SynthesisRequest, 
 """
 
 from .config import EngineConfig, from_env
-from .engine.engine import AudioChunk, Engine, Synthesis, SynthesisResult
+from .engine.engine import Engine
+from .engine.output import AudioChunk, SynthesisResult
+from .engine.plan import ChunkReport
+from .engine.reference import ReferenceEngine
 from .engine.request import Reference, SynthesisRequest
+from .engine.stream import Stream
 from .errors import (
     BusyError,
     CancelledError,
@@ -17,7 +21,7 @@ from .errors import (
 )
 
 __all__ = [
-    "AudioChunk", "BusyError", "CancelledError", "CheckpointError", "ConfigError", "DownloadError", "Engine",
-    "EngineConfig", "InputError", "Reference", "Synthesis", "SynthesisRequest", "SynthesisResult", "TTSError",
-    "from_env",
+    "AudioChunk", "BusyError", "CancelledError", "CheckpointError", "ChunkReport", "ConfigError", "DownloadError",
+    "Engine", "EngineConfig", "InputError", "Reference", "ReferenceEngine", "Stream", "SynthesisRequest",
+    "SynthesisResult", "TTSError", "from_env",
 ]

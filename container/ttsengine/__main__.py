@@ -39,10 +39,13 @@ def _synth(args: argparse.Namespace) -> int:
 
     config = from_env(model_dir=args.model, device=args.device)
     engine = Engine.load(config)
-    result = engine.synthesize(SynthesisRequest(
-        text=text, references=tuple(refs), seed=args.seed, temperature=args.temperature, top_p=args.top_p,
-        repetition_penalty=args.repetition_penalty, max_new_tokens=args.max_new_tokens,
-        chunk_length=args.chunk_length))
+    try:
+        result = engine.synthesize(SynthesisRequest(
+            text=text, references=tuple(refs), seed=args.seed, temperature=args.temperature, top_p=args.top_p,
+            repetition_penalty=args.repetition_penalty, max_new_tokens=args.max_new_tokens,
+            chunk_length=args.chunk_length))
+    finally:
+        engine.close()
     args.out.parent.mkdir(parents=True, exist_ok=True)
     sf.write(str(args.out), result.audio, result.sample_rate, format=fmt)
     seconds = len(result.audio) / result.sample_rate

@@ -28,6 +28,15 @@ class EngineConfig:
     reference_cache_size: int = 64  # encoded references kept in memory (LRU, by content hash)
     allow_special_tokens: bool = False  # honour <|...|> control tokens inside request text
     log_level: str = "INFO"
+    # batching engine
+    max_batch: int = 0  # concurrent streams on the device; 0 = auto (256 on CUDA, 8 on CPU)
+    max_queue: int = 0  # requests waiting for a slot before new ones get "busy"; 0 = auto (2 x max_batch)
+    kv_cache_tokens: int = 0  # KV positions in the paged cache; 0 = auto (from free GPU memory)
+    prefill_tokens: int = 4096  # prompt tokens prefilled per engine step (keeps running streams moving)
+    first_chunk_frames: int = 4  # frames before a stream's first audio chunk (21.5 frames = 1 s)
+    stream_chunk_frames: int = 8  # frames per later audio chunk
+    cuda_graphs: str = "auto"  # auto (on with CUDA) | on | off
+    compile: str = "auto"  # torch.compile of the decode step: auto (on with CUDA, torch >= 2.6) | on | off
 
     def with_(self, **changes) -> EngineConfig:
         return replace(self, **changes)
@@ -45,6 +54,14 @@ ENV_VARS: dict[str, tuple[str, str]] = {
     "TTS_REFERENCE_CACHE_SIZE": ("reference_cache_size", "encoded reference voices kept in memory"),
     "TTS_ALLOW_SPECIAL_TOKENS": ("allow_special_tokens", "1 = honour <|...|> control tokens in request text"),
     "TTS_LOG_LEVEL": ("log_level", "DEBUG | INFO | WARNING | ERROR"),
+    "TTS_MAX_BATCH": ("max_batch", "concurrent streams per GPU; 0 = auto (256 on CUDA, 8 on CPU)"),
+    "TTS_MAX_QUEUE": ("max_queue", "requests allowed to wait for a slot before new ones get 'busy'; 0 = 2 x max batch"),
+    "TTS_KV_CACHE_TOKENS": ("kv_cache_tokens", "KV-cache positions shared by all streams; 0 = auto from free memory"),
+    "TTS_PREFILL_TOKENS": ("prefill_tokens", "prompt tokens prefilled per engine step"),
+    "TTS_FIRST_CHUNK_FRAMES": ("first_chunk_frames", "frames (1/21.5 s each) before a stream's first audio chunk"),
+    "TTS_STREAM_CHUNK_FRAMES": ("stream_chunk_frames", "frames per later streamed audio chunk"),
+    "TTS_CUDA_GRAPHS": ("cuda_graphs", "auto | on | off: replay the decode step as CUDA graphs"),
+    "TTS_COMPILE": ("compile", "auto | on | off: torch.compile the decode step"),
 }
 # Variables read outside EngineConfig (download credentials), listed for the README table.
 OTHER_ENV_VARS: dict[str, str] = {
@@ -92,6 +109,15 @@ def validate(cfg: EngineConfig) -> EngineConfig:
         fail("max_reference_seconds", "must be > 0")
     if cfg.reference_cache_size < 0:
         fail("reference_cache_size", "must be >= 0")
+    for f in ("max_batch", "max_queue", "kv_cache_tokens"):
+        if getattr(cfg, f) < 0:
+            fail(f, "must be >= 0 (0 = auto)")
+    for f in ("prefill_tokens", "first_chunk_frames", "stream_chunk_frames"):
+        if getattr(cfg, f) < 1:
+            fail(f, "must be >= 1")
+    for f in ("cuda_graphs", "compile"):
+        if getattr(cfg, f) not in ("auto", "on", "off"):
+            fail(f, f"{getattr(cfg, f)!r} is not one of auto, on, off")
     if cfg.log_level.upper() not in _LOG_LEVELS:
         fail("log_level", f"{cfg.log_level!r} is not one of {', '.join(_LOG_LEVELS)}")
     return cfg

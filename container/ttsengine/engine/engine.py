@@ -1,7 +1,9 @@
-"""The eager engine: load a model directory once, turn requests into audio.
+"""The serving engine: one loop thread owns the device and runs schedule -> run -> update.
 
-Long texts are split into sentence chunks generated in order; each chunk's prompt carries the
-references and the previous chunk's text + codes, so the voice stays the same across chunks.
+Each iteration: take new requests and cancellations, prefill admitted streams (their first frame),
+one decode step for every running stream (a CUDA graph per batch bucket on GPU), read the frames
+back with one copy, stop finished streams, decode new frames to audio in batches, hand chunks to
+their streams. Long texts continue chunk by chunk with the previous chunk as context.
 """
 
 from __future__ import annotations
@@ -9,200 +11,340 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Iterator
+from collections import deque
 from dataclasses import dataclass, field
 
 import numpy as np
 import torch
-from torch import Tensor
 
 from ..config import EngineConfig
-from ..errors import InputError
-from ..model.checkpoint import Checkpoint, load_checkpoint
-from ..model.prompt import check_codes
-from ..model.sampling import SamplingTensors
-from .generator import Generation, frame_budget, raw_frames
-from .references import ReferenceEncoder
-from .request import ResolvedRequest, SynthesisRequest, resolve
-from .text_chunks import split_text
+from ..errors import BusyError, InputError, TTSError
+from ..model.checkpoint import Checkpoint
+from .graphs import StepGraphs
+from .loader import load
+from .metrics import EngineMetrics
+from .output import SynthesisResult
+from .plan import ChunkReport, Plan, Planner
+from .request import SynthesisRequest
+from .runner import PrefillItem, Runner
+from .scheduler import Job, Scheduler
+from .settings import BatchSettings
+from .stream import Stream
+from .vocoder import StreamingDecoder
 
 log = logging.getLogger(__name__)
-_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 
 
-def resolve_device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    device = torch.device(name)
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise InputError(f"TTS_DEVICE={name}: CUDA is not available on this machine")
-    return device
+@dataclass(eq=False)
+class Task:
+    """One text chunk of a stream, in flight."""
 
-
-def resolve_dtype(name: str, device: torch.device, default_cuda: torch.dtype) -> torch.dtype:
-    if name == "auto":
-        return default_cuda if device.type == "cuda" else torch.float32
-    return _DTYPES[name]
-
-
-@dataclass(frozen=True)
-class AudioChunk:
-    audio: np.ndarray  # float32 [L], mono, at sample_rate
-    sample_rate: int
-    index: int  # position in the stream
-    text_index: int  # which text chunk it belongs to
-
-
-@dataclass(frozen=True)
-class ChunkReport:
-    text: str
-    frames: int
-    finish_reason: str  # "stop" (the model ended the utterance) | "length" (max_new_tokens reached)
-    context_dropped: bool  # the previous chunk did not fit beside this one as context
-    prompt_tokens: int
-
-
-@dataclass(frozen=True)
-class SynthesisResult:
-    audio: np.ndarray  # float32 [L]
-    sample_rate: int
-    seed: int
-    chunks: tuple[ChunkReport, ...]
+    stream: Stream
+    index: int  # text chunk
+    prompt: torch.Tensor  # int64 [n+1, T]
+    context_dropped: bool
+    frame_offset: int
+    frames: list[np.ndarray] = field(default_factory=list)  # every generated frame [n+1], on the host
+    decoded: int = 0  # kept frames already turned into audio
+    voc_slot: int = -1
+    job: Job | None = None
 
     @property
-    def frames(self) -> int:
-        return sum(c.frames for c in self.chunks)
-
-
-@dataclass
-class Synthesis:
-    """A started request: validated at creation (errors raise before any audio), then iterated for
-    audio chunks. `reports` fills in as chunks finish."""
-
-    engine: Engine
-    request: ResolvedRequest
-    references: list[tuple[str, Tensor]]
-    texts: list[str]
-    reports: list[ChunkReport] = field(default_factory=list)
-
-    @property
-    def seed(self) -> int:
-        return self.request.seed
-
-    @property
-    def sample_rate(self) -> int:
-        return self.engine.sample_rate
-
-    def __iter__(self) -> Iterator[AudioChunk]:
-        with self.engine._lock:
-            previous: tuple[str, Tensor] | None = None
-            offset = 0
-            for i, text in enumerate(self.texts):
-                codes, report, generated = self.engine._generate_chunk(self.request, text, self.references,
-                                                                       previous, offset)
-                offset += generated
-                self.reports.append(report)
-                previous = (text, codes)
-                if codes.shape[1]:
-                    yield AudioChunk(self.engine.decode(codes), self.sample_rate, len(self.reports) - 1, i)
+    def kept(self) -> int:
+        """Frames that are audio for sure: the last generated one may still be dropped."""
+        return max(0, len(self.frames) - 1)
 
 
 class Engine:
     def __init__(self, checkpoint: Checkpoint, config: EngineConfig):
-        self.ckpt = checkpoint
-        self.config = config
-        self.family = checkpoint.family
-        self.rules = checkpoint.family.RULES
-        self.device = checkpoint.model.norm.weight.device
-        self.references = ReferenceEncoder(checkpoint.codec, config.max_reference_seconds,
-                                           config.reference_cache_size)
-        self._lock = threading.Lock()
+        self.ckpt, self.config = checkpoint, config
+        self.planner = Planner(checkpoint, config)
+        self.settings = s = BatchSettings.resolve(config, checkpoint)
+        self.runner = Runner(checkpoint.model, s.runner)
+        self.scheduler = Scheduler(s.runner.max_slots, s.max_queue, s.runner.num_pages - 1, s.runner.page_size,
+                                   s.prefill_tokens)
+        self.vocoder = StreamingDecoder(checkpoint.codec, s.runner.max_slots, checkpoint.config.max_seq_len)
+        self.graphs = StepGraphs(self.runner, s) if s.cuda_graphs else None
+        self.metrics = EngineMetrics()
+        self.eos = checkpoint.tokenizer.im_end_id
+        self._free_voc = list(range(s.runner.max_slots - 1, -1, -1))
+        self._inbox: deque[Task] = deque()
+        self._cv = threading.Condition()
+        self._streams: set[Stream] = set()
+        self._stop = False
+        self._thread: threading.Thread | None = None
+        self.ready = threading.Event()
+        self.warmup_seconds: float | None = None
+        self._host_out = torch.empty(s.runner.max_slots, checkpoint.config.num_codebooks + 1, dtype=torch.int64,
+                                     pin_memory=self.runner.device.type == "cuda")
 
     @classmethod
-    def load(cls, config: EngineConfig) -> Engine:
-        device = resolve_device(config.device)
-        dtype = resolve_dtype(config.dtype, device, torch.bfloat16)
-        codec_dtype = resolve_dtype(config.codec_dtype, device, torch.float32)
-        start = time.perf_counter()
-        ckpt = load_checkpoint(config.model_dir, device, dtype, codec_dtype)
-        log.info("loaded %s checkpoint from %s on %s (%s, codec %s) in %.1f s", ckpt.family.NAME,
-                 config.model_dir, device, dtype, codec_dtype, time.perf_counter() - start)
-        return cls(ckpt, config)
+    def load(cls, config: EngineConfig, start: bool = True) -> Engine:
+        engine = cls(load(config), config)
+        if start:
+            engine.start()
+        return engine
 
     @property
     def sample_rate(self) -> int:
         return self.ckpt.codec.sample_rate
 
     @property
-    def prompt_limit(self) -> int:
-        return self.ckpt.config.max_seq_len - self.rules.prompt_reserve
+    def references(self):
+        return self.planner.references
 
-    # ---- requests ---------------------------------------------------------------------------
-    def start(self, request: SynthesisRequest) -> Synthesis:
-        """Validates the request and encodes its references; raises InputError before any audio."""
-        req = resolve(request, self.rules, self.config.max_text_length, self.config.chunk_length,
-                      self.ckpt.config.max_seq_len)
-        refs = self.prepare_references(req)
-        texts = split_text(req.text, req.chunk_length)
-        for text in texts:  # fail now, not halfway through the audio
-            needed = self.build_prompt(text, refs).shape[1]
-            if needed > self.prompt_limit:
-                raise InputError(f"a text chunk with its references needs {needed} prompt tokens; the limit is "
-                                 f"{self.prompt_limit} (use shorter or fewer references, or a smaller chunk_length)")
-        return Synthesis(self, req, refs, texts)
+    # ---- lifecycle ----------------------------------------------------------------------------
+    def start(self, wait: bool = True) -> None:
+        """Starts the loop thread; it warms up (captures graphs) first, then `ready` is set."""
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="tts-engine", daemon=True)
+            self._thread.start()
+        if wait:
+            self.ready.wait()
+            if self._failed is not None:
+                raise self._failed
 
-    def stream(self, request: SynthesisRequest) -> Synthesis:
-        return self.start(request)
+    _failed: BaseException | None = None
 
-    def synthesize(self, request: SynthesisRequest) -> SynthesisResult:
-        synthesis = self.start(request)
-        parts = [chunk.audio for chunk in synthesis]
-        audio = np.concatenate(parts) if parts else np.zeros(0, dtype=np.float32)
-        return SynthesisResult(audio, self.sample_rate, synthesis.seed, tuple(synthesis.reports))
+    def close(self) -> None:
+        with self._cv:
+            self._stop = True
+            self._cv.notify_all()
+        if self._thread is not None:
+            self._thread.join(timeout=30)
 
-    # ---- pieces -----------------------------------------------------------------------------
-    def prepare_references(self, req: ResolvedRequest) -> list[tuple[str, Tensor]]:
-        cfg = self.ckpt.config
-        out = []
-        for i, ref in enumerate(req.references):
-            if ref.codes is not None:
-                codes = torch.as_tensor(np.asarray(ref.codes), dtype=torch.int64)
-            else:
-                codes = self.references.encode(ref.audio, what=f"references[{i}].audio")
-            check_codes(codes, cfg.num_codebooks, self.ckpt.tokenizer.num_semantic, cfg.codebook_size,
-                        f"references[{i}]")
-            out.append((ref.text, codes))
-        return out
+    # ---- requests -----------------------------------------------------------------------------
+    def submit(self, request: SynthesisRequest | Plan, *, ignore_stop: bool = False) -> Stream:
+        """Validates and queues a request; raises InputError (bad request) or BusyError (full) at once."""
+        plan = request if isinstance(request, Plan) else self.planner.plan(request)
+        plan.ignore_stop = plan.ignore_stop or ignore_stop
+        stream = Stream(plan, self.sample_rate)
+        prompt, _ = self.planner.chunk_prompt(plan, 0, None)
+        capacity = self.scheduler.total_pages * self.scheduler.page_size
+        longest = max(self.planner.prompt(t, plan.references).shape[1] for t in plan.texts)
+        if longest + self.planner.budget(prompt, plan) > capacity:
+            raise InputError(f"the request needs up to {longest + self.planner.budget(prompt, plan)} KV positions; "
+                             f"this engine's cache holds {capacity} (lower max_new_tokens)")
+        task = Task(stream, 0, prompt, False, 0)
+        with self._cv:
+            if self._stop:
+                raise TTSError("the engine is shutting down")
+            if len(self._inbox) + self.scheduler.queue_depth >= self.settings.max_queue:
+                self.metrics.rejected += 1
+                raise BusyError(f"the engine is busy ({len(self.scheduler.running)} streams running, "
+                                f"{self.scheduler.queue_depth + len(self._inbox)} waiting); retry shortly")
+            self._inbox.append(task)
+            self._streams.add(stream)
+            self._cv.notify_all()
+        return stream
 
-    def build_prompt(self, text: str, context: list[tuple[str, Tensor]]) -> Tensor:
-        return self.family.build_prompt(self.ckpt.tokenizer, self.ckpt.config.num_codebooks, text, context,
-                                        self.config.allow_special_tokens)
+    def synthesize(self, request: SynthesisRequest | Plan) -> SynthesisResult:
+        return self.submit(request).result()
 
-    def _generate_chunk(self, req: ResolvedRequest, text: str, refs: list[tuple[str, Tensor]],
-                        previous: tuple[str, Tensor] | None, frame_offset: int) -> tuple[Tensor, ChunkReport, int]:
-        """-> (codes int64 [n, N] on CPU, report, frames generated incl. the dropped last one)."""
-        prompt = self.build_prompt(text, refs + ([previous] if previous else []))
-        dropped = False
-        if previous is not None and prompt.shape[1] > self.prompt_limit:
-            prompt, dropped = self.build_prompt(text, refs), True
-            log.info("previous chunk dropped from the context: the prompt would need %d tokens", prompt.shape[1])
-        cfg = self.ckpt.config
-        budget = frame_budget(prompt.shape[1], req.max_new_tokens, cfg.max_seq_len)
-        params = SamplingTensors.from_values([(req.temperature, req.top_p, req.repetition_penalty, req.seed)],
-                                             self.device)
-        gen = Generation(raw_frames(self.ckpt.model, prompt, params, budget, self.ckpt.tokenizer.im_end_id,
-                                    self.rules.penalty_window, frame_offset), self.ckpt.tokenizer.im_end_id)
+    def stats(self) -> dict:
+        return self.metrics.snapshot(running=len(self.scheduler.running),
+                                     waiting=self.scheduler.queue_depth + len(self._inbox),
+                                     device=self.runner.device)
+
+    # ---- the loop -----------------------------------------------------------------------------
+    def _run(self) -> None:
+        try:
+            with torch.inference_mode():
+                start = time.perf_counter()
+                if self.graphs is not None:
+                    self.graphs.capture()
+                self.warmup_seconds = time.perf_counter() - start
+                self.metrics.warmup_seconds = self.warmup_seconds
+        except BaseException as e:  # noqa: BLE001 - reported to start()
+            log.exception("engine warm-up failed")
+            self._failed = e
+            self.ready.set()
+            return
+        log.info("engine ready: %d slots, %d KV pages of %d, graphs %s, warm-up %.1f s",
+                 self.settings.runner.max_slots, self.settings.runner.num_pages, self.settings.runner.page_size,
+                 "on" if self.graphs else "off", self.warmup_seconds)
+        self.ready.set()
         with torch.inference_mode():
-            frames = list(gen)
-        n = cfg.num_codebooks
-        codes = torch.stack(frames, dim=1)[1:].cpu() if frames else torch.zeros(n, 0, dtype=torch.int64)
-        if gen.finish_reason == "length":
-            log.warning("text chunk reached max_new_tokens=%d before the model ended it", req.max_new_tokens)
-        report = ChunkReport(text, codes.shape[1], gen.finish_reason or "length", dropped, prompt.shape[1])
-        return codes, report, gen.generated
+            while True:
+                with self._cv:
+                    while not self._stop and not self._inbox and not self.scheduler.has_work():
+                        self._cv.wait(timeout=1.0)
+                    if self._stop:
+                        break
+                try:
+                    self._iteration()
+                except Exception as e:  # noqa: BLE001 - keep serving; the affected streams get the error
+                    log.exception("engine step failed; failing the in-flight requests")
+                    self._fail_all(TTSError(f"internal engine error: {type(e).__name__}: {e}"))
+        self._fail_all(TTSError("the engine shut down"))
 
-    def decode(self, codes: Tensor) -> np.ndarray:
-        """codes: int64 [n, N] -> float32 [N * frame_length]."""
-        with torch.inference_mode():
-            wave = self.ckpt.codec.decode(codes[None].to(self.device))
-        return wave[0, 0].float().cpu().numpy()
+    def _iteration(self) -> None:
+        self._intake()
+        self._cancellations()
+        admitted = self.scheduler.admit()
+        if admitted:
+            self._prefill(admitted)
+        if self.scheduler.running:
+            self._step()
+        self._vocode()
+
+    def _intake(self) -> None:
+        with self._cv:
+            tasks, self._inbox = list(self._inbox), deque()
+        for task in tasks:
+            self._enqueue(task, front=False)
+
+    def _enqueue(self, task: Task, front: bool) -> None:
+        budget = self.planner.budget(task.prompt, task.stream.plan)
+        job = Job(task.prompt.shape[1], budget, owner=task, stop_on_eos=not task.stream.plan.ignore_stop)
+        task.job = job
+        try:
+            self.scheduler.submit(job, front=front)
+        except BusyError as e:
+            task.stream.finish(e)
+
+    def _cancellations(self) -> None:
+        for job in self.scheduler.waiting:
+            if job.owner.stream.cancelled:
+                job.cancelled = True
+        for job in self.scheduler.cancel_waiting():
+            self._close(job.owner, "cancelled")
+        done = [j for j in self.scheduler.running if j.owner.stream.cancelled]
+        for job in done:
+            job.finish_reason = "cancelled"
+        if done:
+            self._release(done)
+
+    def _prefill(self, jobs: list[Job]) -> None:
+        t0 = time.perf_counter()
+        items = []
+        for job in jobs:
+            task: Task = job.owner
+            req = task.stream.plan.request
+            items.append(PrefillItem(job.slot, task.prompt, (req.temperature, req.top_p, req.repetition_penalty,
+                                                             req.seed), task.frame_offset))
+            task.voc_slot = self._free_voc.pop()
+        frames = self.runner.prefill(items).cpu().numpy()
+        finished = []
+        for job, frame in zip(jobs, frames):
+            job.generated = 1
+            job.owner.frames.append(frame)
+            if job.max_frames <= 1:
+                job.finish_reason = "length"
+                finished.append(job)
+        self.metrics.prefill(sum(j.prompt_len for j in jobs), time.perf_counter() - t0)
+        if finished:
+            self._release(finished)
+
+    def _step(self) -> None:
+        t0 = time.perf_counter()
+        running = self.scheduler.running
+        self.runner.ensure_pages([(j.slot, j.prompt_len + j.generated - 1) for j in running])
+        B = len(running)
+        if self.graphs is not None:
+            out = self.graphs.run(B)
+        else:
+            out = self.runner.decode_step(B)
+        host = self._host_out[:B]
+        host.copy_(out[:B], non_blocking=True)
+        if self.runner.device.type == "cuda":
+            torch.cuda.current_stream().synchronize()
+        frames = host.numpy().copy()
+        finished = self.scheduler.record_frames(frames[:, 0].tolist(), self.eos)
+        for job, frame in zip(running, frames):
+            job.owner.frames.append(frame)
+        self.metrics.step(B, time.perf_counter() - t0)
+        if finished:
+            self._release(finished)
+
+    def _release(self, jobs: list[Job]) -> None:
+        """Finishes jobs: decode their remaining audio, free their slots, continue or close streams."""
+        for job in jobs:
+            task: Task = job.owner
+            if job.finish_reason != "cancelled":
+                self._vocode_tasks([task], final=True)
+            self.runner.release_pages(job.slot)
+        old_count = len(self.scheduler.running)
+        for src, dst in self.scheduler.release(jobs):
+            self.runner.move_slot(src, dst)
+        self.runner.reset_slots(range(len(self.scheduler.running), old_count))
+        for job in jobs:
+            self._close(job.owner, job.finish_reason)
+
+    def _close(self, task: Task, reason: str) -> None:
+        """Reports a finished text chunk; starts the next one or ends the stream."""
+        stream, plan = task.stream, task.stream.plan
+        if task.voc_slot >= 0:
+            self.vocoder.reset(torch.tensor([task.voc_slot], device=self.runner.device))
+            self._free_voc.append(task.voc_slot)
+            task.voc_slot = -1
+        kept = task.kept if reason != "cancelled" else task.decoded
+        plan.reports.append(ChunkReport(plan.texts[task.index], kept, reason, task.context_dropped,
+                                        task.prompt.shape[1]))
+        if reason == "cancelled" or stream.cancelled:
+            self.metrics.cancelled += 1
+            self._end(stream)
+            return
+        if task.index + 1 < len(plan.texts):
+            codes = torch.from_numpy(np.stack(task.frames[:kept], axis=1)[1:]) if kept else \
+                torch.zeros(self.ckpt.config.num_codebooks, 0, dtype=torch.int64)
+            prompt, dropped = self.planner.chunk_prompt(plan, task.index + 1, (plan.texts[task.index], codes))
+            nxt = Task(stream, task.index + 1, prompt, dropped, task.frame_offset + len(task.frames))
+            self._enqueue(nxt, front=True)
+            return
+        self.metrics.completed(stream)
+        self._end(stream)
+
+    def _end(self, stream: Stream, error: BaseException | None = None) -> None:
+        stream.finish(error)
+        with self._cv:
+            self._streams.discard(stream)
+
+    def _fail_all(self, error: TTSError) -> None:
+        jobs = list(self.scheduler.running)
+        for job in jobs:
+            self.runner.release_pages(job.slot)
+        old = len(self.scheduler.running)
+        self.scheduler.release(jobs)
+        self.runner.reset_slots(range(0, old))
+        self.scheduler.waiting.clear()
+        with self._cv:
+            streams, self._streams = list(self._streams), set()
+            self._inbox.clear()
+        self._free_voc = list(range(self.settings.runner.max_slots - 1, -1, -1))
+        for stream in streams:
+            stream.finish(error)
+
+    # ---- audio --------------------------------------------------------------------------------
+    def _vocode(self) -> None:
+        ready = []
+        for job in self.scheduler.running:
+            task: Task = job.owner
+            need = self.settings.first_chunk_frames if task.decoded == 0 else self.settings.stream_chunk_frames
+            if task.kept - task.decoded >= need:
+                ready.append(task)
+        if ready:
+            self._vocode_tasks(ready, final=False)
+
+    def _vocode_tasks(self, tasks: list[Task], final: bool) -> None:
+        """Decodes pending frames: whole chunks while running, everything left when final. Tasks with
+        the same chunk size are decoded together."""
+        groups: dict[int, list[Task]] = {}
+        for task in tasks:
+            pending = task.kept - task.decoded
+            if not final:
+                size = self.settings.first_chunk_frames if task.decoded == 0 else self.settings.stream_chunk_frames
+                pending = pending - pending % size
+            if pending > 0:
+                groups.setdefault(pending, []).append(task)
+        for count, group in groups.items():
+            t0 = time.perf_counter()
+            codes = np.stack([np.stack(t.frames[t.decoded:t.decoded + count], axis=1)[1:] for t in group])
+            slots = torch.tensor([t.voc_slot for t in group], device=self.runner.device)
+            audio = self.vocoder.decode(slots, torch.from_numpy(codes).to(self.runner.device))
+            audio = audio.float().cpu().numpy()
+            for task, wave in zip(group, audio):
+                task.stream.emit(wave, task.index)
+                task.decoded += count
+            self.metrics.vocoded(count * len(group), time.perf_counter() - t0)
+

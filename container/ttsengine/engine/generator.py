@@ -67,7 +67,7 @@ def raw_frames(model: DualAR, prompt: Tensor, params: SamplingTensors, budget: i
                                 caches, kv_len=T)[:, -1]
     frame = sample_frame(model, model.slow_head(hidden), hidden, params, index, fast_caches, window=None)
     yield frame[0]
-    window = RepetitionWindow(1, n + 1, penalty_window, device)
+    window = RepetitionWindow.empty(1, n + 1, penalty_window, device)
     for i in range(budget - 1):
         pos = torch.full((1, 1), T + i, dtype=torch.int64, device=device)
         hidden = model.slow_forward(model.embed(frame[:, :, None]), pos, causal_mask_from_positions(pos, T + i + 1),

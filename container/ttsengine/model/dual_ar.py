@@ -64,7 +64,7 @@ class DualAR(nn.Module):
 
     def new_caches(self, batch: int, length: int, dtype, device) -> list[KVCache]:
         s = self.cfg.slow
-        return [KVCache(batch, s.n_local_heads, length, s.head_dim, dtype, device) for _ in range(s.n_layer)]
+        return [KVCache.empty(batch, s.n_local_heads, length, s.head_dim, dtype, device) for _ in range(s.n_layer)]
 
     def slow_forward(self, x: Tensor, pos: Tensor, mask: Tensor | None, caches: list[KVCache] | None = None,
                      kv_len: int | None = None) -> Tensor:
@@ -86,7 +86,7 @@ class DualAR(nn.Module):
 
     def new_fast_caches(self, batch: int, dtype, device) -> list[KVCache]:
         f = self.cfg.fast
-        return [KVCache(batch, f.n_local_heads, self.cfg.num_codebooks, f.head_dim, dtype, device)
+        return [KVCache.empty(batch, f.n_local_heads, self.cfg.num_codebooks, f.head_dim, dtype, device)
                 for _ in range(f.n_layer)]
 
     def fast_forward(self, x: Tensor, pos: Tensor, mask: Tensor | None, caches: list[KVCache] | None = None,

@@ -7,6 +7,7 @@ and applied in fp32, q/k-norm per head before RoPE, GQA by consecutive repetitio
 from __future__ import annotations
 
 import functools
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -63,23 +64,23 @@ def attend(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, scale: float | 
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
 
 
+@dataclass
 class KVCache:
     """One layer's keys and values: k, v [B, Hk, L, d]. Stale slots past a row's length are masked, not cleared."""
 
-    def __init__(self, batch: int, n_local_heads: int, length: int, head_dim: int, dtype, device):
+    k: Tensor
+    v: Tensor
+
+    @staticmethod
+    def empty(batch: int, n_local_heads: int, length: int, head_dim: int, dtype, device) -> KVCache:
         shape = (batch, n_local_heads, length, head_dim)
-        self.k = torch.zeros(shape, dtype=dtype, device=device)
-        self.v = torch.zeros(shape, dtype=dtype, device=device)
+        return KVCache(torch.zeros(shape, dtype=dtype, device=device), torch.zeros(shape, dtype=dtype, device=device))
 
     def write(self, pos: Tensor, k: Tensor, v: Tensor) -> None:
         # pos: [B, T] slot per new token; k, v: [B, T, Hk, d]
         rows = torch.arange(pos.shape[0], device=pos.device)[:, None].expand_as(pos)
         self.k[rows, :, pos] = k.to(self.k.dtype)
         self.v[rows, :, pos] = v.to(self.v.dtype)
-
-    def zero_(self) -> None:
-        self.k.zero_()
-        self.v.zero_()
 
 
 class Attention(nn.Module):

@@ -96,6 +96,7 @@ def draw(probs: Tensor, noise: Tensor) -> Tensor:
     return torch.argmax(probs / noise, dim=-1)
 
 
+@dataclass
 class RepetitionWindow:
     """Upstream's penalty window (spec §6.3) as a per-row ring of the last `size` recorded frames.
 
@@ -103,10 +104,21 @@ class RepetitionWindow:
     all n+1 rows; zeros before anything is recorded); codebook k at the ids in window row k+1.
     """
 
-    def __init__(self, batch: int, rows: int, size: int, device):
-        self.size = size
-        self.frames = torch.zeros(batch, rows, size, dtype=torch.int64, device=device)  # [B, n+1, W]
-        self.count = torch.zeros(batch, dtype=torch.int64, device=device)  # frames recorded per row
+    frames: Tensor  # int64 [B, n+1, size]
+    count: Tensor  # int64 [B], frames recorded per row
+
+    @staticmethod
+    def empty(batch: int, rows: int, size: int, device) -> RepetitionWindow:
+        return RepetitionWindow(torch.zeros(batch, rows, size, dtype=torch.int64, device=device),
+                                torch.zeros(batch, dtype=torch.int64, device=device))
+
+    @property
+    def size(self) -> int:
+        return self.frames.shape[2]
+
+    def view(self, rows: int) -> RepetitionWindow:
+        """The first `rows` rows, sharing storage (updates land in this window)."""
+        return RepetitionWindow(self.frames[:rows], self.count[:rows])
 
     def slow_ids(self) -> Tensor:
         # [B, n+1]: while fewer than `size` frames are recorded, upstream's window starts at column 0
@@ -123,10 +135,10 @@ class RepetitionWindow:
         new = self.frames.scatter(2, col, frame[:, :, None])
         if active is None:
             self.frames.copy_(new)
-            self.count += 1
+            self.count.add_(1)
         else:
             self.frames.copy_(torch.where(active[:, None, None], new, self.frames))
-            self.count += active.to(torch.int64)
+            self.count.add_(active.to(torch.int64))
 
     def reset_rows(self, rows: Tensor) -> None:
         # rows: bool [B]; forget the history of rows that now hold a new request

@@ -1,0 +1,43 @@
+"""Loading a model directory onto the configured device and dtypes."""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import torch
+
+from ..config import EngineConfig
+from ..errors import ConfigError
+from ..model.checkpoint import Checkpoint, load_checkpoint
+
+log = logging.getLogger(__name__)
+_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = torch.device(name)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ConfigError(f"TTS_DEVICE={name}: CUDA is not available on this machine")
+    return device
+
+
+def resolve_dtype(name: str, device: torch.device, on_cuda: torch.dtype) -> torch.dtype:
+    """auto: `on_cuda` on CUDA, float32 on CPU (the reference precision)."""
+    if name == "auto":
+        return on_cuda if device.type == "cuda" else torch.float32
+    return _DTYPES[name]
+
+
+def load(config: EngineConfig) -> Checkpoint:
+    device = resolve_device(config.device)
+    dtype = resolve_dtype(config.dtype, device, torch.bfloat16)
+    codec_dtype = resolve_dtype(config.codec_dtype, device, torch.bfloat16)
+    start = time.perf_counter()
+    ckpt = load_checkpoint(config.model_dir, device, dtype, codec_dtype)
+    log.info("loaded %s checkpoint from %s on %s (LLM %s, codec %s) in %.1f s", ckpt.family.NAME, config.model_dir,
+             device, str(dtype).removeprefix("torch."), str(codec_dtype).removeprefix("torch."),
+             time.perf_counter() - start)
+    return ckpt

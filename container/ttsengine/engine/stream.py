@@ -1,0 +1,138 @@
+"""A submitted request as its caller sees it: audio chunks arriving from the engine thread, iterated
+with `for` (blocking) or `async for` (no thread per waiter), and `cancel()`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections import deque
+from collections.abc import AsyncIterator, Iterator
+
+from ..errors import CancelledError
+from .output import AudioChunk, SynthesisResult
+from .plan import Plan
+
+_END = object()
+
+
+class Stream:
+    def __init__(self, plan: Plan, sample_rate: int):
+        self.plan = plan
+        self.sample_rate = sample_rate
+        self.submitted_at = time.perf_counter()
+        self.first_audio_at: float | None = None
+        self.finished_at: float | None = None
+        self._items: deque = deque()
+        self._cond = threading.Condition()
+        self._waiters: list[tuple[asyncio.AbstractEventLoop, asyncio.Future]] = []
+        self._cancelled = False
+        self._error: BaseException | None = None
+        self._done = False
+        self._count = 0
+
+    # ---- engine side (any thread) -------------------------------------------------------------
+    def emit(self, audio, text_index: int) -> None:
+        """Queues the next audio chunk (float32 [L])."""
+        if self.first_audio_at is None:
+            self.first_audio_at = time.perf_counter()
+        self._push(AudioChunk(audio, self.sample_rate, self._count, text_index))
+        self._count += 1
+
+    def finish(self, error: BaseException | None = None) -> None:
+        if self._done:
+            return
+        self._error = error
+        self.finished_at = time.perf_counter()
+        self._push(_END)
+
+    def _push(self, item) -> None:
+        with self._cond:
+            if item is _END:
+                self._done = True
+            self._items.append(item)
+            waiters, self._waiters = self._waiters, []
+            self._cond.notify_all()
+        for loop, fut in waiters:
+            loop.call_soon_threadsafe(_wake, fut)
+
+    # ---- caller side --------------------------------------------------------------------------
+    @property
+    def seed(self) -> int:
+        return self.plan.seed
+
+    @property
+    def reports(self):
+        return self.plan.reports
+
+    @property
+    def cancelled(self) -> bool:
+        return self._cancelled
+
+    @property
+    def done(self) -> bool:
+        return self._done
+
+    @property
+    def ttfa(self) -> float | None:
+        """Seconds from submit to the first audio chunk."""
+        return None if self.first_audio_at is None else self.first_audio_at - self.submitted_at
+
+    def cancel(self) -> None:
+        """Stops generation; the engine frees the request's slot within one step."""
+        self._cancelled = True
+
+    def _take(self):
+        item = self._items.popleft()
+        if item is _END:
+            self._items.appendleft(_END)  # stay exhausted
+            if self._error is not None:
+                raise self._error
+            raise StopIteration
+        return item
+
+    def __iter__(self) -> Iterator[AudioChunk]:
+        while True:
+            with self._cond:
+                while not self._items:
+                    self._cond.wait()
+                try:
+                    item = self._take()
+                except StopIteration:
+                    return
+            yield item
+
+    def __aiter__(self) -> AsyncIterator[AudioChunk]:
+        return self._aiter()
+
+    async def _aiter(self) -> AsyncIterator[AudioChunk]:
+        loop = asyncio.get_running_loop()
+        while True:
+            with self._cond:
+                if self._items:
+                    try:
+                        item = self._take()
+                    except StopIteration:
+                        return
+                else:
+                    fut = loop.create_future()
+                    self._waiters.append((loop, fut))
+                    item = None
+            if item is None:
+                await fut
+                continue
+            yield item
+
+    def result(self) -> SynthesisResult:
+        """Blocks until the request is done; raises its error (CancelledError if cancelled)."""
+        parts = list(self)
+        if self._cancelled:
+            raise CancelledError("the request was cancelled")
+        return SynthesisResult.join(parts, self.sample_rate, self.seed, self.plan.reports)
+
+
+def _wake(fut: asyncio.Future) -> None:
+    if not fut.done():
+        fut.set_result(None)
+

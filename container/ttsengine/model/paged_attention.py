@@ -1,0 +1,167 @@
+"""Paged KV cache and decode attention whose cost follows each row's live context.
+
+Keys and values live in one pool per layer, in pages of `page_size` positions; a page table maps
+(row, position // page_size) to a page. Page 0 is a scratch page: rows that are idle inside a
+batch bucket point at it, so their writes land nowhere that matters.
+
+Two implementations of decode attention, same math:
+- `paged_decode_reference`: gathers the pages of each row and runs SDPA (CPU, eager reference);
+- `paged_decode_triton`: one Triton program per (row, KV head) streams that row's pages with an
+  online softmax; no gather, no scan of max_seq_len; works inside CUDA graphs (lengths are read on
+  the device).
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+SCRATCH_PAGE = 0
+
+
+@dataclass
+class PagedKV:
+    """One layer's pools: k, v [num_pages, Hk, page_size, d]."""
+
+    k: Tensor
+    v: Tensor
+
+    @staticmethod
+    def empty(num_pages: int, n_local_heads: int, page_size: int, head_dim: int, dtype, device) -> PagedKV:
+        shape = (num_pages, n_local_heads, page_size, head_dim)
+        return PagedKV(torch.zeros(shape, dtype=dtype, device=device), torch.zeros(shape, dtype=dtype, device=device))
+
+    @property
+    def page_size(self) -> int:
+        return self.k.shape[2]
+
+    def write(self, page_table: Tensor, pos: Tensor, k: Tensor, v: Tensor) -> None:
+        """page_table: int32 [B, P]; pos: int64 [B, T]; k, v: [B, T, Hk, d]. Positions < 0 are skipped
+        (they go to the scratch page)."""
+        page_idx = torch.div(pos.clamp(min=0), self.page_size, rounding_mode="floor")
+        pages = page_table.long().gather(1, page_idx)
+        pages = torch.where(pos >= 0, pages, torch.full_like(pages, SCRATCH_PAGE))
+        offset = pos.clamp(min=0) % self.page_size
+        self.k[pages, :, offset] = k.to(self.k.dtype)
+        self.v[pages, :, offset] = v.to(self.v.dtype)
+
+
+def write_and_attend(q: Tensor, k: Tensor, v: Tensor, kv: PagedKV, page_table: Tensor, pos: Tensor,
+                     use_triton: bool) -> Tensor:
+    """The decode step's attention: writes this step's k, v [B, Hk, d] at positions pos [B], then
+    q [B, H, d] attends over positions 0..pos of its row -> [B, H, d]. Registered as one opaque
+    custom op where torch has them, so torch.compile neither traces the kernel nor copies the pools."""
+    op = _custom_op()
+    fn = op if op is not None else _write_and_attend
+    return fn(q, k, v, kv.k, kv.v, page_table, pos, use_triton)
+
+
+def _write_and_attend(q: Tensor, k: Tensor, v: Tensor, k_pool: Tensor, v_pool: Tensor, page_table: Tensor,
+                      pos: Tensor, use_triton: bool) -> Tensor:
+    kv = PagedKV(k_pool, v_pool)
+    kv.write(page_table, pos[:, None], k[:, None], v[:, None])
+    seq_lens = (pos + 1).to(torch.int32)
+    if use_triton:
+        return paged_decode_triton(q, kv, page_table, seq_lens)
+    return paged_decode_reference(q, kv, page_table, seq_lens)
+
+
+@functools.lru_cache(maxsize=1)
+def _custom_op():
+    if not hasattr(torch.library, "custom_op"):  # torch < 2.4: plain function, compile stays off
+        return None
+    op = torch.library.custom_op("ttsengine::paged_write_and_attend", mutates_args=("k_pool", "v_pool"))(
+        _write_and_attend)
+    op.register_fake(lambda q, *args: torch.empty_like(q))
+    return op
+
+
+def paged_decode_reference(q: Tensor, kv: PagedKV, page_table: Tensor, seq_lens: Tensor,
+                           max_pages: int | None = None) -> Tensor:
+    """q: [B, H, d] (one query per row); page_table: int32 [B, P]; seq_lens: int [B] keys per row
+    -> [B, H, d]. Reads only the first `max_pages` pages of each row (default: all)."""
+    B, H, d = q.shape
+    P = page_table.shape[1] if max_pages is None else max_pages
+    pages = page_table[:, :P].long()  # [B, P]
+    Hk, ps = kv.k.shape[1], kv.page_size
+    k = kv.k[pages].permute(0, 2, 1, 3, 4).reshape(B, Hk, P * ps, d)
+    v = kv.v[pages].permute(0, 2, 1, 3, 4).reshape(B, Hk, P * ps, d)
+    mask = torch.arange(P * ps, device=q.device)[None, :] < seq_lens[:, None]  # [B, S]
+    g = H // Hk
+    if g > 1:
+        k, v = k.repeat_interleave(g, dim=1), v.repeat_interleave(g, dim=1)
+    out = F.scaled_dot_product_attention(q[:, :, None].to(k.dtype), k, v, attn_mask=mask[:, None, None])
+    return out[:, :, 0].to(q.dtype).contiguous()
+
+
+@functools.lru_cache(maxsize=1)
+def _triton_kernel():
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def kernel(Q, K, V, PT, LENS, OUT, scale,
+               s_qb, s_qh, s_kp, s_kh, s_kt, s_ptb, s_ob, s_oh,
+               G: tl.constexpr, BLOCK_G: tl.constexpr, D: tl.constexpr, PAGE: tl.constexpr):
+        b = tl.program_id(0)
+        kvh = tl.program_id(1)
+        length = tl.load(LENS + b)
+        g = tl.arange(0, BLOCK_G)
+        dd = tl.arange(0, D)
+        t = tl.arange(0, PAGE)
+        q_rows = kvh * G + g
+        q = tl.load(Q + b * s_qb + q_rows[:, None] * s_qh + dd[None, :], mask=(g < G)[:, None], other=0.0)
+        m = tl.full([BLOCK_G], float("-inf"), tl.float32)
+        den = tl.zeros([BLOCK_G], tl.float32)
+        acc = tl.zeros([BLOCK_G, D], tl.float32)
+        for start in range(0, length, PAGE):
+            page = tl.load(PT + b * s_ptb + start // PAGE).to(tl.int64)
+            base = page * s_kp + kvh * s_kh
+            valid = (start + t) < length
+            k = tl.load(K + base + t[:, None] * s_kt + dd[None, :], mask=valid[:, None], other=0.0)
+            s = tl.dot(q, tl.trans(k)).to(tl.float32) * scale  # [BLOCK_G, PAGE]
+            s = tl.where(valid[None, :], s, float("-inf"))
+            m_new = tl.maximum(m, tl.max(s, axis=1))
+            alpha = tl.exp(m - m_new)
+            p = tl.exp(s - m_new[:, None])
+            den = den * alpha + tl.sum(p, axis=1)
+            v = tl.load(V + base + t[:, None] * s_kt + dd[None, :], mask=valid[:, None], other=0.0)
+            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v).to(tl.float32)
+            m = m_new
+        out = acc / den[:, None]
+        tl.store(OUT + b * s_ob + q_rows[:, None] * s_oh + dd[None, :], out.to(OUT.dtype.element_ty),
+                 mask=(g < G)[:, None])
+
+    return kernel
+
+
+def paged_decode_triton(q: Tensor, kv: PagedKV, page_table: Tensor, seq_lens: Tensor) -> Tensor:
+    """Same contract as paged_decode_reference; seq_lens must be >= 1 for every row."""
+    B, H, d = q.shape
+    Hk = kv.k.shape[1]
+    G = H // Hk
+    q = q.contiguous().to(kv.k.dtype)
+    out = torch.empty_like(q)
+    _triton_kernel()[(B, Hk)](
+        q, kv.k, kv.v, page_table, seq_lens, out, d ** -0.5,
+        q.stride(0), q.stride(1), kv.k.stride(0), kv.k.stride(1), kv.k.stride(2), page_table.stride(0),
+        out.stride(0), out.stride(1),
+        G=G, BLOCK_G=max(16, triton_next_pow2(G)), D=d, PAGE=kv.page_size,
+    )
+    return out
+
+
+def triton_next_pow2(x: int) -> int:
+    return 1 << max(0, (x - 1).bit_length())
+
+
+def triton_available() -> bool:
+    try:
+        import triton  # noqa: F401
+    except ImportError:
+        return False
+    return True
