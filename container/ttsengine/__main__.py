@@ -75,6 +75,7 @@ def _download(args: argparse.Namespace) -> int:
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="python -m ttsengine", description="Fish-Speech S1 inference engine")
     sub = ap.add_subparsers(dest="command", required=True)
+    sub.add_parser("bench", help="concurrency benchmark (see: python -m ttsengine bench --help)")
 
     s = sub.add_parser("synth", help="text -> audio file")
     s.add_argument("--model", type=Path, default=None, help="model dir (default: $TTS_MODEL_DIR or /opt/ml/model)")
@@ -102,7 +103,20 @@ def build_parser() -> argparse.ArgumentParser:
     return ap
 
 
+TOOLS = {"bench": "bench"}  # subcommands with their own argument parsers: python -m ttsengine <tool> ...
+
+
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv and argv[0] in TOOLS:
+        import importlib
+
+        tool = importlib.import_module(f".{TOOLS[argv[0]]}", __package__)
+        try:
+            return tool.main(argv[1:])
+        except TTSError as e:
+            print(f"ttsengine {argv[0]}: {e}", file=sys.stderr)
+            return 2
     args = build_parser().parse_args(argv)
     try:
         logging.basicConfig(level=from_env().log_level.upper(),

@@ -49,3 +49,11 @@ def load_torch_file(path: Path) -> object:
 def sdpa_supports_gqa() -> bool:
     """SDPA's `enable_gqa` arrived in torch 2.5."""
     return torch_version() >= (2, 5)
+
+
+def compile_supported() -> bool:
+    """torch.compile of the decode step needs custom ops whose pool mutation Inductor re-inplaces
+    (auto_functionalized_v2, torch >= 2.6); older versions would copy the whole KV pool each step."""
+    import torch.library
+
+    return torch_version() >= (2, 6) and hasattr(torch.library, "custom_op")

@@ -63,7 +63,14 @@ class Engine:
         self.runner = Runner(checkpoint.model, s.runner)
         self.scheduler = Scheduler(s.runner.max_slots, s.max_queue, s.runner.num_pages - 1, s.runner.page_size,
                                    s.prefill_tokens)
-        self.vocoder = StreamingDecoder(checkpoint.codec, s.runner.max_slots, checkpoint.config.max_seq_len)
+        self.vocoder = StreamingDecoder(checkpoint.codec, s.runner.max_slots, checkpoint.config.max_seq_len,
+                                        chunk_sizes=(s.first_chunk_frames, s.stream_chunk_frames),
+                                        buckets=s.buckets)
+        if s.compile:
+            self.runner.enable_compile()
+            self.vocoder.enable_compile()
+        if self.runner.device.type == "cuda":
+            torch.backends.cudnn.benchmark = True  # few conv shapes (bucketed), each tuned once
         self.graphs = StepGraphs(self.runner, s) if s.cuda_graphs else None
         self.metrics = EngineMetrics()
         self.eos = checkpoint.tokenizer.im_end_id
@@ -151,8 +158,7 @@ class Engine:
         try:
             with torch.inference_mode():
                 start = time.perf_counter()
-                if self.graphs is not None:
-                    self.graphs.capture()
+                self._warm_up()
                 self.warmup_seconds = time.perf_counter() - start
                 self.metrics.warmup_seconds = self.warmup_seconds
         except BaseException as e:  # noqa: BLE001 - reported to start()
@@ -177,6 +183,31 @@ class Engine:
                     log.exception("engine step failed; failing the in-flight requests")
                     self._fail_all(TTSError(f"internal engine error: {type(e).__name__}: {e}"))
         self._fail_all(TTSError("the engine shut down"))
+
+    def _warm_up(self) -> None:
+        """Compiles and captures the decode step for every bucket (all slots idle: no side effects)."""
+        if self.graphs is None and not self.runner._compiled:
+            return
+        try:
+            self.vocoder.warm_up()
+            if self.graphs is not None:
+                self.graphs.capture()
+            else:
+                for bb in self.settings.buckets:
+                    self.runner.decode_step(bb)
+        except Exception as e:  # noqa: BLE001 - compile problems must not take the service down
+            if not self.runner._compiled:
+                raise
+            log.warning("torch.compile of the decode step failed (%s: %s); serving without compile",
+                        type(e).__name__, str(e).splitlines()[0] if str(e) else "")
+            self.runner.disable_compile()
+            self.vocoder._impl, self.vocoder._compiled = self.vocoder.decode, False
+            self.compile_error = f"{type(e).__name__}: {e}"
+            if self.graphs is not None:
+                self.graphs = StepGraphs(self.runner, self.settings)
+                self.graphs.capture()
+
+    compile_error: str | None = None
 
     def _iteration(self) -> None:
         self._intake()
@@ -241,10 +272,8 @@ class Engine:
         running = self.scheduler.running
         self.runner.ensure_pages([(j.slot, j.prompt_len + j.generated - 1) for j in running])
         B = len(running)
-        if self.graphs is not None:
-            out = self.graphs.run(B)
-        else:
-            out = self.runner.decode_step(B)
+        bb = self.settings.bucket(B)
+        out = self.graphs.run(bb) if self.graphs is not None else self.runner.decode_step(bb)
         host = self._host_out[:B]
         host.copy_(out[:B], non_blocking=True)
         if self.runner.device.type == "cuda":
@@ -330,18 +359,21 @@ class Engine:
         """Decodes pending frames: whole chunks while running, everything left when final. Tasks with
         the same chunk size are decoded together."""
         groups: dict[int, list[Task]] = {}
+        largest = max(self.settings.first_chunk_frames, self.settings.stream_chunk_frames)
         for task in tasks:
             pending = task.kept - task.decoded
             if not final:
                 size = self.settings.first_chunk_frames if task.decoded == 0 else self.settings.stream_chunk_frames
                 pending = pending - pending % size
-            if pending > 0:
-                groups.setdefault(pending, []).append(task)
-        for count, group in groups.items():
+            while pending > 0:  # one chunk per call; a final remainder is padded by the vocoder
+                count = min(pending, largest)
+                groups.setdefault(count, []).append(task)
+                pending -= count
+        for count, group in sorted(groups.items(), key=lambda kv: -kv[0]):
             t0 = time.perf_counter()
             codes = np.stack([np.stack(t.frames[t.decoded:t.decoded + count], axis=1)[1:] for t in group])
-            slots = torch.tensor([t.voc_slot for t in group], device=self.runner.device)
-            audio = self.vocoder.decode(slots, torch.from_numpy(codes).to(self.runner.device))
+            audio = self.vocoder.decode_padded([t.voc_slot for t in group],
+                                               torch.from_numpy(codes).to(self.runner.device))
             audio = audio.float().cpu().numpy()
             for task, wave in zip(group, audio):
                 task.stream.emit(wave, task.index)

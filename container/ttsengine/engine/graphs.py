@@ -22,9 +22,6 @@ class StepGraphs:
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.outputs: dict[int, Tensor] = {}
 
-    def bucket(self, batch: int) -> int:
-        return next(b for b in self.buckets if b >= batch)
-
     def capture(self) -> None:
         t0 = time.perf_counter()
         pool = torch.cuda.graph_pool_handle()
@@ -44,7 +41,7 @@ class StepGraphs:
         log.info("captured %d decode-step graphs (batch %s) in %.1f s", len(self.graphs),
                  ",".join(map(str, self.buckets)), time.perf_counter() - t0)
 
-    def run(self, batch: int) -> Tensor:
-        bb = self.bucket(batch)
+    def run(self, bb: int) -> Tensor:
+        """Replays bucket bb's step (bb from BatchSettings.bucket)."""
         self.graphs[bb].replay()
         return self.outputs[bb]

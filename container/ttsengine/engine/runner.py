@@ -14,7 +14,7 @@ from torch import Tensor
 from ..model.dual_ar import DualAR
 from ..model.frame import sample_frame
 from ..model.layers import attend
-from ..model.paged_attention import PagedKV, write_and_attend
+from ..model.paged_attention import PagedKV, write_and_attend_op
 from ..model.sampling import RepetitionWindow, SamplingTensors
 
 
@@ -58,6 +58,7 @@ class Runner:
             seed_hi=torch.zeros(S, dtype=torch.int64, device=dev))
         self.window = RepetitionWindow.empty(S, n + 1, cfg.penalty_window, dev)
         self.out = torch.zeros(S, n + 1, dtype=torch.int64, device=dev)  # frames made by the last step
+        self._attend = write_and_attend_op()
         # host side: pages held per slot; page 0 is scratch and never handed out
         self.slot_pages: list[list[int]] = [[] for _ in range(S)]
         self.free_pages = list(range(cfg.num_pages - 1, 0, -1))
@@ -151,11 +152,14 @@ class Runner:
     def enable_compile(self) -> None:
         """Routes decode steps through torch.compile (batch dimension dynamic: one compile serves every
         bucket). Numerics differ from eager at bf16 rounding level."""
-        import torch._dynamo
+        from torch import _dynamo
 
-        torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)
+        _dynamo.config.cache_size_limit = max(_dynamo.config.cache_size_limit, 64)
         self._step = torch.compile(self._step_impl, dynamic=None, fullgraph=True)
         self._compiled = True
+
+    def disable_compile(self) -> None:
+        self._step, self._compiled = None, False
 
     _step = None
     _compiled = False
@@ -169,10 +173,10 @@ class Runner:
                  p.temperature[:bb], p.top_p[:bb], p.repetition_penalty[:bb], p.seed_lo[:bb], p.seed_hi[:bb],
                  w.frames[:bb], w.count[:bb], self.out[:bb])
         if self._compiled:
-            import torch._dynamo
+            from torch import _dynamo
 
-            for t in views:
-                torch._dynamo.mark_dynamic(t, 0, min=1, max=self.cfg.max_slots)
+            for t in views:  # size-1 dims are always specialised, so compiled buckets start at 2
+                _dynamo.mark_dynamic(t, 0, min=2, max=self.cfg.max_slots)
             self._step(*views)
         else:
             self._step_impl(*views)
@@ -189,7 +193,8 @@ class Runner:
         for i, layer in enumerate(m.layers):
             att = layer.attention
             q, k, v = att.project(layer.attention_norm(x), rope)
-            y = write_and_attend(q[:, 0], k[:, 0], v[:, 0], self.kv[i], table, pos, self.cfg.triton_attention)
+            y = self._attend(q[:, 0], k[:, 0], v[:, 0], self.kv[i].k, self.kv[i].v, table, pos,
+                             self.cfg.triton_attention)
             x = x + att.wo(y.reshape(bb, 1, -1))
             x = x + layer.feed_forward(layer.ffn_norm(x))
         hidden = x[:, 0]

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 import torch
 
+from ..compat import compile_supported
 from ..config import EngineConfig
 from ..model.checkpoint import Checkpoint
 from ..model.paged_attention import triton_available
@@ -27,6 +28,10 @@ class BatchSettings:
     cuda_graphs: bool
     compile: bool
     buckets: tuple[int, ...]  # batch sizes a decode step is captured for
+
+    def bucket(self, batch: int) -> int:
+        """The smallest bucket that holds `batch` running streams."""
+        return next(b for b in self.buckets if b >= batch)
 
     @staticmethod
     def resolve(config: EngineConfig, ckpt: Checkpoint) -> BatchSettings:
@@ -54,15 +59,17 @@ class BatchSettings:
             log.warning("TTS_CUDA_GRAPHS=on ignored: no CUDA device")
             graphs = False
         compile_ = {"on": True, "off": False}.get(config.compile, cuda)
+        compile_ = compile_ and compile_supported()
         buckets = []
-        b = 1
+        b = 2 if compile_ and max_batch > 1 else 1  # compiled graphs are dynamic from 2 (size 1 specialises)
         while b < max_batch:
             buckets.append(b)
             b *= 2
         buckets.append(max_batch)
         runner = RunnerConfig(max_slots=max_batch, page_size=PAGE_SIZE, num_pages=num_pages,
                               penalty_window=ckpt.family.RULES.penalty_window,
-                              triton_attention=cuda and triton_available())
+                              # the kernel's dot products are 16-bit; an fp32 cache keeps the exact path
+                              triton_attention=cuda and triton_available() and model.norm.weight.element_size() == 2)
         return BatchSettings(runner=runner, max_queue=config.max_queue or 2 * max_batch,
                              prefill_tokens=config.prefill_tokens, first_chunk_frames=config.first_chunk_frames,
                              stream_chunk_frames=config.stream_chunk_frames, cuda_graphs=graphs, compile=compile_,

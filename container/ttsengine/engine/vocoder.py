@@ -46,19 +46,32 @@ def _state_shapes(module: nn.Module, prefix: str, out: dict[str, tuple[int, ...]
 
 
 class StreamingDecoder:
-    """Decodes codes to audio chunk by chunk for up to `slots` concurrent streams."""
+    """Decodes codes to audio chunk by chunk for up to `slots` concurrent streams.
 
-    def __init__(self, codec: Codec, slots: int, max_frames: int):
+    `decode` takes any batch and chunk length. `decode_padded` is the serving path: chunk lengths
+    are padded up to one of `chunk_sizes` (the codec is causal, so frames appended after the real
+    ones change nothing before them; only a stream's final chunk is ever padded, and its state is
+    reset afterwards) and the batch is padded to a bucket with a scratch row, so the compiled code
+    sees few shapes.
+    """
+
+    def __init__(self, codec: Codec, slots: int, max_frames: int, chunk_sizes: tuple[int, ...] = (),
+                 buckets: tuple[int, ...] = ()):
         """max_frames: the longest stream (frames) a slot will decode; sizes the RoPE table."""
         self.codec = codec
+        self.chunk_sizes = tuple(sorted(chunk_sizes))
+        self.buckets = tuple(sorted(buckets))
+        self.scratch = slots  # one extra state row that padding rows read and write
+        self._impl = self.decode
         p = next(codec.parameters())
         self.device, self.dtype = p.device, p.dtype
         shapes: dict[str, tuple[int, ...]] = {}
         _state_shapes(codec.quantizer.post_module, "post", shapes)
         _state_shapes(codec.quantizer.upsample, "up", shapes)
         _state_shapes(codec.decoder.model, "dec", shapes)
-        self.state = {k: torch.zeros(slots, *s, dtype=self.dtype, device=self.device) for k, s in shapes.items()}
-        self.position = torch.zeros(slots, dtype=torch.int64, device=self.device)  # frames decoded per slot
+        rows = slots + 1
+        self.state = {k: torch.zeros(rows, *s, dtype=self.dtype, device=self.device) for k, s in shapes.items()}
+        self.position = torch.zeros(rows, dtype=torch.int64, device=self.device)  # frames decoded per slot
         self.frame_length = codec.frame_length
         post = codec.quantizer.post_module
         self.rope = post.rope(0, max_frames + 1024, self.device)[0]  # [positions, d/2, 2], indexed on device
@@ -68,6 +81,39 @@ class StreamingDecoder:
         for buf in self.state.values():
             buf.index_fill_(0, slots, 0)
         self.position.index_fill_(0, slots, 0)
+
+    def enable_compile(self) -> None:
+        """torch.compile the chunk decode (batch dynamic; one compile per chunk size): fuses Snake and
+        the other elementwise chains between convolutions."""
+        self._impl = torch.compile(self.decode, dynamic=None)
+        self._compiled = True
+
+    _compiled = False
+
+    def decode_padded(self, slots: list[int], codes: Tensor) -> Tensor:
+        """slots: distinct stream slots; codes: int64 [b, n, K] with K <= max(chunk_sizes)
+        -> audio [b, K * frame_length]."""
+        b, _, K = codes.shape
+        size = next(s for s in self.chunk_sizes if s >= K)
+        rows = next((x for x in self.buckets if x >= b), b)
+        if size > K or rows > b:
+            codes = torch.nn.functional.pad(codes, (0, size - K, 0, 0, 0, rows - b))
+        index = torch.tensor(slots + [self.scratch] * (rows - b), device=self.device)
+        self.position[self.scratch] = 0  # the scratch row never runs out of RoPE table
+        if self._compiled:
+            from torch import _dynamo
+
+            _dynamo.mark_dynamic(index, 0, min=2)
+            _dynamo.mark_dynamic(codes, 0, min=2)
+        audio = self._impl(index, codes)
+        return audio[:b, : K * self.frame_length]
+
+    def warm_up(self) -> None:
+        """Compiles (when enabled) every chunk size with a padding-only batch."""
+        for size in self.chunk_sizes:
+            n = self.codec.cfg.num_codebooks
+            self.decode_padded([self.scratch], torch.zeros(1, n, size, dtype=torch.int64, device=self.device))
+        self.reset(torch.tensor([self.scratch], device=self.device))
 
     def decode(self, slots: Tensor, codes: Tensor) -> Tensor:
         """slots: int64 [b] (distinct); codes: int64 [b, n, K] -> audio [b, K * frame_length]."""

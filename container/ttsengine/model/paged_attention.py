@@ -50,14 +50,18 @@ class PagedKV:
         self.v[pages, :, offset] = v.to(self.v.dtype)
 
 
+def write_and_attend_op():
+    """-> fn(q, k, v, k_pool, v_pool, page_table, pos, use_triton): the decode step's attention. Writes
+    this step's k, v [B, Hk, d] at positions pos [B], then q [B, H, d] attends over positions 0..pos
+    of its row -> [B, H, d]. A registered custom op where torch has them (>= 2.4), so torch.compile
+    neither traces the kernel nor copies the pools; the plain function otherwise."""
+    op = _custom_op()
+    return op if op is not None else _write_and_attend
+
+
 def write_and_attend(q: Tensor, k: Tensor, v: Tensor, kv: PagedKV, page_table: Tensor, pos: Tensor,
                      use_triton: bool) -> Tensor:
-    """The decode step's attention: writes this step's k, v [B, Hk, d] at positions pos [B], then
-    q [B, H, d] attends over positions 0..pos of its row -> [B, H, d]. Registered as one opaque
-    custom op where torch has them, so torch.compile neither traces the kernel nor copies the pools."""
-    op = _custom_op()
-    fn = op if op is not None else _write_and_attend
-    return fn(q, k, v, kv.k, kv.v, page_table, pos, use_triton)
+    return write_and_attend_op()(q, k, v, kv.k, kv.v, page_table, pos, use_triton)
 
 
 def _write_and_attend(q: Tensor, k: Tensor, v: Tensor, k_pool: Tensor, v_pool: Tensor, page_table: Tensor,
