@@ -50,7 +50,7 @@ def cfg(**kw) -> EngineConfig:
 
 
 def test_triton_kernel_equals_reference_on_gpu():
-    from ttsengine.model.paged_attention import PagedKV, paged_decode_reference, paged_decode_triton
+    from ttsengine.model.paged_attention import PagedKV, paged_decode_reference, paged_write_decode_triton
 
     g = torch.Generator(device="cpu").manual_seed(0)
     for dtype, tol in ((torch.float16, 2e-3), (torch.bfloat16, 2e-2)):
@@ -60,11 +60,16 @@ def test_triton_kernel_equals_reference_on_gpu():
             kv.v.copy_(torch.randn(kv.v.shape, generator=g))
             B = 37
             table = (torch.randperm(299, generator=g)[: B * 8].view(B, 8) + 1).to("cuda", torch.int32)
-            lens = torch.randint(1, 8 * 64 + 1, (B,), generator=g).to("cuda", torch.int32)
+            pos = torch.randint(0, 8 * 64, (B,), generator=g).to("cuda")
             q = torch.randn(B, H, d, generator=g).to("cuda", dtype)
-            got = paged_decode_triton(q, kv, table, lens).float()
-            want = paged_decode_reference(q, kv, table, lens).float()
+            k_new = torch.randn(B, Hk, d, generator=g).to("cuda", dtype)
+            v_new = torch.randn(B, Hk, d, generator=g).to("cuda", dtype)
+            ref = PagedKV(kv.k.clone(), kv.v.clone())
+            ref.write(table, pos[:, None], k_new[:, None], v_new[:, None])
+            want = paged_decode_reference(q, ref, table, (pos + 1).to(torch.int32)).float()
+            got = paged_write_decode_triton(q, k_new, v_new, kv, table, pos).float()
             assert (got - want).abs().max().item() < tol, (dtype, H, Hk, d)
+            assert torch.equal(kv.k, ref.k) and torch.equal(kv.v, ref.v)
 
 
 def test_graphs_equal_eager_tokens_bf16():

@@ -13,7 +13,7 @@ from ttsengine.model.paged_attention import (
     SCRATCH_PAGE,
     PagedKV,
     paged_decode_reference,
-    paged_decode_triton,
+    paged_write_decode_triton,
     triton_available,
     write_and_attend,
 )
@@ -46,13 +46,24 @@ def test_reference_equals_contiguous_attention():
     assert torch.allclose(paged_decode_reference(q, kv, table, lens), contiguous(q, kv, table, lens), atol=1e-5)
 
 
+def fused_vs_reference(q, kv, table, pos, k_new, v_new):
+    ref = PagedKV(kv.k.clone(), kv.v.clone())
+    ref.write(table, pos[:, None], k_new[:, None], v_new[:, None])
+    want = paged_decode_reference(q, ref, table, (pos + 1).to(torch.int32))
+    got = paged_write_decode_triton(q, k_new, v_new, kv, table, pos)
+    return got, want, kv, ref
+
+
 @pytest.mark.skipif(not triton_available(), reason="triton not installed")
 @pytest.mark.skipif(torch.cuda.is_available() and not os.environ.get("TRITON_INTERPRET"), reason="see GPU test")
 def test_triton_kernel_interpreted_equals_reference():
     for G, Hk in ((2, 2), (1, 4), (4, 1)):
         q, kv, table, lens = setup(H=G * Hk, Hk=Hk, seed=G)
-        got = paged_decode_triton(q, kv, table, lens)
-        assert (got - paged_decode_reference(q, kv, table, lens)).abs().max() < 1e-5
+        pos = lens.long() - 1
+        k_new, v_new = torch.randn(5, Hk, 32), torch.randn(5, Hk, 32)
+        got, want, kv, ref = fused_vs_reference(q, kv, table, pos, k_new, v_new)
+        assert (got - want).abs().max() < 1e-5
+        assert torch.equal(kv.k, ref.k) and torch.equal(kv.v, ref.v)  # the kernel stored the new key/value
 
 
 def test_write_lands_in_the_right_page_and_skips_negative_positions():

@@ -69,8 +69,6 @@ class Engine:
         if s.compile:
             self.runner.enable_compile()
             self.vocoder.enable_compile()
-        if self.runner.device.type == "cuda":
-            torch.backends.cudnn.benchmark = True  # few conv shapes (bucketed), each tuned once
         self.graphs = StepGraphs(self.runner, s) if s.cuda_graphs else None
         self.metrics = EngineMetrics()
         self.eos = checkpoint.tokenizer.im_end_id
@@ -255,17 +253,8 @@ class Engine:
             items.append(PrefillItem(job.slot, task.prompt, (req.temperature, req.top_p, req.repetition_penalty,
                                                              req.seed), task.frame_offset))
             task.voc_slot = self._free_voc.pop()
-        frames = self.runner.prefill(items).cpu().numpy()
-        finished = []
-        for job, frame in zip(jobs, frames):
-            job.generated = 1
-            job.owner.frames.append(frame)
-            if job.max_frames <= 1:
-                job.finish_reason = "length"
-                finished.append(job)
+        self.runner.prefill(items)  # the next decode step samples each one's first frame
         self.metrics.prefill(sum(j.prompt_len for j in jobs), time.perf_counter() - t0)
-        if finished:
-            self._release(finished)
 
     def _step(self) -> None:
         t0 = time.perf_counter()

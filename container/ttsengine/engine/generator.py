@@ -59,20 +59,19 @@ def raw_frames(model: DualAR, prompt: Tensor, params: SamplingTensors, budget: i
     n, T = model.cfg.num_codebooks, prompt.shape[1]
     length = min(model.cfg.cache_len, -(-(T + budget) // 8) * 8)
     caches = model.new_caches(1, length, model.norm.weight.dtype, device)
-    fast_caches = model.new_fast_caches(1, model.norm.weight.dtype, device)
     index = torch.tensor([frame_offset], dtype=torch.int64, device=device)
 
     pos = torch.arange(T, device=device)[None]
     hidden = model.slow_forward(model.embed(prompt.to(device)[None]), pos, causal_mask_from_positions(pos, T),
                                 caches, kv_len=T)[:, -1]
-    frame = sample_frame(model, model.slow_head(hidden), hidden, params, index, fast_caches, window=None)
+    frame = sample_frame(model, model.slow_head(hidden), hidden, params, index, window=None)
     yield frame[0]
     window = RepetitionWindow.empty(1, n + 1, penalty_window, device)
     for i in range(budget - 1):
         pos = torch.full((1, 1), T + i, dtype=torch.int64, device=device)
         hidden = model.slow_forward(model.embed(frame[:, :, None]), pos, causal_mask_from_positions(pos, T + i + 1),
                                     caches, kv_len=T + i + 1)[:, -1]
-        frame = sample_frame(model, model.slow_head(hidden), hidden, params, index + i + 1, fast_caches, window)
+        frame = sample_frame(model, model.slow_head(hidden), hidden, params, index + i + 1, window)
         window.record(frame)
         yield frame[0]
         if int(frame[0, 0]) == im_end_id:  # stop after appending, never on the prefill frame

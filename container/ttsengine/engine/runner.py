@@ -15,7 +15,8 @@ from ..model.dual_ar import DualAR
 from ..model.frame import sample_frame
 from ..model.layers import attend
 from ..model.paged_attention import PagedKV, write_and_attend_op
-from ..model.sampling import RepetitionWindow, SamplingTensors
+from ..model.sampling import RepetitionWindow, SamplingTensors, register_top_p_op
+from .step_ops import StepOps
 
 
 @dataclass(frozen=True)
@@ -57,8 +58,10 @@ class Runner:
             seed_lo=torch.zeros(S, dtype=torch.int64, device=dev),
             seed_hi=torch.zeros(S, dtype=torch.int64, device=dev))
         self.window = RepetitionWindow.empty(S, n + 1, cfg.penalty_window, dev)
+        self.fresh = torch.zeros(S, dtype=torch.bool, device=dev)  # the next frame is the stream's first
         self.out = torch.zeros(S, n + 1, dtype=torch.int64, device=dev)  # frames made by the last step
         self._attend = write_and_attend_op()
+        self.ops = StepOps.eager(self._attend, cfg.triton_attention)
         # host side: pages held per slot; page 0 is scratch and never handed out
         self.slot_pages: list[list[int]] = [[] for _ in range(S)]
         self.free_pages = list(range(cfg.num_pages - 1, 0, -1))
@@ -92,120 +95,100 @@ class Runner:
         # idle rows point every page at scratch, so a bucket's step may compute them harmlessly
         self.page_table.index_fill_(0, rows, 0)
         self.active.index_fill_(0, rows, False)
+        self.fresh.index_fill_(0, rows, False)
         self.pos.index_fill_(0, rows, 0)
 
     def move_slot(self, src: int, dst: int) -> None:
         """Moves a running stream's state from row src to row dst (dst is free)."""
-        for t in (self.page_table, self.frames, self.pos, self.frame_index, self.active, self.params.temperature,
-                  self.params.top_p, self.params.repetition_penalty, self.params.seed_lo, self.params.seed_hi,
-                  self.window.frames, self.window.count):
+        p = self.params
+        for t in (self.page_table, self.frames, self.pos, self.frame_index, self.active, self.fresh, p.temperature,
+                  p.top_p, p.repetition_penalty, p.seed_lo, p.seed_hi, self.window.frames, self.window.count):
             t[dst] = t[src]
         self.slot_pages[dst], self.slot_pages[src] = self.slot_pages[src], []
         self._reset_rows(torch.tensor([src], device=self.device))
 
     # ---- prefill ------------------------------------------------------------------------------
-    def prefill(self, items: list[PrefillItem]) -> Tensor:
-        """Runs the prompts of newly admitted streams (padded to one length, each attending to its own
-        tokens), samples each one's first frame and arms its slot. -> frames [g, n+1] on device."""
+    def prefill(self, items: list[PrefillItem]) -> None:
+        """Writes the KV cache of each new stream's prompt except its last token and arms the slot:
+        the prompt's last column becomes the slot's next input, so the (graphed) decode step samples
+        the first frame, without repetition penalty (the `fresh` flag) as upstream does."""
         m, dev = self.model, self.device
         g = len(items)
-        lens = torch.tensor([it.prompt.shape[1] for it in items], device=dev)
-        T = int(max(it.prompt.shape[1] for it in items))
-        tokens = torch.zeros(g, m.cfg.num_codebooks + 1, T, dtype=torch.int64)
-        for i, it in enumerate(items):
-            tokens[i, :, : it.prompt.shape[1]] = it.prompt
-        tokens = tokens.to(dev, non_blocking=True)
         slots = torch.tensor([it.slot for it in items], device=dev)
-        self.ensure_pages([(it.slot, it.prompt.shape[1]) for it in items])  # the prompt + the first decode
-
-        pos = torch.arange(T, device=dev)[None].expand(g, T)
-        valid = pos < lens[:, None]
-        mask = (pos[:, None, :] <= pos[:, :, None]) & valid[:, None, :]  # [g, T(q), T(k)]
-        write_pos = torch.where(valid, pos, torch.full_like(pos, -1))
-        table = self.page_table.index_select(0, slots)
-        rope = m.rope_slow[pos]
-        x = m.embed(tokens)
-        for i, layer in enumerate(m.layers):
-            att = layer.attention
-            q, k, v = att.project(layer.attention_norm(x), rope)
-            self.kv[i].write(table, write_pos, k, v)
-            y = attend(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), mask[:, None])
-            x = x + att.wo(y.transpose(1, 2).reshape(g, T, -1))
-            x = x + layer.feed_forward(layer.ffn_norm(x))
-        hidden = x[torch.arange(g, device=dev), lens - 1]  # [g, D]
-
+        last = torch.stack([it.prompt[:, -1] for it in items]).to(dev)  # [g, n+1]
+        lens = [it.prompt.shape[1] - 1 for it in items]
+        self.ensure_pages([(it.slot, it.prompt.shape[1] - 1) for it in items])
+        T = max(lens)
+        if T > 0:
+            tokens = torch.zeros(g, m.cfg.num_codebooks + 1, T, dtype=torch.int64)
+            for i, it in enumerate(items):
+                tokens[i, :, : lens[i]] = it.prompt[:, :-1]
+            tokens = tokens.to(dev, non_blocking=True)
+            pos = torch.arange(T, device=dev)[None].expand(g, T)
+            valid = pos < torch.tensor(lens, device=dev)[:, None]
+            mask = (pos[:, None, :] <= pos[:, :, None]) & valid[:, None, :]  # [g, T(q), T(k)]
+            write_pos = torch.where(valid, pos, torch.full_like(pos, -1))  # padding goes to scratch
+            table = self.page_table.index_select(0, slots)
+            rope = m.rope_slow[pos]
+            x = m.embed(tokens)
+            for i, layer in enumerate(m.layers):
+                att = layer.attention
+                q, k, v = att.project(layer.attention_norm(x), rope)
+                self.kv[i].write(table, write_pos, k, v)
+                y = attend(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), mask[:, None])
+                x = x + att.wo(y.transpose(1, 2).reshape(g, T, -1))
+                x = x + layer.feed_forward(layer.ffn_norm(x))
         params = SamplingTensors.from_values([it.params for it in items], dev)
-        offsets = torch.tensor([it.frame_offset for it in items], dtype=torch.int64, device=dev)
-        fast = m.new_fast_caches(g, self.dtype, dev)
-        frame = sample_frame(m, m.slow_head(hidden), hidden, params, offsets, fast, window=None)
-
         for name in ("temperature", "top_p", "repetition_penalty", "seed_lo", "seed_hi"):
             getattr(self.params, name).index_copy_(0, slots, getattr(params, name))
-        self.frames.index_copy_(0, slots, frame)
-        self.pos.index_copy_(0, slots, lens)
-        self.frame_index.index_copy_(0, slots, offsets + 1)
+        self.frames.index_copy_(0, slots, last)
+        self.pos.index_copy_(0, slots, torch.tensor(lens, device=dev))
+        self.frame_index.index_copy_(0, slots, torch.tensor([it.frame_offset for it in items], device=dev))
         self.active.index_fill_(0, slots, True)
+        self.fresh.index_fill_(0, slots, True)
         self.window.reset_rows(torch.zeros_like(self.active).index_fill_(0, slots, True))
-        return frame
 
     # ---- decode step --------------------------------------------------------------------------
     def enable_compile(self) -> None:
-        """Routes decode steps through torch.compile (batch dimension dynamic: one compile serves every
-        bucket). Numerics differ from eager at bf16 rounding level."""
+        """Routes the step's units through torch.compile (see step_ops). Numerics differ from eager at
+        bf16 rounding level."""
         from torch import _dynamo
 
+        register_top_p_op()
         _dynamo.config.cache_size_limit = max(_dynamo.config.cache_size_limit, 64)
-        self._step = torch.compile(self._step_impl, dynamic=None, fullgraph=True)
+        self.ops = StepOps.compiled(self._attend, self.cfg.triton_attention, self.cfg.max_slots)
         self._compiled = True
 
     def disable_compile(self) -> None:
-        self._step, self._compiled = None, False
+        self.ops = StepOps.eager(self._attend, self.cfg.triton_attention)
+        self._compiled = False
 
-    _step = None
     _compiled = False
 
     def decode_step(self, bb: int) -> Tensor:
         """One frame for rows [0, bb): slow step over the paged cache, the fast loop, sampling and
         the state update, all on the device. Idle rows compute garbage into the scratch page and keep
         their state. -> self.out[:bb] (int64 [bb, n+1])."""
-        p, w = self.params, self.window
-        views = (self.frames[:bb], self.pos[:bb], self.active[:bb], self.page_table[:bb], self.frame_index[:bb],
-                 p.temperature[:bb], p.top_p[:bb], p.repetition_penalty[:bb], p.seed_lo[:bb], p.seed_hi[:bb],
-                 w.frames[:bb], w.count[:bb], self.out[:bb])
-        if self._compiled:
-            from torch import _dynamo
-
-            for t in views:  # size-1 dims are always specialised, so compiled buckets start at 2
-                _dynamo.mark_dynamic(t, 0, min=2, max=self.cfg.max_slots)
-            self._step(*views)
-        else:
-            self._step_impl(*views)
-        return self.out[:bb]
-
-    def _step_impl(self, frames: Tensor, pos: Tensor, active: Tensor, table: Tensor, frame_index: Tensor,
-                   temperature: Tensor, top_p: Tensor, penalty: Tensor, seed_lo: Tensor, seed_hi: Tensor,
-                   win_frames: Tensor, win_count: Tensor, out: Tensor) -> None:
-        # every argument: rows [0, bb) of a slot buffer; updated in place
         m = self.model
-        bb = frames.shape[0]
+        frames, pos, active, fresh = self.frames[:bb], self.pos[:bb], self.active[:bb], self.fresh[:bb]
+        table = self.page_table[:bb]
         rope = m.rope_slow[pos][:, None]  # [bb, 1, d/2, 2]
         x = m.embed(frames[:, :, None])  # [bb, 1, D]
         for i, layer in enumerate(m.layers):
-            att = layer.attention
-            q, k, v = att.project(layer.attention_norm(x), rope)
-            y = self._attend(q[:, 0], k[:, 0], v[:, 0], self.kv[i].k, self.kv[i].v, table, pos,
-                             self.cfg.triton_attention)
-            x = x + att.wo(y.reshape(bb, 1, -1))
-            x = x + layer.feed_forward(layer.ffn_norm(x))
+            x = self.ops.slow_layer(layer, x, rope, self.kv[i].k, self.kv[i].v, table, pos)
         hidden = x[:, 0]
-        params = SamplingTensors(temperature, top_p, penalty, seed_lo, seed_hi)
-        window = RepetitionWindow(win_frames, win_count)
-        fast = m.new_fast_caches(bb, self.dtype, self.device)
-        frame = sample_frame(m, m.slow_head(hidden), hidden, params, frame_index, fast, window)
-        window.record(frame, active)
+        p = self.params
+        params = SamplingTensors(p.temperature[:bb], p.top_p[:bb], p.repetition_penalty[:bb], p.seed_lo[:bb],
+                                 p.seed_hi[:bb])
+        window = self.window.view(bb)
+        frame = sample_frame(m, m.slow_head(hidden), hidden, params, self.frame_index[:bb], window, fresh,
+                             self.ops.frame)
+        window.record(frame, active & ~fresh)  # upstream never records the first frame
         frame = torch.where(active[:, None], frame, frames)
         frames.copy_(frame)
-        out.copy_(frame)
+        self.out[:bb].copy_(frame)
+        fresh.copy_(fresh & ~active)
         step = active.to(torch.int64)
         pos.add_(step)
-        frame_index.add_(step)
+        self.frame_index[:bb].add_(step)
+        return self.out[:bb]

@@ -103,8 +103,9 @@ class StreamingDecoder:
         if self._compiled:
             from torch import _dynamo
 
-            _dynamo.mark_dynamic(index, 0, min=2)
-            _dynamo.mark_dynamic(codes, 0, min=2)
+            top = max(self.buckets[-1] if self.buckets else 2, 2) + 1
+            _dynamo.mark_dynamic(index, 0, min=2, max=top)
+            _dynamo.mark_dynamic(codes, 0, min=2, max=top)
         audio = self._impl(index, codes)
         return audio[:b, : K * self.frame_length]
 

@@ -4,11 +4,11 @@ Keys and values live in one pool per layer, in pages of `page_size` positions; a
 (row, position // page_size) to a page. Page 0 is a scratch page: rows that are idle inside a
 batch bucket point at it, so their writes land nowhere that matters.
 
-Two implementations of decode attention, same math:
-- `paged_decode_reference`: gathers the pages of each row and runs SDPA (CPU, eager reference);
-- `paged_decode_triton`: one Triton program per (row, KV head) streams that row's pages with an
-  online softmax; no gather, no scan of max_seq_len; works inside CUDA graphs (lengths are read on
-  the device).
+Two implementations of the decode step's write + attention, same math:
+- reference: scatter the new key/value into the pool, gather each row's pages, SDPA (CPU, fp32);
+- `paged_write_decode_triton`: one Triton program per (row, KV head) stores the new key/value and
+  streams that row's earlier pages with an online softmax; no gather, no scan of max_seq_len; works
+  inside CUDA graphs (positions are read on the device).
 """
 
 from __future__ import annotations
@@ -67,11 +67,10 @@ def write_and_attend(q: Tensor, k: Tensor, v: Tensor, kv: PagedKV, page_table: T
 def _write_and_attend(q: Tensor, k: Tensor, v: Tensor, k_pool: Tensor, v_pool: Tensor, page_table: Tensor,
                       pos: Tensor, use_triton: bool) -> Tensor:
     kv = PagedKV(k_pool, v_pool)
-    kv.write(page_table, pos[:, None], k[:, None], v[:, None])
-    seq_lens = (pos + 1).to(torch.int32)
     if use_triton:
-        return paged_decode_triton(q, kv, page_table, seq_lens)
-    return paged_decode_reference(q, kv, page_table, seq_lens)
+        return paged_write_decode_triton(q, k, v, kv, page_table, pos)
+    kv.write(page_table, pos[:, None], k[:, None], v[:, None])
+    return paged_decode_reference(q, kv, page_table, (pos + 1).to(torch.int32))
 
 
 @functools.lru_cache(maxsize=1)
@@ -108,34 +107,48 @@ def _triton_kernel():
     import triton.language as tl
 
     @triton.jit
-    def kernel(Q, K, V, PT, LENS, OUT, scale,
-               s_qb, s_qh, s_kp, s_kh, s_kt, s_ptb, s_ob, s_oh,
+    def kernel(Q, KN, VN, K, V, PT, POS, OUT, scale,
+               s_qb, s_qh, s_nb, s_nh, s_kp, s_kh, s_kt, s_ptb, s_ob, s_oh,
                G: tl.constexpr, BLOCK_G: tl.constexpr, D: tl.constexpr, PAGE: tl.constexpr):
+        # one program per (row b, KV head): store this step's key/value at position p, then attend
+        # the G query heads of this KV head over positions 0..p-1 from the pages plus p from registers
         b = tl.program_id(0)
         kvh = tl.program_id(1)
-        length = tl.load(LENS + b)
+        p = tl.load(POS + b)
         g = tl.arange(0, BLOCK_G)
         dd = tl.arange(0, D)
         t = tl.arange(0, PAGE)
+        kn = tl.load(KN + b * s_nb + kvh * s_nh + dd)
+        vn = tl.load(VN + b * s_nb + kvh * s_nh + dd)
+        page_w = tl.load(PT + b * s_ptb + p // PAGE).to(tl.int64)
+        slot = page_w * s_kp + kvh * s_kh + (p % PAGE) * s_kt + dd
+        tl.store(K + slot, kn)
+        tl.store(V + slot, vn)
         q_rows = kvh * G + g
         q = tl.load(Q + b * s_qb + q_rows[:, None] * s_qh + dd[None, :], mask=(g < G)[:, None], other=0.0)
         m = tl.full([BLOCK_G], float("-inf"), tl.float32)
         den = tl.zeros([BLOCK_G], tl.float32)
         acc = tl.zeros([BLOCK_G, D], tl.float32)
-        for start in range(0, length, PAGE):
+        for start in range(0, p, PAGE):
             page = tl.load(PT + b * s_ptb + start // PAGE).to(tl.int64)
             base = page * s_kp + kvh * s_kh
-            valid = (start + t) < length
+            valid = (start + t) < p
             k = tl.load(K + base + t[:, None] * s_kt + dd[None, :], mask=valid[:, None], other=0.0)
             s = tl.dot(q, tl.trans(k)).to(tl.float32) * scale  # [BLOCK_G, PAGE]
             s = tl.where(valid[None, :], s, float("-inf"))
             m_new = tl.maximum(m, tl.max(s, axis=1))
             alpha = tl.exp(m - m_new)
-            p = tl.exp(s - m_new[:, None])
-            den = den * alpha + tl.sum(p, axis=1)
+            pr = tl.exp(s - m_new[:, None])
+            den = den * alpha + tl.sum(pr, axis=1)
             v = tl.load(V + base + t[:, None] * s_kt + dd[None, :], mask=valid[:, None], other=0.0)
-            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v).to(tl.float32)
+            acc = acc * alpha[:, None] + tl.dot(pr.to(v.dtype), v).to(tl.float32)
             m = m_new
+        s_new = tl.sum(q.to(tl.float32) * kn.to(tl.float32)[None, :], axis=1) * scale  # [BLOCK_G]
+        m_new = tl.maximum(m, s_new)
+        alpha = tl.exp(m - m_new)
+        pn = tl.exp(s_new - m_new)
+        den = den * alpha + pn
+        acc = acc * alpha[:, None] + pn[:, None] * vn.to(tl.float32)[None, :]
         out = acc / den[:, None]
         tl.store(OUT + b * s_ob + q_rows[:, None] * s_oh + dd[None, :], out.to(OUT.dtype.element_ty),
                  mask=(g < G)[:, None])
@@ -143,17 +156,20 @@ def _triton_kernel():
     return kernel
 
 
-def paged_decode_triton(q: Tensor, kv: PagedKV, page_table: Tensor, seq_lens: Tensor) -> Tensor:
-    """Same contract as paged_decode_reference; seq_lens must be >= 1 for every row."""
+def paged_write_decode_triton(q: Tensor, k: Tensor, v: Tensor, kv: PagedKV, page_table: Tensor, pos: Tensor) -> Tensor:
+    """Fused: writes k, v [B, Hk, d] at positions pos [B] and attends q [B, H, d] over 0..pos -> [B, H, d].
+    16-bit caches (its dot products run on tensor cores at the cache's precision)."""
     B, H, d = q.shape
     Hk = kv.k.shape[1]
     G = H // Hk
     q = q.contiguous().to(kv.k.dtype)
+    k = k.contiguous().to(kv.k.dtype)
+    v = v.contiguous().to(kv.k.dtype)
     out = torch.empty_like(q)
     _triton_kernel()[(B, Hk)](
-        q, kv.k, kv.v, page_table, seq_lens, out, d ** -0.5,
-        q.stride(0), q.stride(1), kv.k.stride(0), kv.k.stride(1), kv.k.stride(2), page_table.stride(0),
-        out.stride(0), out.stride(1),
+        q, k, v, kv.k, kv.v, page_table, pos, out, d ** -0.5,
+        q.stride(0), q.stride(1), k.stride(0), k.stride(1), kv.k.stride(0), kv.k.stride(1), kv.k.stride(2),
+        page_table.stride(0), out.stride(0), out.stride(1),
         G=G, BLOCK_G=max(16, triton_next_pow2(G)), D=d, PAGE=kv.page_size,
     )
     return out

@@ -54,13 +54,36 @@ def logits_to_probs(logits: Tensor, temperature: Tensor, top_p: Tensor, penalty:
     logits = logits.float()
     if previous_ids is not None:
         logits = apply_repetition_penalty(logits, previous_ids, penalty)
+    logits = (_TOP_P_OP or top_p_filter)(logits, top_p)
+    return torch.softmax(logits / temperature.clamp(min=1e-5)[:, None], dim=-1)
+
+
+def top_p_filter(logits: Tensor, top_p: Tensor) -> Tensor:
+    """logits: float [B, V]; top_p: [B] -> logits with everything outside each row's nucleus at -inf
+    (cumulative softmax without temperature > top_p is dropped; the best entry always stays)."""
     sorted_logits, order = torch.sort(logits, dim=-1, descending=True)
     cum = torch.softmax(sorted_logits, dim=-1).cumsum(dim=-1)
     drop_sorted = cum > top_p[:, None]
     drop_sorted[:, 0] = False
     drop = drop_sorted.scatter(-1, order, drop_sorted)
-    logits = logits.masked_fill(drop, float("-inf"))
-    return torch.softmax(logits / temperature.clamp(min=1e-5)[:, None], dim=-1)
+    return logits.masked_fill(drop, float("-inf"))
+
+
+_TOP_P_OP = None
+
+
+def register_top_p_op() -> None:
+    """Makes logits_to_probs call top_p_filter as an opaque custom op (torch >= 2.4). Call before
+    torch.compile traces sampling: Inductor's scan codegen fails on a cumsum over a 155,776-wide
+    vocabulary with a dynamic batch (torch 2.11), and ATen's segmented sort is what we want there.
+    Same numbers either way."""
+    global _TOP_P_OP
+    import torch.library
+
+    if _TOP_P_OP is None and hasattr(torch.library, "custom_op"):
+        op = torch.library.custom_op("ttsengine::top_p_filter", mutates_args=())(top_p_filter)
+        op.register_fake(lambda logits, top_p: torch.empty_like(logits))
+        _TOP_P_OP = op
 
 
 def _mul32(x: Tensor, c: int) -> Tensor:
