@@ -31,6 +31,9 @@ from .scheduler import Job, Scheduler
 from .settings import BatchSettings
 from .stream import Stream
 from .vocoder import StreamingDecoder
+from .vocoder_worker import Delivery, VocoderWorker
+
+VOCODER_GRAPH_ROWS = 64  # largest codec batch captured as a CUDA graph (bounds the graph pool)
 
 log = logging.getLogger(__name__)
 
@@ -71,6 +74,7 @@ class Engine:
             self.vocoder.enable_compile()
         self.graphs = StepGraphs(self.runner, s) if s.cuda_graphs else None
         self.metrics = EngineMetrics()
+        self.worker = VocoderWorker(self.vocoder, self.metrics.vocoded, self.metrics.completed)
         self.eos = checkpoint.tokenizer.im_end_id
         self._free_voc = list(range(s.runner.max_slots - 1, -1, -1))
         self._inbox: deque[Task] = deque()
@@ -117,6 +121,7 @@ class Engine:
             self._cv.notify_all()
         if self._thread is not None:
             self._thread.join(timeout=30)
+        self.worker.close()
 
     # ---- requests -----------------------------------------------------------------------------
     def submit(self, request: SynthesisRequest | Plan, *, ignore_stop: bool = False) -> Stream:
@@ -185,10 +190,11 @@ class Engine:
     def _warm_up(self) -> None:
         """Compiles and captures the decode step for every bucket (all slots idle: no side effects)."""
         if self.graphs is None and not self.runner._compiled:
-            return
+            return  # eager: nothing to prepare
         try:
-            self.vocoder.warm_up()
+            self.worker.call(self.vocoder.warm_up)
             if self.graphs is not None:
+                self.worker.call(lambda: self.vocoder.capture_graphs(VOCODER_GRAPH_ROWS))
                 self.graphs.capture()
             else:
                 for bb in self.settings.buckets:
@@ -200,6 +206,7 @@ class Engine:
                         type(e).__name__, str(e).splitlines()[0] if str(e) else "")
             self.runner.disable_compile()
             self.vocoder._impl, self.vocoder._compiled = self.vocoder.decode, False
+            self.vocoder._graphs = {}
             self.compile_error = f"{type(e).__name__}: {e}"
             if self.graphs is not None:
                 self.graphs = StepGraphs(self.runner, self.settings)
@@ -293,7 +300,7 @@ class Engine:
         """Reports a finished text chunk; starts the next one or ends the stream."""
         stream, plan = task.stream, task.stream.plan
         if task.voc_slot >= 0:
-            self.vocoder.reset(torch.tensor([task.voc_slot], device=self.runner.device))
+            self.worker.reset(task.voc_slot)  # queued after the slot's last decode
             self._free_voc.append(task.voc_slot)
             task.voc_slot = -1
         kept = task.kept if reason != "cancelled" else task.decoded
@@ -310,11 +317,10 @@ class Engine:
             nxt = Task(stream, task.index + 1, prompt, dropped, task.frame_offset + len(task.frames))
             self._enqueue(nxt, front=True)
             return
-        self.metrics.completed(stream)
-        self._end(stream)
+        self._end(stream, completed=True)
 
-    def _end(self, stream: Stream, error: BaseException | None = None) -> None:
-        stream.finish(error)
+    def _end(self, stream: Stream, error: BaseException | None = None, completed: bool = False) -> None:
+        self.worker.finish(stream, error, completed)  # after its last audio chunk
         with self._cv:
             self._streams.discard(stream)
 
@@ -330,8 +336,10 @@ class Engine:
             streams, self._streams = list(self._streams), set()
             self._inbox.clear()
         self._free_voc = list(range(self.settings.runner.max_slots - 1, -1, -1))
+        for slot in self._free_voc:
+            self.worker.reset(slot)
         for stream in streams:
-            stream.finish(error)
+            self.worker.finish(stream, error)
 
     # ---- audio --------------------------------------------------------------------------------
     def _vocode(self) -> None:
@@ -345,27 +353,24 @@ class Engine:
             self._vocode_tasks(ready, final=False)
 
     def _vocode_tasks(self, tasks: list[Task], final: bool) -> None:
-        """Decodes pending frames: whole chunks while running, everything left when final. Tasks with
-        the same chunk size are decoded together."""
-        groups: dict[int, list[Task]] = {}
+        """Queues codec decodes of pending frames: whole chunks while running, everything left when
+        final (the last piece padded by the vocoder). Tasks with the same chunk size share a call;
+        rounds keep each task's pieces in order."""
         largest = max(self.settings.first_chunk_frames, self.settings.stream_chunk_frames)
-        for task in tasks:
-            pending = task.kept - task.decoded
-            if not final:
-                size = self.settings.first_chunk_frames if task.decoded == 0 else self.settings.stream_chunk_frames
-                pending = pending - pending % size
-            while pending > 0:  # one chunk per call; a final remainder is padded by the vocoder
-                count = min(pending, largest)
-                groups.setdefault(count, []).append(task)
-                pending -= count
-        for count, group in sorted(groups.items(), key=lambda kv: -kv[0]):
-            t0 = time.perf_counter()
-            codes = np.stack([np.stack(t.frames[t.decoded:t.decoded + count], axis=1)[1:] for t in group])
-            audio = self.vocoder.decode_padded([t.voc_slot for t in group],
-                                               torch.from_numpy(codes).to(self.runner.device))
-            audio = audio.float().cpu().numpy()
-            for task, wave in zip(group, audio):
-                task.stream.emit(wave, task.index)
-                task.decoded += count
-            self.metrics.vocoded(count * len(group), time.perf_counter() - t0)
-
+        while True:
+            groups: dict[int, list[Task]] = {}
+            for task in tasks:
+                pending = task.kept - task.decoded
+                if not final:
+                    size = self.settings.first_chunk_frames if task.decoded == 0 else self.settings.stream_chunk_frames
+                    pending = pending - pending % size
+                if pending > 0:
+                    groups.setdefault(min(pending, largest), []).append(task)
+            if not groups:
+                return
+            for count, group in groups.items():
+                codes = np.stack([np.stack(t.frames[t.decoded:t.decoded + count], axis=1)[1:] for t in group])
+                self.worker.decode([t.voc_slot for t in group], codes,
+                                   [Delivery(t.stream, t.index, count) for t in group])
+                for task in group:
+                    task.decoded += count

@@ -13,6 +13,8 @@ Snake, LayerNorm, pointwise layers and codebook lookups are per-sample and need 
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -94,6 +96,9 @@ class StreamingDecoder:
         """slots: distinct stream slots; codes: int64 [b, n, K] with K <= max(chunk_sizes)
         -> audio [b, K * frame_length]."""
         b, _, K = codes.shape
+        cap = max((r for r, _ in self._graphs), default=0)
+        if cap and b > cap:  # larger than the largest captured batch: graphed pieces
+            return torch.cat([self.decode_padded(slots[i:i + cap], codes[i:i + cap]) for i in range(0, b, cap)])
         size = next(s for s in self.chunk_sizes if s >= K)
         rows = next((x for x in self.buckets if x >= b), b)
         if size > K or rows > b:
@@ -106,8 +111,36 @@ class StreamingDecoder:
             top = max(self.buckets[-1] if self.buckets else 2, 2) + 1
             _dynamo.mark_dynamic(index, 0, min=2, max=top)
             _dynamo.mark_dynamic(codes, 0, min=2, max=top)
-        audio = self._impl(index, codes)
+        graph = self._graphs.get((rows, size))
+        if graph is not None:
+            graph.index.copy_(index)
+            graph.codes.copy_(codes)
+            graph.graph.replay()
+            audio = graph.audio
+        else:
+            audio = self._impl(index, codes)
         return audio[:b, : K * self.frame_length]
+
+    _graphs: dict = {}
+
+    def capture_graphs(self, max_rows: int) -> None:
+        """CUDA graphs of the chunk decode for every (bucket <= max_rows, chunk size), captured on the
+        calling thread (the vocoder worker), replayed there. Larger batches run uncaptured."""
+        self._graphs = {}
+        n = self.codec.cfg.num_codebooks
+        pool = torch.cuda.graph_pool_handle()
+        for rows in [r for r in self.buckets if r <= max_rows][::-1]:
+            for size in self.chunk_sizes:
+                index = torch.full((rows,), self.scratch, dtype=torch.int64, device=self.device)
+                codes = torch.zeros(rows, n, size, dtype=torch.int64, device=self.device)
+                for _ in range(2):
+                    self._impl(index, codes)
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph, pool=pool, stream=torch.cuda.current_stream(),
+                                      capture_error_mode="thread_local"):
+                    audio = self._impl(index, codes)
+                self._graphs[(rows, size)] = _Captured(graph, index, codes, audio)
+        self.reset(torch.tensor([self.scratch], device=self.device))
 
     def warm_up(self) -> None:
         """Compiles (when enabled) every chunk size with a padding-only batch."""
@@ -184,3 +217,11 @@ class StreamingDecoder:
             h = h + layer.attention_layer_scale(y)
             h = h + layer.ffn_layer_scale(layer.feed_forward(layer.ffn_norm(h)))
         return t.norm(h).transpose(1, 2)
+
+
+@dataclass
+class _Captured:
+    graph: torch.cuda.CUDAGraph
+    index: Tensor  # static input: slot rows
+    codes: Tensor  # static input: codes [rows, n, size]
+    audio: Tensor  # static output
