@@ -72,7 +72,7 @@ def test_pickled_objects_are_refused(ckdir):
             return (print, ("owned",))
 
     torch.save({"x": Evil()}, ckdir / "model.pth")
-    assert "refused to load: it holds objects other than tensors (Unsupported global" in _err(ckdir)
+    assert "refused to load: it holds objects other than tensors (Unsupported" in _err(ckdir)
     torch.save({"x": Evil()}, ckdir / "model.pth", _use_new_zipfile_serialization=False)
     assert "refused to load" in _err(ckdir)
 

@@ -76,6 +76,7 @@ def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="python -m ttsengine", description="Fish-Speech S1 inference engine")
     sub = ap.add_subparsers(dest="command", required=True)
     sub.add_parser("bench", help="concurrency benchmark (see: python -m ttsengine bench --help)")
+    sub.add_parser("warm", help="compile, capture and save the kernel cache (see: python -m ttsengine warm --help)")
 
     s = sub.add_parser("synth", help="text -> audio file")
     s.add_argument("--model", type=Path, default=None, help="model dir (default: $TTS_MODEL_DIR or /opt/ml/model)")
@@ -103,7 +104,8 @@ def build_parser() -> argparse.ArgumentParser:
     return ap
 
 
-TOOLS = {"bench": "bench"}  # subcommands with their own argument parsers: python -m ttsengine <tool> ...
+# subcommands with their own argument parsers: python -m ttsengine <tool> ...
+TOOLS = {"bench": "bench", "warm": "warm"}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,10 +1,11 @@
-"""Differences between torch 2.2 (SageMaker's containers) and current torch, behind one module.
+"""Differences between torch 2.2 (SageMaker's containers) and current torch/torchao, behind one module.
 
 Everything here works by feature detection at call time; importing this module changes nothing.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import pickle
 import re
@@ -13,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-from .errors import CheckpointError
+from .errors import CheckpointError, ConfigError
 
 
 @functools.cache
@@ -22,6 +23,7 @@ def torch_version() -> tuple[int, int]:
     return int(major), int(minor)
 
 
+# ---- loading -----------------------------------------------------------------------------------
 def load_torch_file(path: Path) -> object:
     """`torch.load` with `weights_only=True` always (2.2 defaults to False), mmap when the file allows.
 
@@ -31,8 +33,8 @@ def load_torch_file(path: Path) -> object:
     path = Path(path)
     try:
         if zipfile.is_zipfile(path):
-            return torch.load(path, map_location="cpu", weights_only=True, mmap=True)
-        return torch.load(path, map_location="cpu", weights_only=True)
+            return torch.load(str(path), map_location="cpu", weights_only=True, mmap=True)  # 2.2: str only
+        return torch.load(str(path), map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as e:
         text = str(e)
         detail = re.search(r"Unsupported (global|class)[^.\n]*", text)
@@ -46,14 +48,132 @@ def load_torch_file(path: Path) -> object:
         raise CheckpointError(f"{path}: not a readable torch checkpoint (truncated or corrupt?): {first}") from None
 
 
+# ---- attention ---------------------------------------------------------------------------------
 def sdpa_supports_gqa() -> bool:
     """SDPA's `enable_gqa` arrived in torch 2.5."""
     return torch_version() >= (2, 5)
 
 
+def math_sdpa():
+    """Context forcing SDPA's math backend (exact, any mask): `torch.nn.attention.sdpa_kernel` from
+    2.3, `torch.backends.cuda.sdp_kernel` before (2.2 has no torch.nn.attention)."""
+    try:
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+    except ImportError:
+        return torch.backends.cuda.sdp_kernel(enable_flash=False, enable_mem_efficient=False, enable_math=True)
+    return sdpa_kernel(SDPBackend.MATH)
+
+
+# ---- compile and graphs -------------------------------------------------------------------------
+def custom_ops_available() -> bool:
+    """`torch.library.custom_op` (2.4+): opaque ops torch.compile calls without tracing."""
+    import torch.library
+
+    return hasattr(torch.library, "custom_op")
+
+
 def compile_supported() -> bool:
     """torch.compile of the decode step needs custom ops whose pool mutation Inductor re-inplaces
     (auto_functionalized_v2, torch >= 2.6); older versions would copy the whole KV pool each step."""
-    import torch.library
+    return torch_version() >= (2, 6) and custom_ops_available()
 
-    return torch_version() >= (2, 6) and hasattr(torch.library, "custom_op")
+
+def set_inductor_options(**options) -> dict[str, object]:
+    """Sets the Inductor config keys this torch has; returns the ones it set (keys come and go
+    between releases, e.g. fx_graph_cache is off by default before 2.5)."""
+    import torch._inductor.config as inductor
+
+    applied = {}
+    for name, value in options.items():
+        obj, attr = inductor, name
+        if "." in name:  # nested, e.g. "triton.unique_kernel_names"
+            head, attr = name.rsplit(".", 1)
+            for part in head.split("."):
+                obj = getattr(obj, part, None)
+        if obj is not None and hasattr(obj, attr):
+            setattr(obj, attr, value)
+            applied[name] = value
+    return applied
+
+
+def cudagraph_mark_step_begin() -> None:
+    """Marks a new step for torch.compile's own CUDA graphs (2.3+); a no-op where absent."""
+    fn = getattr(getattr(torch, "compiler", None), "cudagraph_mark_step_begin", None)
+    if fn is not None:
+        fn()
+
+
+def cache_artifacts_supported() -> bool:
+    """`torch.compiler.save_cache_artifacts` / `load_cache_artifacts` (2.7+): a portable compile cache."""
+    compiler = getattr(torch, "compiler", None)
+    return hasattr(compiler, "save_cache_artifacts") and hasattr(compiler, "load_cache_artifacts")
+
+
+def save_cache_artifacts() -> bytes | None:
+    if not cache_artifacts_supported():
+        return None
+    result = torch.compiler.save_cache_artifacts()
+    return None if result is None else result[0]
+
+
+def load_cache_artifacts(blob: bytes) -> bool:
+    """-> whether the blob was loaded (False where unsupported or when torch rejects it, e.g. a bad
+    checksum); other exceptions propagate (the caller logs and recompiles)."""
+    if not cache_artifacts_supported():
+        return False
+    return torch.compiler.load_cache_artifacts(blob) is not None
+
+
+# ---- torchao ------------------------------------------------------------------------------------
+def torchao_version() -> tuple[int, int] | None:
+    try:
+        import torchao
+    except Exception:  # noqa: BLE001 - absent, or fails to import against this torch
+        return None
+    parts = re.findall(r"\d+", getattr(torchao, "__version__", "0.0"))[:2]
+    return (int(parts[0]), int(parts[1])) if len(parts) == 2 else (0, 0)
+
+
+def torchao_quantize(model: torch.nn.Module, mode: str, filter_fn) -> str | None:
+    """Weight-only quantization of the nn.Linear layers `filter_fn(module, fqn)` selects, through
+    whichever torchao API this install has: the Config classes (0.9+; preferred from 0.10, where
+    the legacy functions are deprecated and later removed), `int8_weight_only()` style functions
+    (0.4-0.12; on torch 2.2 with torchao 0.9 this is the path that also works under compile), or
+    `change_linear_weights_to_int8_woqtensors` (0.1-0.3). -> the API used, or None without torchao."""
+    version = torchao_version()
+    if version is None:
+        return None
+    from torchao import quantization as q
+
+    prefer_legacy = torch_version() < (2, 4) and hasattr(q, "int8_weight_only")
+    if mode == "int8":
+        if hasattr(q, "Int8WeightOnlyConfig") and not prefer_legacy:
+            q.quantize_(model, q.Int8WeightOnlyConfig(), filter_fn=filter_fn)
+            return "torchao Int8WeightOnlyConfig"
+        if hasattr(q, "int8_weight_only"):
+            q.quantize_(model, q.int8_weight_only(), filter_fn=filter_fn)
+            return "torchao int8_weight_only()"
+        if hasattr(q, "change_linear_weights_to_int8_woqtensors"):
+            q.change_linear_weights_to_int8_woqtensors(model, filter_fn=filter_fn)
+            return "torchao change_linear_weights_to_int8_woqtensors"
+        return None
+    if mode == "int4":
+        if hasattr(q, "Int4WeightOnlyConfig"):
+            q.quantize_(model, q.Int4WeightOnlyConfig(group_size=128), filter_fn=filter_fn)
+            return "torchao Int4WeightOnlyConfig"
+        if hasattr(q, "int4_weight_only"):
+            q.quantize_(model, q.int4_weight_only(group_size=128), filter_fn=filter_fn)
+            return "torchao int4_weight_only()"
+        return None
+    raise ConfigError(f"unknown quantization mode {mode!r}")
+
+
+@contextlib.contextmanager
+def no_tf32():
+    """fp32 matmuls and convs without TF32 (exact comparisons on CUDA)."""
+    old = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
+    try:
+        yield
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = old

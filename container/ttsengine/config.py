@@ -37,6 +37,8 @@ class EngineConfig:
     stream_chunk_frames: int = 8  # frames per later audio chunk
     cuda_graphs: str = "auto"  # auto (on with CUDA) | on | off
     compile: str = "auto"  # torch.compile of the decode step: auto (on with CUDA, torch >= 2.6) | on | off
+    cache_dir: Path | None = None  # torch.compile kernel cache (Inductor + Triton); None = torch's default
+    quant: str = "bf16"  # weight-only quantization of linear layers: bf16 (none) | int8 | int4
 
     def with_(self, **changes) -> EngineConfig:
         return replace(self, **changes)
@@ -62,6 +64,8 @@ ENV_VARS: dict[str, tuple[str, str]] = {
     "TTS_STREAM_CHUNK_FRAMES": ("stream_chunk_frames", "frames per later streamed audio chunk"),
     "TTS_CUDA_GRAPHS": ("cuda_graphs", "auto | on | off: replay the decode step as CUDA graphs"),
     "TTS_COMPILE": ("compile", "auto | on | off: torch.compile the decode step"),
+    "TTS_CACHE_DIR": ("cache_dir", "directory of the torch.compile kernel cache (keep it on a volume)"),
+    "TTS_QUANT": ("quant", "bf16 (no quantization) | int8 | int4: weight-only quantization of linear layers"),
 }
 # Variables read outside EngineConfig (download credentials), listed for the README table.
 OTHER_ENV_VARS: dict[str, str] = {
@@ -83,7 +87,7 @@ def _parse(name: str, field: str, text: str, current: object) -> object:
             return int(text)
         if isinstance(current, float):
             return float(text)
-        if isinstance(current, Path):
+        if isinstance(current, Path) or field == "cache_dir":
             return Path(text)
         return text
     except ValueError:
@@ -118,6 +122,8 @@ def validate(cfg: EngineConfig) -> EngineConfig:
     for f in ("cuda_graphs", "compile"):
         if getattr(cfg, f) not in ("auto", "on", "off"):
             fail(f, f"{getattr(cfg, f)!r} is not one of auto, on, off")
+    if cfg.quant not in ("bf16", "none", "int8", "int4"):
+        fail("quant", f"{cfg.quant!r} is not one of bf16, int8, int4")
     if cfg.log_level.upper() not in _LOG_LEVELS:
         fail("log_level", f"{cfg.log_level!r} is not one of {', '.join(_LOG_LEVELS)}")
     return cfg

@@ -21,6 +21,7 @@ from ..config import EngineConfig
 from ..errors import BusyError, InputError, TTSError
 from ..model.checkpoint import Checkpoint
 from .graphs import StepGraphs
+from .kernel_cache import KernelCache
 from .loader import load
 from .metrics import EngineMetrics
 from .output import SynthesisResult
@@ -63,6 +64,12 @@ class Engine:
         self.ckpt, self.config = checkpoint, config
         self.planner = Planner(checkpoint, config)
         self.settings = s = BatchSettings.resolve(config, checkpoint)
+        self.kernel_cache = KernelCache(config.cache_dir, {
+            "model": repr(checkpoint.config), "codec": repr(checkpoint.codec_config),
+            "dtype": str(checkpoint.model.norm.weight.dtype), "quant": checkpoint.quantization,
+            "buckets": s.buckets, "chunks": (s.first_chunk_frames, s.stream_chunk_frames)})
+        if s.compile or s.cuda_graphs:
+            self.kernel_cache.setup()
         self.runner = Runner(checkpoint.model, s.runner)
         self.scheduler = Scheduler(s.runner.max_slots, s.max_queue, s.runner.num_pages - 1, s.runner.page_size,
                                    s.prefill_tokens)
@@ -152,9 +159,11 @@ class Engine:
         return self.submit(request).result()
 
     def stats(self) -> dict:
-        return self.metrics.snapshot(running=len(self.scheduler.running),
-                                     waiting=self.scheduler.queue_depth + len(self._inbox),
-                                     device=self.runner.device)
+        return {**self.metrics.snapshot(running=len(self.scheduler.running),
+                                        waiting=self.scheduler.queue_depth + len(self._inbox),
+                                        device=self.runner.device),
+                "quantization": self.ckpt.quantization, "kernel_cache": self.kernel_cache.status,
+                "compiled": self.runner._compiled, "cuda_graphs": self.graphs is not None}
 
     # ---- the loop -----------------------------------------------------------------------------
     def _run(self) -> None:
@@ -164,14 +173,18 @@ class Engine:
                 self._warm_up()
                 self.warmup_seconds = time.perf_counter() - start
                 self.metrics.warmup_seconds = self.warmup_seconds
+                if self.runner._compiled and self.kernel_cache.status in ("miss", "mismatch"):
+                    self.kernel_cache.save_metadata()
         except BaseException as e:  # noqa: BLE001 - reported to start()
             log.exception("engine warm-up failed")
             self._failed = e
             self.ready.set()
             return
-        log.info("engine ready: %d slots, %d KV pages of %d, graphs %s, warm-up %.1f s",
-                 self.settings.runner.max_slots, self.settings.runner.num_pages, self.settings.runner.page_size,
-                 "on" if self.graphs else "off", self.warmup_seconds)
+        log.info("engine ready: %d slots, %d KV pages of %d, graphs %s, compile %s, quantization %s, kernel cache %s, "
+                 "warm-up %.1f s", self.settings.runner.max_slots, self.settings.runner.num_pages,
+                 self.settings.runner.page_size, "on" if self.graphs else "off",
+                 "on" if self.runner._compiled else "off", self.ckpt.quantization, self.kernel_cache.status,
+                 self.warmup_seconds)
         self.ready.set()
         with torch.inference_mode():
             while True:

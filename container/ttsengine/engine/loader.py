@@ -10,6 +10,7 @@ import torch
 from ..config import EngineConfig
 from ..errors import ConfigError
 from ..model.checkpoint import Checkpoint, load_checkpoint
+from ..model.quant import quantize
 
 log = logging.getLogger(__name__)
 _DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
@@ -31,6 +32,16 @@ def resolve_dtype(name: str, device: torch.device, on_cuda: torch.dtype) -> torc
     return _DTYPES[name]
 
 
+def apply_quantization(ckpt: Checkpoint, mode: str) -> str:
+    """Quantizes the DualAR's and the codec's linear layers in place -> what was done (for logs)."""
+    if mode in ("bf16", "none"):
+        return "bf16 (none)"
+    start = time.perf_counter()
+    done = f"DualAR {quantize(ckpt.model, mode)}; codec {quantize(ckpt.codec, mode)}"
+    log.info("quantized in %.1f s: %s", time.perf_counter() - start, done)
+    return done
+
+
 def load(config: EngineConfig) -> Checkpoint:
     device = resolve_device(config.device)
     dtype = resolve_dtype(config.dtype, device, torch.bfloat16)
@@ -40,4 +51,5 @@ def load(config: EngineConfig) -> Checkpoint:
     log.info("loaded %s checkpoint from %s on %s (LLM %s, codec %s) in %.1f s", ckpt.family.NAME, config.model_dir,
              device, str(dtype).removeprefix("torch."), str(codec_dtype).removeprefix("torch."),
              time.perf_counter() - start)
+    ckpt.quantization = apply_quantization(ckpt, config.quant)
     return ckpt

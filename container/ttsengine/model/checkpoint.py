@@ -26,6 +26,7 @@ class Checkpoint:
     tokenizer: Tokenizer
     model: DualAR
     codec: Codec
+    quantization: str = "bf16 (none)"
 
 
 def _find(model_dir: Path, names: tuple[str, ...]) -> Path:
