@@ -22,9 +22,10 @@ import torch
 
 from .config import from_env
 from .engine.engine import Engine
-from .engine.loader import load, resolve_device, resolve_dtype
+from .engine.loader import apply_quantization, load, resolve_device, resolve_dtype
 from .engine.request import SynthesisRequest
 from .errors import TTSError
+from .model.quant import weight_bytes
 
 FRAME_RATE = 44100 / 2048  # frames per second of audio
 TEXT = ("The quick brown fox jumps over the lazy dog while the bright sun shines warmly on the quiet "
@@ -209,6 +210,7 @@ def main(argv: list[str] | None = None) -> int:
         device = resolve_device(config.device)
         ckpt = random_checkpoint(args.random_weights, device, resolve_dtype(config.dtype, device, torch.bfloat16),
                                  resolve_dtype(config.codec_dtype, device, torch.bfloat16))
+        ckpt.quantization = apply_quantization(ckpt, config.quant)
     else:
         ckpt = load(config)
     load_s = time.perf_counter() - t0
@@ -229,6 +231,8 @@ def main(argv: list[str] | None = None) -> int:
         "torch": torch.__version__, "model": args.random_weights or str(config.model_dir),
         "dtype": str(engine.runner.dtype), "compile": engine.runner._compiled, "cuda_graphs": engine.graphs is not None,
         "compile_error": engine.compile_error, "load_s": round(load_s, 2), "warmup_s": round(engine.warmup_seconds, 2),
+        "kernel_cache": engine.kernel_cache.status, "quantization": ckpt.quantization,
+        "weights_gb": round((weight_bytes(ckpt.model) + weight_bytes(ckpt.codec)) / 1e9, 3),
         "first_chunk_frames": engine.settings.first_chunk_frames,
         "stream_chunk_frames": engine.settings.stream_chunk_frames,
         "kv_positions": (engine.settings.runner.num_pages - 1) * engine.settings.runner.page_size,
@@ -244,7 +248,8 @@ def main(argv: list[str] | None = None) -> int:
 
 def print_table(report: dict) -> None:
     print(f"\n{report['device']} | torch {report['torch']} | {report['model']} | {report['dtype']} | "
-          f"compile {report['compile']} | graphs {report['cuda_graphs']} | warm-up {report['warmup_s']} s")
+          f"compile {report['compile']} | graphs {report['cuda_graphs']} | warm-up {report['warmup_s']} s | "
+          f"cache {report['kernel_cache']} | quant {report['quantization']} | weights {report['weights_gb']} GB")
     cols = ("concurrency", "aggregate_fps", "stream_fps_min", "realtime_x_min", "ttfa_p50_ms", "ttfa_p95_ms",
             "vram_peak_gb", "gpu_util_pct", "power_w", "audio_hours_per_gpu_hour", "time_step_s", "time_prefill_s",
             "time_vocoder_s")
