@@ -3,7 +3,9 @@
 The public API adapters use: EngineConfig / from_env, Engine, SynthesisRequest, Reference, the errors.
 """
 
-from .config import EngineConfig, from_env
+from .audio_encoding import CONTENT_TYPES, FORMATS, AudioEncoder, EncodedAudio, encode_audio
+from .config import EngineConfig, ServerConfig, from_env
+from .delivery import audio_bytes, audio_bytes_sync, sse_events, whole, whole_sync
 from .engine.engine import Engine
 from .engine.output import AudioChunk, SynthesisResult
 from .engine.plan import ChunkReport
@@ -17,11 +19,15 @@ from .errors import (
     ConfigError,
     DownloadError,
     InputError,
+    MediaTypeError,
     TTSError,
 )
+from .voices import Voice, VoiceStore, check_id
 
 __all__ = [
-    "AudioChunk", "BusyError", "CancelledError", "CheckpointError", "ChunkReport", "ConfigError", "DownloadError",
-    "Engine", "EngineConfig", "InputError", "Reference", "ReferenceEngine", "Stream", "SynthesisRequest",
-    "SynthesisResult", "TTSError", "from_env",
+    "AudioChunk", "AudioEncoder", "BusyError", "CONTENT_TYPES", "CancelledError", "CheckpointError", "ChunkReport",
+    "ConfigError", "DownloadError", "EncodedAudio", "Engine", "EngineConfig", "FORMATS", "InputError",
+    "MediaTypeError", "Reference", "ReferenceEngine", "ServerConfig", "Stream", "SynthesisRequest", "SynthesisResult",
+    "TTSError", "Voice", "VoiceStore", "audio_bytes", "audio_bytes_sync", "check_id", "encode_audio", "from_env",
+    "sse_events", "whole", "whole_sync",
 ]

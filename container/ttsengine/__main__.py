@@ -77,6 +77,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = ap.add_subparsers(dest="command", required=True)
     sub.add_parser("bench", help="concurrency benchmark (see: python -m ttsengine bench --help)")
     sub.add_parser("warm", help="compile, capture and save the kernel cache (see: python -m ttsengine warm --help)")
+    sub.add_parser("loadtest", help="concurrency sweep against a running server (python -m ttsengine loadtest --help)")
 
     s = sub.add_parser("synth", help="text -> audio file")
     s.add_argument("--model", type=Path, default=None, help="model dir (default: $TTS_MODEL_DIR or /opt/ml/model)")
@@ -105,7 +106,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 # subcommands with their own argument parsers: python -m ttsengine <tool> ...
-TOOLS = {"bench": "bench", "warm": "warm"}
+TOOLS = {"bench": "bench", "warm": "warm", "loadtest": "loadtest"}
 
 
 def main(argv: list[str] | None = None) -> int:

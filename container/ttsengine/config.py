@@ -39,6 +39,7 @@ class EngineConfig:
     compile: str = "auto"  # torch.compile of the decode step: auto (on with CUDA, torch >= 2.6) | on | off
     cache_dir: Path | None = None  # torch.compile kernel cache (Inductor + Triton); None = torch's default
     quant: str = "bf16"  # weight-only quantization of linear layers: bf16 (none) | int8 | int4
+    default_max_new_tokens: int = 0  # frames per chunk when a request does not say; 0 = the family's (1024)
 
     def with_(self, **changes) -> EngineConfig:
         return replace(self, **changes)
@@ -66,11 +67,50 @@ ENV_VARS: dict[str, tuple[str, str]] = {
     "TTS_COMPILE": ("compile", "auto | on | off: torch.compile the decode step"),
     "TTS_CACHE_DIR": ("cache_dir", "directory of the torch.compile kernel cache (keep it on a volume)"),
     "TTS_QUANT": ("quant", "bf16 (no quantization) | int8 | int4: weight-only quantization of linear layers"),
+    "TTS_DEFAULT_MAX_NEW_TOKENS": ("default_max_new_tokens", "frames per chunk if a request gives none (0: 1024)"),
 }
-# Variables read outside EngineConfig (download credentials), listed for the README table.
+# Variables read outside EngineConfig (servers, download credentials), listed for the README table.
 OTHER_ENV_VARS: dict[str, str] = {
     "HF_TOKEN": "Hugging Face token for `ttsengine download --hf` (the S1-mini repo is gated)",
+    "TTS_HOST": "address the HTTP server binds (default 0.0.0.0)",
+    "TTS_PORT": "port of the HTTP server (default 8080)",
+    "TTS_API_KEY": "if set, every API route needs `Authorization: Bearer <key>` (health, ready, metrics and / do not)",
+    "TTS_DATA_DIR": "stored voices (default ./data; /data in the image)",
+    "TTS_MAX_BODY_BYTES": "largest request body (default 25 MB)",
+    "TTS_MAX_UPLOAD_BYTES": "largest uploaded reference audio (default 20 MB)",
 }
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    """Settings of the network adapters (HTTP, SageMaker serve)."""
+
+    host: str = "0.0.0.0"
+    port: int = 8080
+    api_key: str | None = None
+    data_dir: Path = Path("data")
+    max_body_bytes: int = 25 << 20
+    max_upload_bytes: int = 20 << 20
+
+    @staticmethod
+    def from_env(env: Mapping[str, str] | None = None, **overrides) -> ServerConfig:
+        env = os.environ if env is None else env
+        base = ServerConfig()
+        values: dict[str, object] = {}
+        for name, field in (("TTS_HOST", "host"), ("TTS_PORT", "port"), ("TTS_API_KEY", "api_key"),
+                            ("TTS_DATA_DIR", "data_dir"), ("TTS_MAX_BODY_BYTES", "max_body_bytes"),
+                            ("TTS_MAX_UPLOAD_BYTES", "max_upload_bytes")):
+            text = env.get(name, "").strip()
+            if text:
+                current = getattr(base, field)
+                values[field] = text if current is None else _parse(name, field, text, current)
+        values.update({k: v for k, v in overrides.items() if v is not None})
+        cfg = replace(base, **values)
+        if not 0 < cfg.port < 65536:
+            raise ConfigError(f"TTS_PORT: {cfg.port} is not a port number")
+        if cfg.max_body_bytes < 1024 or cfg.max_upload_bytes < 1024:
+            raise ConfigError("TTS_MAX_BODY_BYTES and TTS_MAX_UPLOAD_BYTES must be at least 1024")
+        return cfg
 
 _DTYPES = ("auto", "bfloat16", "float16", "float32")
 _LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
@@ -113,7 +153,7 @@ def validate(cfg: EngineConfig) -> EngineConfig:
         fail("max_reference_seconds", "must be > 0")
     if cfg.reference_cache_size < 0:
         fail("reference_cache_size", "must be >= 0")
-    for f in ("max_batch", "max_queue", "kv_cache_tokens"):
+    for f in ("max_batch", "max_queue", "kv_cache_tokens", "default_max_new_tokens"):
         if getattr(cfg, f) < 0:
             fail(f, "must be >= 0 (0 = auto)")
     for f in ("prefill_tokens", "first_chunk_frames", "stream_chunk_frames"):

@@ -14,6 +14,10 @@ class InputError(TTSError, ValueError):
     """The request is invalid (bad text, parameter out of range, unreadable reference audio)."""
 
 
+class MediaTypeError(InputError):
+    """The request body's content type is not one the endpoint reads (HTTP 415)."""
+
+
 class CheckpointError(TTSError):
     """A model directory or file cannot be used (missing, corrupt, wrong keys or shapes)."""
 

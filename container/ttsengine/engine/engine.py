@@ -109,6 +109,22 @@ class Engine:
     def references(self):
         return self.planner.references
 
+    @property
+    def frame_rate(self) -> float:
+        """Code frames per second of audio (21.53 for S1)."""
+        return self.sample_rate / self.ckpt.codec.frame_length
+
+    @property
+    def codec_tag(self) -> str:
+        """Identifies the codec that stored voice codes were made with."""
+        from ..model.weights import fingerprint
+
+        return fingerprint(self.ckpt.codec)
+
+    def encode_reference(self, audio: bytes) -> np.ndarray:
+        """Reference audio (any soundfile-readable bytes) -> codes int64 [n, F]; InputError if unreadable."""
+        return self.references.encode(audio).numpy()
+
     # ---- lifecycle ----------------------------------------------------------------------------
     def start(self, wait: bool = True) -> None:
         """Starts the loop thread; it warms up (captures graphs) first, then `ready` is set."""

@@ -56,7 +56,7 @@ class Planner:
     def plan(self, request: SynthesisRequest) -> Plan:
         """Raises InputError before any audio: bad fields, unreadable references, a chunk that cannot fit."""
         req = resolve(request, self.rules, self.config.max_text_length, self.config.chunk_length,
-                      self.ckpt.config.max_seq_len)
+                      self.ckpt.config.max_seq_len, self.config.default_max_new_tokens)
         refs = self.prepare_references(req)
         texts = split_text(req.text, req.chunk_length)
         for text in texts:

@@ -60,7 +60,7 @@ def _number(name: str, value: object, lo: float, hi: float) -> float:
 
 
 def resolve(req: SynthesisRequest, rules, max_text_length: int, default_chunk_length: int,
-            max_seq_len: int) -> ResolvedRequest:
+            max_seq_len: int, default_max_new_tokens: int = 0) -> ResolvedRequest:
     """rules: the checkpoint family's GenerationRules (ranges and defaults)."""
     if not isinstance(req.text, str):
         raise InputError("text must be a string")
@@ -77,7 +77,7 @@ def resolve(req: SynthesisRequest, rules, max_text_length: int, default_chunk_le
     top_p = pick("top_p", req.top_p, rules.default_top_p, rules.top_p_range)
     penalty = pick("repetition_penalty", req.repetition_penalty, rules.default_repetition_penalty,
                    rules.repetition_penalty_range)
-    mnt = rules.default_max_new_tokens if req.max_new_tokens is None else req.max_new_tokens
+    mnt = (default_max_new_tokens or rules.default_max_new_tokens) if req.max_new_tokens is None else req.max_new_tokens
     if isinstance(mnt, bool) or not isinstance(mnt, int) or not 0 <= mnt <= max_seq_len:
         raise InputError(f"max_new_tokens must be an integer in [0, {max_seq_len}], got {mnt!r}")
     chunk = default_chunk_length if req.chunk_length is None else req.chunk_length

@@ -101,3 +101,16 @@ def load_strict(module: nn.Module, sd: StateDict, what: str, ignore: Callable[[s
     if problems:
         raise CheckpointError(f"{what}: does not match the model config; " + "; ".join(problems))
     module.load_state_dict(sd, strict=True, assign=True)
+
+
+def fingerprint(module: nn.Module) -> str:
+    """A short id of a module's weights: shapes of every tensor plus a sample of their values."""
+    import hashlib
+
+    h = hashlib.sha256()
+    for name, t in module.state_dict().items():
+        h.update(f"{name}{tuple(t.shape)}".encode())
+        flat = t.detach().reshape(-1)
+        if flat.numel():
+            h.update(flat[:: max(1, flat.numel() // 64)][:64].float().cpu().numpy().tobytes())
+    return h.hexdigest()[:16]

@@ -1,0 +1,1 @@
+"""Platform adapters: transport -> ttsengine.protocol -> Engine -> protocol -> transport. Nothing else."""

@@ -1,0 +1,1 @@
+"""The local HTTP server (FastAPI + uvicorn)."""

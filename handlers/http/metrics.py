@@ -1,0 +1,72 @@
+"""Prometheus text for /metrics: request counts by route and status, plus the engine's own stats."""
+
+from __future__ import annotations
+
+import threading
+from collections import Counter
+
+
+class RequestCounter:
+    def __init__(self):
+        self._counts: Counter[tuple[str, str, int]] = Counter()
+        self._lock = threading.Lock()
+
+    def add(self, method: str, route: str, status: int) -> None:
+        with self._lock:
+            self._counts[(method, route, status)] += 1
+
+    def items(self) -> list[tuple[tuple[str, str, int], int]]:
+        with self._lock:
+            return sorted(self._counts.items())
+
+
+def _labels(**kw) -> str:
+    return "{" + ",".join(f'{k}="{str(v)}"' for k, v in kw.items()) + "}"
+
+
+def render(counter: RequestCounter, stats: dict | None, ready: bool) -> str:
+    lines = ["# HELP tts_http_requests_total HTTP requests by method, route and status code.",
+             "# TYPE tts_http_requests_total counter"]
+    errors: Counter[tuple[str, str, int]] = Counter()
+    for (method, route, status), n in counter.items():
+        lines.append(f"tts_http_requests_total{_labels(method=method, route=route, code=status)} {n}")
+        if status >= 400:
+            errors[(method, route, status)] += n
+    lines += ["# HELP tts_http_errors_total HTTP responses with status >= 400.", "# TYPE tts_http_errors_total counter"]
+    for (method, route, status), n in sorted(errors.items()):
+        lines.append(f"tts_http_errors_total{_labels(method=method, route=route, code=status)} {n}")
+    lines += ["# HELP tts_ready 1 when the model is loaded and warmed up.", "# TYPE tts_ready gauge",
+              f"tts_ready {int(ready)}"]
+    if stats:
+        gauges = {
+            "tts_queue_depth": ("waiting", "requests waiting for a stream slot"),
+            "tts_active_streams": ("running", "streams generating now"),
+            "tts_frames_per_second": ("frames_per_second", "frames generated per second (last 10 s)"),
+            "tts_warmup_seconds": ("warmup_seconds", "engine warm-up (compile, graph capture) at start"),
+            "tts_gpu_memory_allocated_bytes": ("gpu_memory_allocated_bytes", "GPU memory allocated by torch"),
+            "tts_gpu_memory_reserved_bytes": ("gpu_memory_reserved_bytes", "GPU memory reserved by torch"),
+        }
+        for name, (key, help_) in gauges.items():
+            if stats.get(key) is not None:
+                lines += [f"# HELP {name} {help_}.", f"# TYPE {name} gauge", f"{name} {float(stats[key])}"]
+        counters = {"tts_frames_total": "frames", "tts_requests_completed_total": "requests_done",
+                    "tts_requests_cancelled_total": "cancelled", "tts_requests_rejected_total": "rejected"}
+        for name, key in counters.items():
+            lines += [f"# TYPE {name} counter", f"{name} {stats.get(key, 0)}"]
+        lines += ["# HELP tts_engine_info Quantization, kernel cache status, compile and CUDA graphs.",
+                  "# TYPE tts_engine_info gauge",
+                  "tts_engine_info" + _labels(quantization=stats.get("quantization", ""),
+                                              kernel_cache=stats.get("kernel_cache", ""),
+                                              compiled=stats.get("compiled", ""),
+                                              cuda_graphs=stats.get("cuda_graphs", "")) + " 1"]
+        lines += ["# HELP tts_time_to_first_audio_seconds Submit to first audio chunk.",
+                  "# TYPE tts_time_to_first_audio_seconds histogram"]
+        total = 0
+        for bound, n in zip(stats["ttfa_buckets"], stats["ttfa_counts"]):
+            total += n
+            lines.append(f'tts_time_to_first_audio_seconds_bucket{{le="{bound}"}} {total}')
+        total += stats["ttfa_counts"][-1]
+        lines += [f'tts_time_to_first_audio_seconds_bucket{{le="+Inf"}} {total}',
+                  f"tts_time_to_first_audio_seconds_sum {stats['ttfa_sum']}",
+                  f"tts_time_to_first_audio_seconds_count {total}"]
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,30 @@
+"""`python -m handlers http`: the local server (uvicorn), port TTS_PORT (8080), model TTS_MODEL_DIR."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+from ttsengine import ServerConfig, TTSError, from_env
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m handlers http", description=__doc__)
+    ap.add_argument("--host")
+    ap.add_argument("--port", type=int)
+    args = ap.parse_args(argv)
+    try:
+        engine_config = from_env()
+        server = ServerConfig.from_env(host=args.host, port=args.port)
+    except TTSError as e:
+        print(f"handlers http: {e}", file=sys.stderr)
+        return 2
+    logging.basicConfig(level=engine_config.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    import uvicorn
+
+    from .app import create_app
+
+    uvicorn.run(create_app(server, engine_config), host=server.host, port=server.port,
+                log_level=engine_config.log_level.lower(), timeout_graceful_shutdown=10)
+    return 0

@@ -1,0 +1,362 @@
+"""The HTTP server for real: `python -m handlers http` (uvicorn) on a free port with the tiny model on
+CPU, driven by httpx; every format decoded back; voices; bad inputs; auth; disconnects; schemathesis."""
+
+from __future__ import annotations
+
+import base64
+import io
+import json
+import os
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import av
+import httpx
+import msgpack
+import numpy as np
+import pytest
+import soundfile as sf
+from conftest import MODEL_DIR, ROOT, free_port
+
+FRAMES = 24  # TTS_DEFAULT_MAX_NEW_TOKENS of the test server: 23 kept frames per request
+FRAME_S = 2048 / 44100
+
+
+def start_server(tmp: Path, **env) -> tuple[subprocess.Popen, str]:
+    port = free_port()
+    full = {**os.environ, "TTS_MODEL_DIR": str(MODEL_DIR), "TTS_DEVICE": "cpu", "TTS_PORT": str(port),
+            "TTS_DATA_DIR": str(tmp / "data"), "TTS_DEFAULT_MAX_NEW_TOKENS": str(FRAMES), "TTS_MAX_BATCH": "4",
+            "TTS_LOG_LEVEL": "WARNING", **env}
+    proc = subprocess.Popen([sys.executable, "-m", "handlers", "http"], cwd=ROOT, env=full,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    return proc, f"http://127.0.0.1:{port}"
+
+
+def wait_ready(url: str, proc: subprocess.Popen | None, timeout: float = 90) -> None:
+    end = time.time() + timeout
+    while time.time() < end:
+        if proc is not None and proc.poll() is not None:
+            raise RuntimeError(f"server exited: {proc.stdout.read()}")
+        try:
+            if httpx.get(url + "/ready", timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.2)
+    raise TimeoutError("server not ready")
+
+
+def stop(proc: subprocess.Popen) -> None:
+    proc.terminate()
+    try:
+        proc.wait(timeout=20)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    proc, url = start_server(tmp_path_factory.mktemp("http"), TTS_MAX_UPLOAD_BYTES="300000",
+                             TTS_MAX_BODY_BYTES="2000000")
+    wait_ready(url, proc)
+    yield url
+    stop(proc)
+
+
+def wav_bytes(seconds: float = 0.6, rate: int = 22050, seed: int = 0) -> bytes:
+    buf = io.BytesIO()
+    sf.write(buf, (0.2 * np.random.default_rng(seed).standard_normal(int(seconds * rate))).astype(np.float32),
+             rate, format="WAV")
+    return buf.getvalue()
+
+
+def duration(data: bytes, fmt: str, rate: int = 24000) -> float:
+    if fmt == "pcm":
+        return len(data) / 2 / rate
+    if fmt in ("wav", "flac", "opus"):
+        audio, r = sf.read(io.BytesIO(data))
+        return len(audio) / r
+    with av.open(io.BytesIO(data)) as c:  # mp3, aac
+        frames = [f for f in c.decode(audio=0)]
+    return sum(f.samples for f in frames) / frames[0].sample_rate
+
+
+def speech(url: str, **body) -> httpx.Response:
+    return httpx.post(url + "/v1/audio/speech", json={"input": "Hello there.", "seed": 1, **body}, timeout=120)
+
+
+@pytest.mark.parametrize("fmt", ["wav", "pcm", "mp3", "opus", "aac", "flac"])
+def test_every_format_decodes_to_the_expected_duration(server, fmt):
+    r = speech(server, response_format=fmt)
+    assert r.status_code == 200, r.text
+    assert r.headers["content-type"].startswith({"wav": "audio/wav", "pcm": "audio/pcm", "mp3": "audio/mpeg",
+                                                 "opus": "audio/ogg", "aac": "audio/aac", "flac": "audio/flac"}[fmt])
+    expected = (FRAMES - 1) * FRAME_S
+    tol = 0.08 if fmt in ("mp3", "aac") else 0.002  # encoder priming/padding
+    assert abs(duration(r.content, fmt) - expected) < tol
+
+
+def test_sample_rate_and_speed(server):
+    r = speech(server, response_format="wav", sample_rate=16000, speed=2.0)
+    audio, rate = sf.read(io.BytesIO(r.content))
+    assert rate == 16000 and abs(len(audio) / rate - (FRAMES - 1) * FRAME_S / 2) < 0.002
+    assert speech(server, response_format="opus", sample_rate=22050).status_code == 400  # opus rates only
+
+
+def test_same_seed_same_audio(server):
+    a, b = speech(server, response_format="pcm", seed=7), speech(server, response_format="pcm", seed=7)
+    assert a.content == b.content and a.headers["x-seed"] == "7"
+
+
+def test_audio_streams_as_it_is_made(server):
+    arrivals, total = [], 0
+    t0 = time.perf_counter()
+    with httpx.stream("POST", server + "/v1/audio/speech", timeout=120,
+                      json={"input": "A longer sentence to stream.", "response_format": "pcm", "max_new_tokens": 200,
+                            "seed": 2}) as r:
+        for chunk in r.iter_raw():
+            arrivals.append(time.perf_counter() - t0)
+            total += len(chunk)
+    assert len(arrivals) > 5
+    assert arrivals[0] < 0.5 * arrivals[-1]  # first audio long before the end
+    assert total % 2 == 0  # whole 16-bit samples
+
+
+def test_sse(server):
+    r = speech(server, response_format="wav", stream_format="sse")
+    assert r.headers["content-type"].startswith("text/event-stream")
+    events = [json.loads(line[6:]) for line in r.text.splitlines() if line.startswith("data: ")]
+    assert [e["type"] for e in events][-1] == "speech.audio.done" and events[-1]["usage"]["output_frames"] == FRAMES - 1
+    audio = b"".join(base64.b64decode(e["audio"]) for e in events if e["type"] == "speech.audio.delta")
+    assert abs(duration(audio, "wav") - (FRAMES - 1) * FRAME_S) < 0.002
+
+
+def test_fish_tts_json_and_msgpack(server):
+    ref = wav_bytes()
+    r = httpx.post(server + "/v1/tts", timeout=120, json={
+        "text": "Hi from fish.", "format": "wav", "seed": 1, "max_new_tokens": FRAMES,
+        "references": [{"audio": base64.b64encode(ref).decode(), "text": "noise"}]})
+    assert r.status_code == 200, r.text
+    assert abs(duration(r.content, "wav") - (FRAMES - 1) * FRAME_S) < 0.002
+    r = httpx.post(server + "/v1/tts", timeout=120, headers={"content-type": "application/msgpack"},
+                   content=msgpack.packb({"text": "Hi again.", "format": "mp3", "streaming": True, "max_new_tokens": 10,
+                                          "chunk_length": 5000, "references": [{"audio": ref, "text": "noise"}]}))
+    assert r.status_code == 200 and r.headers["content-type"] == "audio/mpeg"
+    assert abs(duration(r.content, "mp3") - 9 * FRAME_S) < 0.08
+
+
+def test_voices_round_trip(server):
+    ref = wav_bytes(seed=3)
+    r = httpx.post(server + "/v1/references/add", data={"id": "alice", "text": "hello alice"},
+                   files={"audio": ("a.wav", ref, "audio/wav")})
+    assert r.status_code == 201 and r.json()["reference_id"] == "alice"
+    assert httpx.post(server + "/v1/references/add", data={"id": "alice", "text": "x"},
+                      files={"audio": ("a.wav", ref, "audio/wav")}).status_code == 409
+    assert "alice" in httpx.get(server + "/v1/references/list").json()["reference_ids"]
+    voices = httpx.get(server + "/v1/voices").json()["voices"]
+    assert {"default", "alice"} <= {v["id"] for v in voices}
+    assert speech(server, voice="alice").status_code == 200
+    r = httpx.post(server + "/v1/tts", json={"text": "Fish with a stored voice.", "reference_id": "alice",
+                                             "max_new_tokens": 8}, timeout=120)
+    assert r.status_code == 200
+    assert httpx.request("DELETE", server + "/v1/references/delete", json={"reference_id": "alice"}).status_code == 200
+    assert httpx.request("DELETE", server + "/v1/references/delete?reference_id=alice").status_code == 404
+    bad = speech(server, voice="alice")
+    assert bad.status_code == 400 and "available: default" in bad.json()["error"]["message"]
+
+
+@pytest.mark.parametrize("voice_id", ["../x", "a/b", "..", ".hidden", "x" * 65, " lead", "a\x00b", "default"])
+def test_bad_voice_ids(server, voice_id):
+    r = httpx.post(server + "/v1/references/add", data={"id": voice_id, "text": "t"},
+                   files={"audio": ("a.wav", wav_bytes(), "audio/wav")})
+    assert r.status_code == 400, (voice_id, r.text)
+    assert httpx.get(server + "/v1/references/list").json()["reference_ids"] == []
+
+
+def test_upload_limits_and_bad_audio(server):
+    big = wav_bytes(seconds=8, rate=44100)  # > TTS_MAX_UPLOAD_BYTES of this server (300 kB)
+    r = httpx.post(server + "/v1/references/add", data={"id": "big", "text": "t"}, files={"audio": ("b.wav", big)})
+    assert r.status_code == 413
+    r = httpx.post(server + "/v1/references/add", data={"id": "junk", "text": "t"},
+                   files={"audio": ("j.wav", b"not audio" * 100)})
+    assert r.status_code == 400 and "cannot decode" in r.json()["error"]["message"]
+    assert "junk" not in httpx.get(server + "/v1/references/list").json()["reference_ids"]
+
+
+@pytest.mark.parametrize("send, status, words", [
+    (dict(json={"input": ""}), 400, "text is empty"),
+    (dict(json={"input": "x" * 1_000_000}), 400, "text has 1000000 characters; the limit is 20000"),
+    (dict(json={"input": "x" * 3_000_000}), 413, "request body over 2000000 bytes"),
+    (dict(json={"input": "hi", "voice": "nobody"}), 400, "unknown voice 'nobody'; available: default"),
+    (dict(json={"input": "hi", "speed": 9}), 400, "speed"),
+    (dict(json={"input": "hi", "response_format": "ogg"}), 400, "response_format"),
+    (dict(json={"input": "hi", "temperature": 5}), 400, "temperature=5.0 is outside"),
+    (dict(json={"input": "hi", "bogus": 1}), 400, "bogus"),
+    (dict(content=b"{bad", headers={"content-type": "application/json"}), 400, "not valid JSON"),
+    (dict(json=["a list"]), 400, "body"),
+])
+def test_bad_openai_requests(server, send, status, words):
+    r = httpx.post(server + "/v1/audio/speech", timeout=60, **send)
+    assert r.status_code == status, r.text
+    assert words in r.json()["error"]["message"]
+
+
+@pytest.mark.parametrize("send, status, words", [
+    (dict(content=b"text", headers={"content-type": "text/plain"}), 415, "unsupported content type"),
+    (dict(content=b"\xc1\xff\x00", headers={"content-type": "application/msgpack"}), 400, "not valid msgpack"),
+    (dict(content=b"{bad", headers={"content-type": "application/json"}), 400, "not valid JSON"),
+    (dict(json={"text": "hi", "references": [{"audio": "%%%not-base64", "text": ""}]}), 400, "not valid base64"),
+    (dict(json={"text": "hi", "reference_id": "../etc"}), 400, "invalid voice id"),
+    (dict(json={"text": "hi", "format": "wma"}), 400, "format"),
+    (dict(json={"text": "hi", "top_p": 0}), 400, "top_p=0.0 is outside"),
+])
+def test_bad_fish_requests(server, send, status, words):
+    r = httpx.post(server + "/v1/tts", timeout=60, **send)
+    assert r.status_code == status, r.text
+    assert words in r.json()["error"]["message"]
+
+
+def _metric(url: str, name: str) -> float:
+    for line in httpx.get(url + "/metrics").text.splitlines():
+        if line.startswith(name + " "):
+            return float(line.split()[1])
+    raise KeyError(name)
+
+
+def test_disconnect_mid_stream_frees_the_engine(server):
+    cancelled = _metric(server, "tts_requests_cancelled_total")
+    # seed 1 with this text runs past 600 frames on the tiny model (no early <|im_end|>), so it is
+    # certainly still generating when the client leaves
+    with httpx.stream("POST", server + "/v1/audio/speech", timeout=120,
+                      json={"input": "Long.", "response_format": "pcm", "max_new_tokens": 3000, "seed": 1}) as r:
+        chunks = r.iter_raw()  # keep it referenced: a dropped iterator closes the connection
+        next(chunks)  # generation is under way
+        assert _metric(server, "tts_active_streams") == 1
+    end = time.time() + 10
+    while time.time() < end and (_metric(server, "tts_active_streams") or
+                                 _metric(server, "tts_requests_cancelled_total") == cancelled):
+        time.sleep(0.05)
+    assert _metric(server, "tts_active_streams") == 0
+    assert _metric(server, "tts_requests_cancelled_total") == cancelled + 1
+
+
+def test_metrics_and_health(server):
+    assert httpx.get(server + "/health").json() == {"status": "ok"}
+    assert httpx.get(server + "/ready").json()["status"] == "ready"
+    text = httpx.get(server + "/metrics").text
+    for name in ("tts_http_requests_total{", "tts_http_errors_total{", "tts_queue_depth", "tts_active_streams",
+                 "tts_frames_per_second", "tts_time_to_first_audio_seconds_bucket", "tts_engine_info{"):
+        assert name in text
+    assert 'route="/v1/audio/speech",code="200"' in text and 'code="400"' in text
+
+
+def test_web_page_is_served(server):
+    r = httpx.get(server + "/")
+    assert r.status_code == 200 and "<textarea" in r.text and "/v1/audio/speech" in r.text
+
+
+def test_schemathesis_finds_no_server_errors(server):
+    exe = shutil.which("schemathesis") or str(Path(sys.executable).parent / "schemathesis")
+    proc = subprocess.run([exe, "run", server + "/openapi.json", "--checks", "not_a_server_error",
+                           "--max-examples", "8", "--generation-deterministic", "--request-timeout", "120"],
+                          capture_output=True, text=True, timeout=900, cwd=ROOT)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
+
+
+def test_api_key(tmp_path):
+    proc, url = start_server(tmp_path, TTS_API_KEY="s3cret")
+    try:
+        wait_ready(url, proc)
+        assert httpx.get(url + "/health").status_code == 200 and httpx.get(url + "/metrics").status_code == 200
+        r = speech(url)
+        assert r.status_code == 401 and r.headers["www-authenticate"] == "Bearer"
+        assert speech(url).json()["error"]["type"] == "authentication_error"
+        assert httpx.get(url + "/v1/voices", headers={"Authorization": "Bearer nope"}).status_code == 401
+        ok = httpx.post(url + "/v1/audio/speech", headers={"Authorization": "Bearer s3cret"}, timeout=120,
+                        json={"input": "Authorised.", "response_format": "wav"})
+        assert ok.status_code == 200
+    finally:
+        stop(proc)
+
+
+def test_broken_model_dir_reports_on_ready_and_health(tmp_path):
+    proc, url = start_server(tmp_path, TTS_MODEL_DIR=str(tmp_path / "nowhere"))
+    try:
+        end = time.time() + 60
+        while time.time() < end:
+            try:
+                if httpx.get(url + "/ready", timeout=2).json().get("status") == "failed":
+                    break
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.2)
+        r = httpx.get(url + "/ready")
+        assert r.status_code == 503 and "model directory not found" in r.json()["error"]
+        assert httpx.get(url + "/health").status_code == 500
+        assert speech(url).status_code == 503
+    finally:
+        stop(proc)
+
+
+def test_ready_is_503_until_the_engine_is_warm(tmp_path):
+    """In-process uvicorn with the real engine behind a gate, to see the loading state for sure."""
+    import uvicorn
+
+    from handlers.http.app import create_app
+    from ttsengine import Engine, EngineConfig, ServerConfig
+
+    gate = threading.Event()
+
+    def factory():
+        gate.wait(30)
+        return Engine.load(EngineConfig(model_dir=MODEL_DIR, device="cpu", max_batch=2))
+
+    port = free_port()
+    app = create_app(ServerConfig(port=port, data_dir=tmp_path), EngineConfig(), engine_factory=factory)
+    srv = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(target=srv.run, daemon=True)
+    thread.start()
+    url = f"http://127.0.0.1:{port}"
+    try:
+        end = time.time() + 20
+        while time.time() < end:
+            try:
+                r = httpx.get(url + "/ready", timeout=2)
+                break
+            except httpx.HTTPError:
+                time.sleep(0.1)
+        assert r.status_code == 503 and r.json()["status"] == "loading"
+        assert httpx.get(url + "/health").status_code == 200
+        assert speech(url).status_code == 503
+        gate.set()
+        wait_ready(url, None)
+        assert speech(url, response_format="wav").status_code == 200
+    finally:
+        srv.should_exit = True
+        thread.join(timeout=20)
+        app.state.holder.close()
+
+
+def test_bad_server_config_is_one_line(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "handlers", "http"], cwd=ROOT, capture_output=True, text=True,
+                          env={**os.environ, "TTS_PORT": "99999"}, timeout=60)
+    assert proc.returncode == 2 and "TTS_PORT" in proc.stderr and "Traceback" not in proc.stderr
+    proc = subprocess.run([sys.executable, "-m", "handlers", "nope"], cwd=ROOT, capture_output=True, text=True)
+    assert proc.returncode == 2 and "usage: python -m handlers" in proc.stderr
+
+
+def test_loadtest_against_the_server(server, tmp_path):
+    out = tmp_path / "lt"
+    proc = subprocess.run([sys.executable, "-m", "ttsengine", "loadtest", server, "--concurrency", "1,2",
+                           "--out", str(out)], capture_output=True, text=True, timeout=600, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads((out / "loadtest.json").read_text())
+    assert [lv["concurrency"] for lv in report["levels"]] == [1, 2]
+    assert all(lv["errors"] == 0 and lv["requests"] == 2 * lv["concurrency"] for lv in report["levels"])
+    assert all(lv["audio_s_per_s"] > 0 and lv["first_audio_p50_ms"] > 0 for lv in report["levels"])
+    assert (out / "loadtest.html").stat().st_size > 10_000
+    assert "first_audio_p95_ms" in proc.stdout
