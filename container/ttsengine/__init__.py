@@ -3,9 +3,10 @@
 The public API adapters use: EngineConfig / from_env, Engine, SynthesisRequest, Reference, the errors.
 """
 
-from .audio_encoding import CONTENT_TYPES, FORMATS, AudioEncoder, EncodedAudio, encode_audio
-from .config import EngineConfig, ServerConfig, from_env
+from .audio_encoding import CONTENT_TYPES, FORMATS, AudioEncoder, EncodedAudio, encode_audio, output_rate
+from .config import DownloadConfig, EngineConfig, RunPodConfig, ServerConfig, from_env
 from .delivery import audio_bytes, audio_bytes_sync, sse_events, whole, whole_sync
+from .download import ensure_model
 from .engine.engine import Engine
 from .engine.output import AudioChunk, SynthesisResult
 from .engine.plan import ChunkReport
@@ -26,8 +27,8 @@ from .voices import Voice, VoiceStore, check_id
 
 __all__ = [
     "AudioChunk", "AudioEncoder", "BusyError", "CONTENT_TYPES", "CancelledError", "CheckpointError", "ChunkReport",
-    "ConfigError", "DownloadError", "EncodedAudio", "Engine", "EngineConfig", "FORMATS", "InputError",
-    "MediaTypeError", "Reference", "ReferenceEngine", "ServerConfig", "Stream", "SynthesisRequest", "SynthesisResult",
-    "TTSError", "Voice", "VoiceStore", "audio_bytes", "audio_bytes_sync", "check_id", "encode_audio", "from_env",
-    "sse_events", "whole", "whole_sync",
+    "ConfigError", "DownloadConfig", "DownloadError", "EncodedAudio", "Engine", "EngineConfig", "FORMATS",
+    "InputError", "MediaTypeError", "Reference", "ReferenceEngine", "RunPodConfig", "ServerConfig", "Stream",
+    "SynthesisRequest", "SynthesisResult", "TTSError", "Voice", "VoiceStore", "audio_bytes", "audio_bytes_sync",
+    "check_id", "encode_audio", "ensure_model", "from_env", "output_rate", "sse_events", "whole", "whole_sync",
 ]

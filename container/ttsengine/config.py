@@ -78,7 +78,16 @@ OTHER_ENV_VARS: dict[str, str] = {
     "TTS_DATA_DIR": "stored voices (default ./data; /data in the image)",
     "TTS_MAX_BODY_BYTES": "largest request body (default 25 MB)",
     "TTS_MAX_UPLOAD_BYTES": "largest uploaded reference audio (default 20 MB)",
+    "TTS_MODEL_SOURCE": "where `runpod` (and the compose model service) fetch the model when TTS_MODEL_DIR is "
+                        "empty: hf://fishaudio/openaudio-s1-mini, s3://bucket/prefix or a directory",
+    "SAGEMAKER_BIND_TO_PORT": "port of `serve` (SageMaker sets it; default 8080)",
+    "RUNPOD_CONCURRENCY": "jobs one RunPod worker takes at once (default: the engine's free stream slots)",
+    "RUNPOD_S3_BUCKET": "bucket for RunPod outputs: jobs with \"upload\": true, and any output over the inline limit",
+    "RUNPOD_MAX_INLINE_BYTES": "largest audio a RunPod job returns inline, base64 included (default 10 MB)",
+    "RUNPOD_S3_URL_EXPIRES": "lifetime of the presigned URL of an uploaded output, in seconds (default 86400)",
 }
+SAGEMAKER_BODY_LIMIT = 1 << 30  # async inference accepts payloads up to 1 GB
+RUNPOD_VOLUME = Path("/runpod-volume")
 
 
 @dataclass(frozen=True)
@@ -106,11 +115,72 @@ class ServerConfig:
                 values[field] = text if current is None else _parse(name, field, text, current)
         values.update({k: v for k, v in overrides.items() if v is not None})
         cfg = replace(base, **values)
+        return cfg.validated()
+
+    @staticmethod
+    def for_sagemaker(env: Mapping[str, str] | None = None) -> ServerConfig:
+        """`serve`: port SAGEMAKER_BIND_TO_PORT (8080), body limit 1 GB unless TTS_MAX_BODY_BYTES says
+        otherwise (async inference payloads), voices stored beside the model (/opt/ml/model/voices)."""
+        env = os.environ if env is None else env
+        overrides: dict[str, object] = {}
+        if env.get("SAGEMAKER_BIND_TO_PORT", "").strip():
+            overrides["port"] = _parse("SAGEMAKER_BIND_TO_PORT", "port", env["SAGEMAKER_BIND_TO_PORT"], 0)
+        if not env.get("TTS_MAX_BODY_BYTES", "").strip():
+            overrides["max_body_bytes"] = SAGEMAKER_BODY_LIMIT
+        if not env.get("TTS_DATA_DIR", "").strip():
+            overrides["data_dir"] = Path(env.get("TTS_MODEL_DIR", "").strip() or DEFAULT_MODEL_DIR)
+        return ServerConfig.from_env(env, **overrides)
+
+    def validated(self) -> ServerConfig:
+        cfg = self
         if not 0 < cfg.port < 65536:
             raise ConfigError(f"TTS_PORT: {cfg.port} is not a port number")
         if cfg.max_body_bytes < 1024 or cfg.max_upload_bytes < 1024:
             raise ConfigError("TTS_MAX_BODY_BYTES and TTS_MAX_UPLOAD_BYTES must be at least 1024")
         return cfg
+
+
+@dataclass(frozen=True)
+class RunPodConfig:
+    concurrency: int = 0  # 0 = follow the engine's stream slots
+    s3_bucket: str | None = None
+    max_inline_bytes: int = 10_000_000  # RunPod's /run result limit is about 10 MB
+    url_expires: int = 86400
+    volume: Path | None = None  # /runpod-volume when mounted
+    data_dir: Path = Path("data")  # stored voices (reference_id)
+    progress_updates: bool = False  # RunPod's queue is there to take them (not its local test API)
+
+    @staticmethod
+    def from_env(env: Mapping[str, str] | None = None, volume: Path = RUNPOD_VOLUME) -> RunPodConfig:
+        env = os.environ if env is None else env
+        base = RunPodConfig()
+        values: dict[str, object] = {}
+        for name, field in (("RUNPOD_CONCURRENCY", "concurrency"), ("RUNPOD_MAX_INLINE_BYTES", "max_inline_bytes"),
+                            ("RUNPOD_S3_URL_EXPIRES", "url_expires")):
+            text = env.get(name, "").strip()
+            if text:
+                values[field] = _parse(name, field, text, getattr(base, field))
+        if values.get("concurrency", 0) < 0:
+            raise ConfigError("RUNPOD_CONCURRENCY must be >= 0 (0 = the engine's stream slots)")
+        if values.get("max_inline_bytes", base.max_inline_bytes) < 1024 or values.get("url_expires", 1) < 1:
+            raise ConfigError("RUNPOD_MAX_INLINE_BYTES must be >= 1024 and RUNPOD_S3_URL_EXPIRES >= 1")
+        mounted = volume if volume.is_dir() else None
+        data = env.get("TTS_DATA_DIR", "").strip()
+        data_dir = Path(data) if data else (mounted / "voices" if mounted else base.data_dir)
+        return replace(base, s3_bucket=env.get("RUNPOD_S3_BUCKET", "").strip() or None, volume=mounted,
+                       data_dir=data_dir, progress_updates=bool(env.get("RUNPOD_WEBHOOK_POST_OUTPUT")), **values)
+
+    def engine_defaults(self, env: Mapping[str, str] | None = None) -> dict:
+        """With a network volume, the model and the kernel cache live on it unless set explicitly."""
+        env = os.environ if env is None else env
+        if self.volume is None:
+            return {}
+        out: dict[str, Path] = {}
+        if not env.get("TTS_MODEL_DIR", "").strip():
+            out["model_dir"] = self.volume / "models" / "openaudio-s1-mini"
+        if not env.get("TTS_CACHE_DIR", "").strip():
+            out["cache_dir"] = self.volume / "kernel-cache"
+        return out
 
 _DTYPES = ("auto", "bfloat16", "float16", "float32")
 _LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
@@ -172,11 +242,13 @@ def validate(cfg: EngineConfig) -> EngineConfig:
 @dataclass(frozen=True)
 class DownloadConfig:
     hf_token: str | None = None
+    model_source: str | None = None  # fetched into TTS_MODEL_DIR at start when that is empty
 
     @staticmethod
     def from_env(env: Mapping[str, str] | None = None) -> DownloadConfig:
         env = os.environ if env is None else env
-        return DownloadConfig(hf_token=env.get("HF_TOKEN") or None)
+        return DownloadConfig(hf_token=env.get("HF_TOKEN") or None,
+                              model_source=env.get("TTS_MODEL_SOURCE", "").strip() or None)
 
 
 def from_env(env: Mapping[str, str] | None = None, **overrides) -> EngineConfig:

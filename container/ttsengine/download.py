@@ -120,3 +120,41 @@ def download_s3(uri: str, dest: Path) -> Path:
         raise DownloadError(f"{uri}: {e}") from None
     verify_model_dir(dest)
     return dest
+
+
+def fetch(source: str, dest: Path, token: str | None = None) -> Path:
+    """source: hf://owner/name[@revision], s3://bucket/prefix-or-tarball, or a local model directory."""
+    if source.startswith("hf://"):
+        repo, _, revision = source[5:].partition("@")
+        return download_hf(repo, dest, token=token, revision=revision or None)
+    if source.startswith("s3://"):
+        return download_s3(source, dest)
+    local = Path(source)
+    if not local.is_dir():
+        raise DownloadError(f"TTS_MODEL_SOURCE={source!r}: not hf://..., s3://... or an existing directory")
+    verify_model_dir(local)
+    dest.mkdir(parents=True, exist_ok=True)
+    shutil.copytree(local, dest, dirs_exist_ok=True)
+    return dest
+
+
+def ensure_model(model_dir: Path, source: str | None, token: str | None = None) -> Path:
+    """A complete model_dir as it is; otherwise fetched once from `source` (a volume keeps it for the next
+    start). Fetches into a temporary sibling and renames, so an interrupted download is never mistaken
+    for a model."""
+    model_dir = Path(model_dir)
+    try:
+        verify_model_dir(model_dir)
+        return model_dir
+    except CheckpointError:
+        if not source:
+            raise
+    log.info("model not found in %s: fetching %s", model_dir, source)
+    model_dir.parent.mkdir(parents=True, exist_ok=True)
+    partial = model_dir.with_name(model_dir.name + ".partial")
+    fetch(source, partial, token)
+    if model_dir.exists():
+        shutil.rmtree(model_dir)
+    partial.rename(model_dir)
+    return model_dir
+

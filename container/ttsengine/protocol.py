@@ -63,10 +63,11 @@ class FishTTSRequest(BaseModel):
     use_memory_cache: Literal["on", "off"] = "off"  # accepted; encoded references are always cached by content
     normalize: bool = True  # accepted; unused in S1 (as upstream)
     streaming: bool = False
-    max_new_tokens: int = 1024
-    top_p: float = 0.8
-    repetition_penalty: float = 1.1
-    temperature: float = 0.8
+    # None: the server's defaults, which are upstream's (1024 frames, 0.8, 1.1, 0.8) unless configured
+    max_new_tokens: int | None = None
+    top_p: float | None = None
+    repetition_penalty: float | None = None
+    temperature: float | None = None
     sample_rate: int | None = Field(None, ge=8000, le=48000)
 
 
@@ -157,4 +158,20 @@ def fish_job(body: dict, voices: VoiceStore | None) -> SpeechJob:
     return SpeechJob(synth, req.format, req.sample_rate, 1.0, streaming=req.streaming, characters=len(req.text))
 
 
-__all__ = ["FORMATS", "FishTTSRequest", "OpenAISpeechRequest", "SpeechJob", "fish_job", "openai_job", "parse_body"]
+def job_from_body(body: dict, voices: VoiceStore | None, check_only: bool = False) -> SpeechJob:
+    """Either schema, told apart by its text field: `input` means OpenAI's fields, `text` fish-speech's.
+    check_only validates without looking voices up (they may need a loaded model)."""
+    body = dict(body)
+    if "input" in body:
+        if check_only and body.get("voice") not in (None, *DEFAULT_VOICES):
+            body["voice"] = None
+        return openai_job(body, voices)
+    if "text" in body:
+        if check_only:
+            body.pop("reference_id", None)
+        return fish_job(body, voices)
+    raise InputError("the body needs `text` (fish-speech /v1/tts fields) or `input` (OpenAI speech fields)")
+
+
+__all__ = ["FORMATS", "FishTTSRequest", "OpenAISpeechRequest", "SpeechJob", "fish_job", "job_from_body", "openai_job",
+           "parse_body"]
