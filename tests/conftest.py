@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import random
 import socket
 import subprocess
 import sys
@@ -49,10 +50,45 @@ def engine():
     eng.close()
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+@pytest.fixture(scope="session")
+def s3_server():
+    """A local moto S3 server: yields the environment that points boto3 at it."""
+    from moto.server import ThreadedMotoServer
+
+    port = free_port()
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port)
+    server.start()
+    yield {"AWS_ENDPOINT_URL_S3": f"http://127.0.0.1:{port}", "AWS_ACCESS_KEY_ID": "test",
+           "AWS_SECRET_ACCESS_KEY": "test", "AWS_DEFAULT_REGION": "us-east-1"}
+    server.stop()
+
+
+def s3_client(env: dict):
+    import boto3
+
+    return boto3.client("s3", endpoint_url=env["AWS_ENDPOINT_URL_S3"], aws_access_key_id="test",
+                        aws_secret_access_key="test", region_name="us-east-1")
+
+
+def complete_model(dest: Path) -> Path:
+    """The tiny checkpoint with its codec_config.json inside, as a real model dir has it."""
+    import shutil
+
+    shutil.copytree(MODEL_DIR, dest)
+    shutil.copy(MODEL_DIR.parent / "codec_config.json", dest / "codec_config.json")
+    return dest
+
+
+def free_port(below: int = 65536) -> int:
+    """A free local port; `below` for servers that reject high ones (MMS takes at most 32767)."""
+    for _ in range(200):
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", 0 if below == 65536 else random.randrange(20000, below)))
+            except OSError:
+                continue
+            return s.getsockname()[1]
+    raise RuntimeError(f"no free port below {below}")
 
 
 def run_cli(*args: str, env: dict | None = None, timeout: float = 300) -> subprocess.CompletedProcess:

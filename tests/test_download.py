@@ -5,25 +5,17 @@ from __future__ import annotations
 import io
 import tarfile
 
-import boto3
 import pytest
-from conftest import MODEL_DIR, free_port, run_cli
+from conftest import MODEL_DIR, complete_model, run_cli, s3_client
 
 from ttsengine.download import verify_model_dir
-from ttsengine.errors import CheckpointError
+from ttsengine.errors import CheckpointError, DownloadError
 
 
 @pytest.fixture(scope="module")
-def s3_env():
-    from moto.server import ThreadedMotoServer
-
-    port = free_port()
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port)
-    server.start()
-    env = {"AWS_ENDPOINT_URL_S3": f"http://127.0.0.1:{port}", "AWS_ACCESS_KEY_ID": "test",
-           "AWS_SECRET_ACCESS_KEY": "test", "AWS_DEFAULT_REGION": "us-east-1"}
-    s3 = boto3.client("s3", endpoint_url=env["AWS_ENDPOINT_URL_S3"], aws_access_key_id="test",
-                      aws_secret_access_key="test", region_name="us-east-1")
+def s3_env(s3_server):
+    env = s3_server
+    s3 = s3_client(env)
     s3.create_bucket(Bucket="models")
     for f in MODEL_DIR.iterdir():
         s3.upload_file(str(f), "models", f"s1/tiny/{f.name}")
@@ -41,8 +33,7 @@ def s3_env():
         tar.addfile(info, io.BytesIO(b"bad"))
     s3.put_object(Bucket="models", Key="evil/model.tar.gz", Body=evil.getvalue())
     s3.put_object(Bucket="models", Key="partial/config.json", Body=b"{}")
-    yield env
-    server.stop()
+    return env
 
 
 def test_download_prefix_then_synthesize(s3_env, tmp_path):
@@ -96,3 +87,27 @@ def test_missing_credentials(s3_env, tmp_path, monkeypatch):
 def test_verify_names_every_missing_file(tmp_path):
     with pytest.raises(CheckpointError, match="missing: config.json, tokenizer.tiktoken"):
         verify_model_dir(tmp_path)
+
+
+def test_ensure_model_fetches_once_and_keeps_it(s3_env, tmp_path, monkeypatch):
+    from ttsengine.download import ensure_model
+
+    for k, v in s3_env.items():
+        monkeypatch.setenv(k, v)
+    target = tmp_path / "vol" / "models" / "s1"
+    assert ensure_model(target, "s3://models/s1/tiny") == target
+    verify_model_dir(target)
+    assert not (tmp_path / "vol" / "models" / "s1.partial").exists()
+    stamp = (target / "model.pth").stat().st_mtime_ns
+    assert ensure_model(target, "s3://models/no-such-prefix") == target  # complete: not fetched again
+    assert (target / "model.pth").stat().st_mtime_ns == stamp
+
+    local = ensure_model(tmp_path / "copy", str(complete_model(tmp_path / "src")))
+    assert (local / "codec_config.json").is_file()
+    with pytest.raises(CheckpointError, match="missing: config.json"):
+        ensure_model(tmp_path / "empty", None)
+    with pytest.raises(DownloadError, match="not hf://"):
+        ensure_model(tmp_path / "empty", str(tmp_path / "nowhere"))
+    with pytest.raises(DownloadError, match="no objects"):
+        ensure_model(tmp_path / "empty", "s3://models/nothing-here")
+    assert not (tmp_path / "empty").exists()

@@ -13,6 +13,7 @@ import torch
 from conftest import MODEL_DIR
 
 from ttsengine import Engine, EngineConfig, ReferenceEngine, SynthesisRequest
+from ttsengine.compat import no_tf32
 
 pytestmark = pytest.mark.gpu
 
@@ -86,10 +87,15 @@ def test_compiled_graphs_equal_eager_tokens_fp32():
         assert len(c) == len(e) and all(np.array_equal(a, b) for a, b in zip(c, e))
 
 
-def test_batched_gpu_engine_equals_reference_engine_fp32(monkeypatch):
-    # exact fp32 convs and matmuls (TF32 would put ~1e-3 differences between streamed and whole decode)
-    monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", False)
-    monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", False)
+@pytest.fixture
+def exact_fp32():
+    # exact fp32 convs and matmuls (TF32 would put ~1e-3 differences between streamed and whole decode);
+    # compat's context manager, because monkeypatch cannot undo torch 2.11's allow_tf32 property
+    with no_tf32():
+        yield
+
+
+def test_batched_gpu_engine_equals_reference_engine_fp32(exact_fp32):
     config = cfg(cuda_graphs="on", compile="off", dtype="float32", codec_dtype="float32")
     ref = ReferenceEngine.load(config)
     eng = Engine.load(config)

@@ -1,0 +1,1 @@
+"""The SageMaker adapter: inference.py (the four functions) and `serve` (BYOC)."""

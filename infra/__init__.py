@@ -1,0 +1,1 @@
+"""Deploy-time tools (SageMaker, RunPod). Never imported at run time."""

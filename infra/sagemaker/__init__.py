@@ -1,0 +1,1 @@
+"""SageMaker deploy-time tools."""
