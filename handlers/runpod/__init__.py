@@ -1,0 +1,1 @@
+"""RunPod serverless adapter: `python -m handlers runpod`."""

@@ -1,0 +1,168 @@
+"""The RunPod job handler: one async generator for every job, so RunPod's /stream delivers audio while it
+is made and /runsync (return_aggregate_stream) gets the same items as one list.
+
+A job's input holds the fields of /v1/tts (`text`, `references`, `reference_id`, `format`, `seed`, ...)
+or of OpenAI's speech API (`input`, `voice`, `response_format`, `speed`, ...), plus two worker options:
+  stream  true: items {"index", "audio" (base64, at most 1 MiB), "format", "content_type",
+          "sample_rate"} as audio is produced, then {"done": true, "seed", "frames", "bytes"}.
+          Default: the fish `streaming` field, else false.
+  upload  true: the whole file goes to RUNPOD_S3_BUCKET and the item carries its presigned `url`.
+Without `stream` the job yields one item: {"audio" | "url", "format", "content_type", "sample_rate",
+"seconds", "seed", "frames", "bytes"}. A file over RUNPOD_MAX_INLINE_BYTES is uploaded when a bucket
+is configured, and is an error saying what to do otherwise (never a silently dropped result).
+Errors are items {"error": "<json>"} with error_type, error_message and an HTTP-like status; the worker
+turns them into a FAILED job.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import logging
+from dataclasses import dataclass
+
+from ttsengine import (
+    CONTENT_TYPES,
+    BusyError,
+    Engine,
+    InputError,
+    MediaTypeError,
+    RunPodConfig,
+    TTSError,
+    VoiceStore,
+    audio_bytes,
+    output_rate,
+    whole,
+)
+from ttsengine.protocol import SpeechJob, job_from_body
+
+from .upload import upload
+
+log = logging.getLogger("handlers.runpod")
+PIECE_BYTES = 3 * (1 << 18)  # 768 KiB of audio -> exactly 1 MiB of base64
+OPTIONS = ("stream", "upload")
+PROGRESS_EVERY_S = 0.5
+
+
+class OutputTooLarge(InputError):
+    """The result is over the inline limit and there is nowhere to upload it."""
+
+
+@dataclass
+class Options:
+    stream: bool
+    upload: bool
+
+
+def b64(data: bytes) -> str:
+    return base64.b64encode(data).decode()
+
+
+def b64_size(n: int) -> int:
+    return 4 * ((n + 2) // 3)
+
+
+def error_item(error: BaseException) -> dict:
+    """RunPod's own handler-exception layout (error_type, error_message), plus a status code."""
+    status = 415 if isinstance(error, MediaTypeError) else 400 if isinstance(error, InputError) else \
+        503 if isinstance(error, BusyError) else 500
+    kind = {400: "invalid_input", 415: "invalid_input", 503: "busy"}.get(status, "server_error")
+    return {"error": json.dumps({"error_type": kind, "error_message": str(error), "status": status})}
+
+
+def parse_input(raw: object, voices: VoiceStore | None, cfg: RunPodConfig) -> tuple[SpeechJob, Options]:
+    if not isinstance(raw, dict):
+        raise InputError("input must be an object with `text` (fish-speech fields) or `input` (OpenAI fields)")
+    body = dict(raw)
+    opts = {k: body.pop(k) for k in OPTIONS if k in body}
+    for k, v in opts.items():
+        if not isinstance(v, bool):
+            raise InputError(f"{k}: must be true or false")
+    job = job_from_body(body, voices)
+    fish_streaming = "text" in body and bool(body.get("streaming"))
+    options = Options(stream=opts.get("stream", fish_streaming), upload=opts.get("upload", False))
+    if options.upload and not cfg.s3_bucket:
+        raise InputError("upload: this worker has no bucket; set RUNPOD_S3_BUCKET on the endpoint")
+    return job, options
+
+
+class JobHandler:
+    def __init__(self, engine: Engine, voices: VoiceStore | None, cfg: RunPodConfig, progress=None):
+        self.engine, self.voices, self.cfg = engine, voices, cfg
+        self.progress = progress  # progress(job, dict) or None (RunPod's local test API has nowhere to send it)
+
+    def concurrency(self, current: int) -> int:
+        """RunPod's concurrency_modifier: take as many jobs as the engine has stream slots, so concurrent
+        jobs decode in one batch on the GPU (RUNPOD_CONCURRENCY overrides)."""
+        return self.cfg.concurrency or self.engine.settings.runner.max_slots
+
+    async def run(self, job: dict):
+        try:
+            speech, opts = parse_input(job.get("input"), self.voices, self.cfg)
+            stream = await asyncio.to_thread(self.engine.submit, speech.request)
+        except TTSError as e:
+            yield error_item(e)
+            return
+        watcher = asyncio.create_task(self._report_progress(job, stream)) if self.progress else None
+        try:
+            items = self._streamed(stream, speech) if opts.stream else self._whole(job, stream, speech, opts)
+            async for item in items:
+                yield item
+        except TTSError as e:
+            log.warning("job %s failed: %s", job.get("id"), e)
+            yield error_item(e)
+        finally:
+            if not stream.done:
+                stream.cancel()  # stopped by RunPod (task cancelled) or failed: free the slot now
+            if watcher:
+                watcher.cancel()
+
+    async def _streamed(self, stream, speech: SpeechJob):
+        fmt, index, total = speech.format, 0, 0
+        rate = output_rate(fmt, stream.sample_rate, speech.sample_rate)
+        async for data in audio_bytes(stream, speech):
+            for at in range(0, len(data), PIECE_BYTES):
+                piece = data[at:at + PIECE_BYTES]
+                total += len(piece)
+                yield {"index": index, "audio": b64(piece), "format": fmt, "content_type": CONTENT_TYPES[fmt],
+                       "sample_rate": rate}
+                index += 1
+        if b64_size(total) > self.cfg.max_inline_bytes:
+            # every piece went out on /stream; /runsync's aggregate of them may exceed RunPod's limit
+            log.warning("streamed %d bytes: over the inline limit for clients that read the aggregate", total)
+        yield {"done": True, "seed": stream.seed, "frames": sum(r.frames for r in stream.reports), "bytes": total,
+               "pieces": index}
+
+    async def _whole(self, job: dict, stream, speech: SpeechJob, opts: Options):
+        audio = await whole(stream, speech)
+        item = {"format": speech.format, "content_type": audio.content_type, "sample_rate": audio.sample_rate,
+                "seconds": round(audio.seconds, 3), "seed": stream.seed,
+                "frames": sum(r.frames for r in stream.reports), "bytes": len(audio.data)}
+        too_big = b64_size(len(audio.data)) > self.cfg.max_inline_bytes
+        if opts.upload or too_big:
+            if not self.cfg.s3_bucket:
+                raise OutputTooLarge(
+                    f"the audio is {len(audio.data)} bytes, over this worker's inline limit of "
+                    f"{self.cfg.max_inline_bytes} (base64): ask for \"stream\": true, a compressed format (mp3, "
+                    "opus), or configure RUNPOD_S3_BUCKET and send \"upload\": true")
+            key = f"tts/{job.get('id', 'job')}.{speech.format}"
+            item["url"] = await asyncio.to_thread(upload, audio.data, self.cfg.s3_bucket, key, audio.content_type,
+                                                  self.cfg.url_expires)
+            item["uploaded"] = "requested" if opts.upload else "over the inline limit"
+        else:
+            item["audio"] = b64(audio.data)
+        yield item
+
+    async def _report_progress(self, job: dict, stream) -> None:
+        """One update per finished text chunk of a long text."""
+        total, sent = len(stream.plan.texts), 0
+        if total < 2:
+            return
+        while not stream.done:
+            await asyncio.sleep(PROGRESS_EVERY_S)
+            done = len(stream.reports)
+            if done > sent:
+                sent = done
+                self.progress(job, {"text_chunks_done": done, "text_chunks": total,
+                                    "frames": sum(r.frames for r in stream.reports)})
