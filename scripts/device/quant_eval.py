@@ -79,6 +79,7 @@ def main() -> None:
                        torch.randint(0, 1024, (1, 9, 64), generator=g)], 1).to(DEV)
     ref = outputs(base, prompt, codes)
     for mode in MODES:
+        torch.cuda.reset_peak_memory_stats()
         try:
             ck, how = quantized(base, mode)
             logits, frames, audio = outputs(ck, prompt, codes)
@@ -92,7 +93,8 @@ def main() -> None:
             ms = step_ms(ck.model)
             row.update({"step_ms_bb64": ms[64], "step_ms_bb2": ms[2], "llm_frames_per_s_64": 64e3 / ms[64],
                         "llm_frames_per_s_1": 1e3 / ms[2], "compile_and_capture_s": time.perf_counter() - t,
-                        "vram_allocated_gb": torch.cuda.memory_allocated() / 1e9})
+                        "vram_allocated_gb": torch.cuda.memory_allocated() / 1e9,
+                        "peak_vram_gb": torch.cuda.max_memory_allocated() / 1e9})
         except Exception as e:  # noqa: BLE001 - report and go on to the next mode
             row = {"mode": mode, "error": f"{type(e).__name__}: {str(e)[:300]}"}
         print(json.dumps(row), flush=True)
