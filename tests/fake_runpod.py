@@ -21,6 +21,7 @@ class FakeQueue:
         self.jobs: deque[dict] = deque()
         self.to_stop: list[str] = []
         self.streamed: dict[str, list] = defaultdict(list)
+        self.stream_times: dict[str, list[float]] = defaultdict(list)
         self.progress: dict[str, list] = defaultdict(list)
         self.done: dict[str, dict] = {}
         self.taken: list[tuple[float, list[str]]] = []  # (time, ids) per take call that returned jobs
@@ -103,6 +104,7 @@ class FakeQueue:
         with self.cond:
             if kind == "job-stream":
                 self.streamed[job_id].append(body.get("output"))
+                self.stream_times[job_id].append(time.time())
             elif body.get("status") == "IN_PROGRESS":
                 self.progress[job_id].append(body.get("output"))
             else:

@@ -186,7 +186,7 @@ def test_worker_loop_streams_batches_reports_progress_and_drains(tmp_path):
     queue.submit("bad", {"text": "x", "temperature": 7})
     queue.submit("long", {"text": "The first sentence is right here. The second sentence is right here. "
                                   "The third sentence is right here. The fourth sentence is right here.",
-                          "chunk_length": 50, "seed": 3, "max_new_tokens": 48})  # long enough for updates
+                          "chunk_length": 50, "seed": 3, "max_new_tokens": 48, "stream": True})
     queue.submit("stopped", {"text": "Long. " * 40, "stream": True, "max_new_tokens": 3000})
     proc = start_worker(tmp_path, queue.env())
     try:
@@ -197,6 +197,8 @@ def test_worker_loop_streams_batches_reports_progress_and_drains(tmp_path):
         assert "stopped" not in queue.done  # a stopped job posts nothing; its slot is freed
         assert max(len(ids) for _, ids in queue.taken) >= 2, queue.taken  # jobs taken together, batched
         assert any(r.startswith("GET /job-take-batch/fake-worker") for r in queue.requests)
+        a, b = queue.stream_times["stream"], queue.stream_times["long"]  # taken in one batch
+        assert a[0] < b[-1] and b[0] < a[-1], (a, b)  # both streams ran at once: one engine batch
 
         *pieces, done = queue.streamed["stream"]
         assert done["done"] and done["seed"] == 1 and pieces and pieces[0]["sample_rate"] == 24000
@@ -208,12 +210,17 @@ def test_worker_loop_streams_batches_reports_progress_and_drains(tmp_path):
         err = json.loads(queue.done["bad"]["error"])
         assert err["status"] == 400 and "temperature" in err["error_message"]
 
-        (long_item,) = queue.done["long"]["output"]
+        long_item = queue.done["long"]["output"][-1]
         assert [c["text_chunks"] for c in queue.progress["long"]] == [4] * len(queue.progress["long"])
         done_counts = [c["text_chunks_done"] for c in queue.progress["long"]]  # one per finished chunk, polled
         assert done_counts and done_counts == sorted(set(done_counts)) and 1 <= done_counts[-1] <= 4, done_counts
         assert long_item["frames"] >= done_counts[-1]
-        assert stop_worker(proc) == 0  # SIGTERM: the loop drains and exits cleanly
+        # SIGTERM with a job in flight: the loop takes nothing new, finishes the job, posts it, exits 0
+        queue.submit("inflight", {"text": "Drain me now. " * 8, "stream": True, "max_new_tokens": 120})
+        queue.wait_streamed("inflight", 1, timeout=60)
+        assert "inflight" not in queue.done
+        assert stop_worker(proc) == 0
+        assert queue.done["inflight"]["output"][-1]["done"] is True, queue.done["inflight"]
     finally:
         stop_worker(proc)
         queue.stop()
