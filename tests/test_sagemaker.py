@@ -19,7 +19,7 @@ import httpx
 import numpy as np
 import pytest
 import soundfile as sf
-from conftest import MODEL_DIR, ROOT, free_port
+from conftest import MODEL_DIR, ROOT, free_port, run_cli
 
 FRAMES = 20
 
@@ -199,3 +199,27 @@ model.engine.close()
     assert run.returncode == 0, run.stderr[-2000:]
     ctype, size = run.stdout.split()
     assert ctype == "audio/wav" and int(size) == 44 + 11 * 2048 * 2
+
+
+def test_invoke_cli_through_sagemaker_runtime_api(serve, tmp_path):
+    """infra.sagemaker.invoke calls InvokeEndpoint with boto3; `serve` also answers SageMaker Runtime's path."""
+    url, _ = serve
+    env = {"AWS_ACCESS_KEY_ID": "x", "AWS_SECRET_ACCESS_KEY": "x", "AWS_DEFAULT_REGION": "us-east-1"}
+    for name in ("out.wav", "out.mp3"):
+        proc = run_cli("infra.sagemaker.invoke", "--name", "tts", "--text", "Through boto3.", "--seed", "3",
+                       "--out", str(tmp_path / name), "--endpoint-url", url, env=env)
+        assert proc.returncode == 0, proc.stderr
+    assert (tmp_path / "out.wav").read_bytes()[:4] == b"RIFF"
+    assert (tmp_path / "out.mp3").stat().st_size > 1000
+    bad = run_cli("infra.sagemaker.invoke", "--name", "tts", "--text", "x", "--out", str(tmp_path / "x.exe"),
+                  "--endpoint-url", url, env=env)
+    assert bad.returncode == 1 and "use one of" in bad.stderr and "Traceback" not in bad.stderr
+
+
+def test_stream_records_survive_any_payload_split():
+    from infra.sagemaker.invoke import records
+
+    lines = b'{"index": 0, "audio": "AAAA"}\n{"index": 1, "audio": "BBBB"}\n{"done": true}\n'
+    for cut in range(1, len(lines)):
+        parts = [lines[:cut], lines[cut:]]
+        assert [r.get("index", "done") for r in records(parts)] == [0, 1, "done"]

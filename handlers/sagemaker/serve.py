@@ -97,7 +97,10 @@ def create_app(server: ServerConfig, model_dir: Path, loader=inference.model_fn)
             return error(503, "the model is loading")
         return {"status": "ready"}
 
+    # the second path is SageMaker Runtime's own (InvokeEndpoint), so boto3 with endpoint_url= can call
+    # this server directly in local tests
     @app.post("/invocations")
+    @app.post("/endpoints/{endpoint_name}/invocations", include_in_schema=False)
     async def invocations(request: Request):
         if state["error"]:
             return error(500, f"the model failed to load: {state['error']}")

@@ -10,6 +10,7 @@ code/requirements.txt (our dependencies, minus torch and numpy, which the contai
 from __future__ import annotations
 
 import argparse
+import gzip
 import io
 import sys
 import tarfile
@@ -27,6 +28,11 @@ def requirements() -> str:
     deps = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
     keep = [d for d in deps if d.split(">")[0].split("=")[0].split("<")[0].strip().lower() not in CONTAINER_PROVIDES]
     return "\n".join(keep) + "\n"
+
+
+def _normalized(info: tarfile.TarInfo) -> tarfile.TarInfo:
+    info.mtime, info.uid, info.gid, info.uname, info.gname = 0, 0, 0, "", ""
+    return info
 
 
 def _add_bytes(tar: tarfile.TarFile, name: str, data: bytes) -> None:
@@ -51,18 +57,20 @@ def build(model_dir: Path, out: Path, code: bool = False, cache_blob: Path | Non
     if not (model_dir / "codec_config.json").is_file() and (model_dir.parent / "codec_config.json").is_file():
         files.append(model_dir.parent / "codec_config.json")  # the golden test-set layout
     out.parent.mkdir(parents=True, exist_ok=True)
-    with tarfile.open(out, "w:gz") as tar:
+    # reproducible: the same inputs give the same bytes (deploy uploads once per content hash)
+    with open(out, "wb") as raw, gzip.GzipFile(fileobj=raw, mode="wb", mtime=0) as gz, \
+            tarfile.open(fileobj=gz, mode="w") as tar:
         for f in files:
-            tar.add(f, arcname=f.name)
+            tar.add(f, arcname=f.name, filter=_normalized)
         voices = model_dir / "voices"
         if voices.is_dir():
-            tar.add(voices, arcname="voices")
+            tar.add(voices, arcname="voices", filter=_normalized)
         if cache_blob is not None:
-            tar.add(cache_blob, arcname=f"kernel-cache/{Path(cache_blob).name}")
+            tar.add(cache_blob, arcname=f"kernel-cache/{Path(cache_blob).name}", filter=_normalized)
         if code:
-            tar.add(ROOT / "handlers" / "sagemaker" / "inference.py", arcname="code/inference.py")
+            tar.add(ROOT / "handlers" / "sagemaker" / "inference.py", arcname="code/inference.py", filter=_normalized)
             tar.add(ROOT / "container" / "ttsengine", arcname="code/ttsengine",
-                    filter=lambda t: None if "__pycache__" in t.name else t)
+                    filter=lambda t: None if "__pycache__" in t.name else _normalized(t))
             _add_bytes(tar, "code/requirements.txt", requirements().encode())
     with tarfile.open(out) as tar:
         return tar.getnames()

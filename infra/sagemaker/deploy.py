@@ -1,0 +1,287 @@
+"""`python -m infra.sagemaker.deploy deploy|delete|instance-types ...`: one command per step of a SageMaker
+endpoint's life, with boto3.
+
+deploy  packages model.tar.gz (weights, optional kernel-cache blob, optional script-mode code/) or takes
+        --model-data s3://..., uploads it, creates a model and a new endpoint config, then creates the
+        endpoint or updates it in place to the new config (SageMaker swaps instances without downtime),
+        waits with a progress line, and (with --max-instances) registers target-tracking autoscaling on
+        invocations per instance. --async-output makes it an asynchronous-inference endpoint.
+delete  the endpoint, its configs and models (by the name prefix this tool gives them), the autoscaling.
+Idempotent: running deploy again with the same inputs reuses the uploaded archive and updates in place.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from . import package
+
+# GPU and VRAM per GPU of the instance types we suggest. S1-mini needs (measured on an H100, random weights
+# of the real shapes): weights bf16 2.53 GB (LLM 1.75 + codec 0.78), int8 1.57 GB; peak with 64 streams of
+# 256-token contexts bf16 6.5 GB. Every type below holds bf16 with room for a large KV pool; the engine sizes
+# the pool from free memory. Multi-GPU instances run one copy on GPU 0 (run one container per GPU for more).
+# T4 (ml.g4dn) has no fast bf16: set TTS_DTYPE=float16 there.
+INSTANCE_TYPES = {
+    "ml.g4dn.xlarge": ("T4", 16), "ml.g5.xlarge": ("A10G", 24), "ml.g5.2xlarge": ("A10G", 24),
+    "ml.g6.xlarge": ("L4", 24), "ml.g6.2xlarge": ("L4", 24), "ml.g6e.xlarge": ("L40S", 48),
+    "ml.p4d.24xlarge": ("8x A100", 40), "ml.p5.48xlarge": ("8x H100", 80),
+}
+NEEDS_GB = {"bf16": 2.53, "int8": 1.57}  # weights; plus the KV pool
+VARIANT = "AllTraffic"
+SCALABLE_DIMENSION = "sagemaker:variant:DesiredInstanceCount"
+
+
+class DeployError(Exception):
+    """One line a user can act on."""
+
+
+@dataclass(frozen=True)
+class DeploySpec:
+    name: str
+    image: str
+    role: str
+    instance_type: str = "ml.g5.xlarge"
+    instance_count: int = 1
+    bucket: str | None = None
+    model_dir: Path | None = None
+    model_data: str | None = None  # s3:// URI of an existing model.tar.gz
+    code: bool = False
+    cache_blob: Path | None = None
+    env: dict = field(default_factory=dict)
+    startup_timeout_s: int = 1200  # first start compiles unless a kernel-cache blob is shipped
+    async_output: str | None = None
+    sns_topic: str | None = None
+    min_instances: int = 1
+    max_instances: int = 0  # 0: no autoscaling
+    target_invocations: float = 100.0  # per instance per minute
+    scale_in: bool = True
+
+
+def _clients(region: str | None, session=None):
+    import boto3
+
+    session = session or boto3.session.Session(region_name=region)
+    if not session.region_name:
+        raise DeployError("no AWS region: pass --region or set AWS_DEFAULT_REGION")
+    return session.client("s3"), session.client("sagemaker"), session.client("application-autoscaling")
+
+
+def _aws_error(e: Exception, what: str) -> DeployError:
+    code = getattr(e, "response", {}).get("Error", {}).get("Code", type(e).__name__)
+    message = getattr(e, "response", {}).get("Error", {}).get("Message", str(e))
+    hints = {"AccessDeniedException": "the credentials lack the SageMaker permissions",
+             "ResourceLimitExceeded": "an account quota is exhausted: ask AWS for more of this instance type",
+             "ValidationException": "a parameter was rejected"}
+    hint = next((h for k, h in hints.items() if k in code), "")
+    return DeployError(f"{what}: {code}: {message}" + (f" ({hint})" if hint else ""))
+
+
+def model_archive(spec: DeploySpec, s3) -> str:
+    """-> the s3:// URI of model.tar.gz (uploaded once per content hash)."""
+    if spec.model_data:
+        return spec.model_data
+    if not spec.bucket or spec.model_dir is None:
+        raise DeployError("give --model-data s3://..., or --model-dir with --bucket")
+    with tempfile.TemporaryDirectory() as tmp:
+        archive = Path(tmp) / "model.tar.gz"
+        try:
+            package.build(spec.model_dir, archive, spec.code, spec.cache_blob)
+        except SystemExit as e:
+            raise DeployError(str(e)) from None
+        digest = hashlib.sha256(archive.read_bytes()).hexdigest()[:16]
+        key = f"{spec.name}/model-{digest}.tar.gz"
+        try:
+            s3.head_object(Bucket=spec.bucket, Key=key)
+            print(f"deploy: s3://{spec.bucket}/{key} already uploaded")
+        except Exception:  # noqa: BLE001 - absent (404) or unreadable: upload
+            try:
+                s3.upload_file(str(archive), spec.bucket, key)
+            except Exception as e:  # noqa: BLE001
+                raise _aws_error(e, f"upload to s3://{spec.bucket}/{key}") from None
+            print(f"deploy: uploaded s3://{spec.bucket}/{key} ({archive.stat().st_size / 1e6:.1f} MB)")
+    return f"s3://{spec.bucket}/{key}"
+
+
+def deploy(spec: DeploySpec, region: str | None = None, wait: bool = True, poll_s: float = 15, session=None) -> dict:
+    if spec.instance_type not in INSTANCE_TYPES:
+        print(f"deploy: note: {spec.instance_type} is not in the tested table ({', '.join(INSTANCE_TYPES)})")
+    s3, sm, aas = _clients(region, session)
+    data = model_archive(spec, s3)
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    model_name, config_name = f"{spec.name}-{stamp}", f"{spec.name}-{stamp}"
+    env = dict(spec.env)
+    if spec.cache_blob is not None:
+        env.setdefault("TTS_CACHE_DIR", "/opt/ml/model/kernel-cache")
+    try:
+        sm.create_model(ModelName=model_name, ExecutionRoleArn=spec.role,
+                        PrimaryContainer={"Image": spec.image, "ModelDataUrl": data, "Environment": env})
+        variant = {"VariantName": VARIANT, "ModelName": model_name, "InstanceType": spec.instance_type,
+                   "InitialInstanceCount": spec.instance_count,
+                   "ContainerStartupHealthCheckTimeoutInSeconds": spec.startup_timeout_s,
+                   "ModelDataDownloadTimeoutInSeconds": 1200}
+        config = {"EndpointConfigName": config_name, "ProductionVariants": [variant]}
+        if spec.async_output:
+            output = {"S3OutputPath": spec.async_output}
+            if spec.sns_topic:
+                output["NotificationConfig"] = {"SuccessTopic": spec.sns_topic, "ErrorTopic": spec.sns_topic}
+            config["AsyncInferenceConfig"] = {"OutputConfig": output,
+                                              "ClientConfig": {"MaxConcurrentInvocationsPerInstance": 64}}
+        sm.create_endpoint_config(**config)
+        if _endpoint_status(sm, spec.name) is None:
+            sm.create_endpoint(EndpointName=spec.name, EndpointConfigName=config_name)
+            action = "creating"
+        else:
+            sm.update_endpoint(EndpointName=spec.name, EndpointConfigName=config_name)
+            action = "updating"
+    except DeployError:
+        raise
+    except Exception as e:  # noqa: BLE001 - botocore's ClientError and friends
+        raise _aws_error(e, f"deploy {spec.name}") from None
+    print(f"deploy: {action} endpoint {spec.name} with config {config_name} ({spec.instance_type} x"
+          f"{spec.instance_count})")
+    status = wait_in_service(sm, spec.name, poll_s) if wait else _endpoint_status(sm, spec.name)
+    if spec.max_instances:
+        autoscale(aas, spec)
+    return {"endpoint": spec.name, "config": config_name, "model": model_name, "model_data": data, "status": status}
+
+
+def _endpoint_status(sm, name: str) -> str | None:
+    try:
+        return sm.describe_endpoint(EndpointName=name)["EndpointStatus"]
+    except Exception as e:  # noqa: BLE001
+        if "Could not find" in str(e) or "ValidationException" in str(e):
+            return None
+        raise
+
+
+def wait_in_service(sm, name: str, poll_s: float, timeout_s: float = 3600) -> str:
+    start = time.time()
+    while True:
+        desc = sm.describe_endpoint(EndpointName=name)
+        status = desc["EndpointStatus"]
+        print(f"\rdeploy: {name}: {status} ({time.time() - start:.0f} s)", end="", flush=True)
+        if status == "InService":
+            print()
+            return status
+        if status == "Failed":
+            print()
+            raise DeployError(f"endpoint {name} failed: {desc.get('FailureReason', 'no reason given')} "
+                              "(CloudWatch log group /aws/sagemaker/Endpoints/" + name + ")")
+        if time.time() - start > timeout_s:
+            print()
+            raise DeployError(f"endpoint {name} still {status} after {timeout_s:.0f} s")
+        time.sleep(poll_s)
+
+
+def autoscale(aas, spec: DeploySpec) -> None:
+    resource = f"endpoint/{spec.name}/variant/{VARIANT}"
+    aas.register_scalable_target(ServiceNamespace="sagemaker", ResourceId=resource,
+                                 ScalableDimension=SCALABLE_DIMENSION, MinCapacity=spec.min_instances,
+                                 MaxCapacity=spec.max_instances)
+    aas.put_scaling_policy(
+        PolicyName=f"{spec.name}-invocations", ServiceNamespace="sagemaker", ResourceId=resource,
+        ScalableDimension=SCALABLE_DIMENSION, PolicyType="TargetTrackingScaling",
+        TargetTrackingScalingPolicyConfiguration={
+            "TargetValue": spec.target_invocations,
+            "PredefinedMetricSpecification": {"PredefinedMetricType": "SageMakerVariantInvocationsPerInstance"},
+            "ScaleInCooldown": 600, "ScaleOutCooldown": 60, "DisableScaleIn": not spec.scale_in})
+    print(f"deploy: autoscaling {spec.min_instances}..{spec.max_instances} instances at "
+          f"{spec.target_invocations:g} invocations/instance/min{'' if spec.scale_in else ', scale-in disabled'}")
+
+
+def delete(name: str, region: str | None = None, session=None) -> list[str]:
+    """-> what was deleted. Safe to run twice."""
+    _, sm, aas = _clients(region, session)
+    gone = []
+    resource = f"endpoint/{name}/variant/{VARIANT}"
+    try:
+        aas.deregister_scalable_target(ServiceNamespace="sagemaker", ResourceId=resource,
+                                       ScalableDimension=SCALABLE_DIMENSION)
+        gone.append(f"autoscaling {resource}")
+    except Exception:  # noqa: BLE001 - none registered
+        pass
+    if _endpoint_status(sm, name) is not None:
+        sm.delete_endpoint(EndpointName=name)
+        gone.append(f"endpoint {name}")
+    for config in sm.list_endpoint_configs(NameContains=name)["EndpointConfigs"]:
+        if config["EndpointConfigName"].startswith(f"{name}-"):
+            sm.delete_endpoint_config(EndpointConfigName=config["EndpointConfigName"])
+            gone.append(f"endpoint config {config['EndpointConfigName']}")
+    for model in sm.list_models(NameContains=name)["Models"]:
+        if model["ModelName"].startswith(f"{name}-"):
+            sm.delete_model(ModelName=model["ModelName"])
+            gone.append(f"model {model['ModelName']}")
+    return gone
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m infra.sagemaker.deploy", description=__doc__.splitlines()[0])
+    sub = ap.add_subparsers(dest="command", required=True)
+    d = sub.add_parser("deploy", help="create or update an endpoint")
+    d.add_argument("--name", required=True)
+    d.add_argument("--image", required=True, help="ECR image URI (infra/sagemaker/ecr.sh builds and pushes it)")
+    d.add_argument("--role", required=True, help="SageMaker execution role ARN")
+    d.add_argument("--model-dir", type=Path)
+    d.add_argument("--model-data", help="an existing s3://.../model.tar.gz instead of --model-dir")
+    d.add_argument("--bucket", help="where model.tar.gz is uploaded")
+    d.add_argument("--code", action="store_true", help="add script-mode code/ (AWS PyTorch containers)")
+    d.add_argument("--cache-blob", type=Path, help="kernel-cache blob from `python -m ttsengine warm`")
+    d.add_argument("--instance-type", default="ml.g5.xlarge")
+    d.add_argument("--instance-count", type=int, default=1)
+    d.add_argument("--env", action="append", default=[], metavar="KEY=VALUE", help="container environment")
+    d.add_argument("--startup-timeout", type=int, default=1200, help="ContainerStartupHealthCheckTimeoutInSeconds")
+    d.add_argument("--async-output", help="s3:// prefix: an asynchronous-inference endpoint")
+    d.add_argument("--sns-topic", help="SNS topic ARN notified when async results land")
+    d.add_argument("--min-instances", type=int, default=1)
+    d.add_argument("--max-instances", type=int, default=0, help="> 0 enables autoscaling")
+    d.add_argument("--target-invocations", type=float, default=100.0)
+    d.add_argument("--no-scale-in", action="store_true", help="never remove instances automatically")
+    d.add_argument("--no-wait", action="store_true")
+    x = sub.add_parser("delete", help="delete the endpoint, its configs, models and autoscaling")
+    x.add_argument("--name", required=True)
+    sub.add_parser("instance-types", help="the GPU instance table")
+    for p in (d, x):
+        p.add_argument("--region")
+    args = ap.parse_args(argv)
+    try:
+        if args.command == "instance-types":
+            print(f"{'instance':<18} {'GPU':<9} {'VRAM/GPU':>8}  weights bf16 {NEEDS_GB['bf16']} GB, int8 "
+                  f"{NEEDS_GB['int8']} GB; 64 streams bf16 ~6.5 GB peak")
+            for name, (gpu, gb) in INSTANCE_TYPES.items():
+                print(f"{name:<18} {gpu:<9} {gb:>5} GB")
+            return 0
+        if args.command == "delete":
+            for item in delete(args.name, args.region) or ["nothing to delete"]:
+                print(f"delete: {item}")
+            return 0
+        env = {}
+        for item in args.env:
+            key, sep, value = item.partition("=")
+            if not sep or not key:
+                raise DeployError(f"--env {item!r}: expected KEY=VALUE")
+            env[key] = value
+        spec = DeploySpec(args.name, args.image, args.role, args.instance_type, args.instance_count, args.bucket,
+                          args.model_dir, args.model_data, args.code, args.cache_blob, env, args.startup_timeout,
+                          args.async_output, args.sns_topic, args.min_instances, args.max_instances,
+                          args.target_invocations, not args.no_scale_in)
+        result = deploy(spec, args.region, wait=not args.no_wait)
+        print(f"deploy: {result['endpoint']} {result['status']}")
+        return 0
+    except DeployError as e:
+        print(f"deploy: {e}", file=sys.stderr)
+        return 1
+    except Exception as e:  # noqa: BLE001 - botocore errors (credentials, network, service): one line
+        if type(e).__module__.split(".")[0] not in ("botocore", "boto3"):
+            raise
+        print(f"deploy: {_aws_error(e, args.command)}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
