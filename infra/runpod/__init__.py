@@ -1,0 +1,1 @@
+"""RunPod deploy and invoke tools."""

@@ -1,0 +1,129 @@
+"""`python -m infra.runpod.deploy [--spec infra/runpod/endpoint.json] [--image IMAGE] [--volume ID] [--env K=V]`
+
+Creates or updates a RunPod serverless endpoint with the runpod SDK's API functions (RUNPOD_API_KEY).
+Idempotent: the template's name carries a hash of image, start command, disk and env, so an unchanged spec
+reuses the template; a changed one gets a new template and the endpoint is switched to it
+(update_endpoint_template); scaling settings that differ are saved on the existing endpoint.
+With a network volume (--volume), the worker keeps the model and the kernel cache on it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import sys
+from pathlib import Path
+
+SPEC = Path(__file__).with_name("endpoint.json")
+SCALING = ("gpuIds", "gpuCount", "networkVolumeId", "workersMin", "workersMax", "idleTimeout", "scalerType",
+           "scalerValue")
+
+
+class DeployError(Exception):
+    pass
+
+
+def load_spec(path: Path, image: str | None, volume: str | None, env: list[str]) -> dict:
+    try:
+        spec = json.loads(Path(path).read_text())
+    except (OSError, ValueError) as e:
+        raise DeployError(f"{path}: {e}") from None
+    for section, keys in (("template", ("name", "image", "containerDiskInGb", "env")), ("endpoint", SCALING)):
+        missing = [k for k in keys if k not in spec.get(section, {})]
+        if missing:
+            raise DeployError(f"{path}: {section} lacks {', '.join(missing)}")
+    if image:
+        spec["template"]["image"] = image
+    if volume is not None:
+        spec["endpoint"]["networkVolumeId"] = volume
+    for item in env:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise DeployError(f"--env {item!r}: expected KEY=VALUE")
+        spec["template"]["env"][key] = value
+    if "YOUR_ORG" in spec["template"]["image"]:
+        raise DeployError("set the image: --image REGISTRY/fish-tts-server:TAG (or edit endpoint.json)")
+    return spec
+
+
+def template_name(t: dict) -> str:
+    digest = hashlib.sha256(json.dumps([t["image"], t.get("dockerArgs", ""), t["containerDiskInGb"], t["env"]],
+                                       sort_keys=True).encode()).hexdigest()[:10]
+    return f"{t['name']}-{digest}"
+
+
+def _gql_str(value) -> str:
+    return json.dumps(str(value))  # a GraphQL string literal
+
+
+def deploy(spec: dict) -> dict:
+    import runpod
+    from runpod.api.graphql import run_graphql_query
+
+    t, e = spec["template"], spec["endpoint"]
+    name = template_name(t)
+    templates = run_graphql_query("query { myself { podTemplates { id name } } }")["data"]["myself"]["podTemplates"]
+    template = next((x for x in templates if x["name"] == name), None)
+    if template is None:
+        template = runpod.create_template(name=name, image_name=t["image"], docker_start_cmd=t.get("dockerArgs"),
+                                          container_disk_in_gb=t["containerDiskInGb"], env=t["env"],
+                                          is_serverless=True)
+        print(f"deploy: created template {name} ({template['id']})")
+    endpoint = next((x for x in runpod.get_endpoints() if x["name"] == e["name"]), None)
+    if endpoint is None:
+        endpoint = runpod.create_endpoint(
+            name=e["name"], template_id=template["id"], gpu_ids=e["gpuIds"],
+            network_volume_id=e["networkVolumeId"] or None, idle_timeout=e["idleTimeout"],
+            scaler_type=e["scalerType"], scaler_value=e["scalerValue"], workers_min=e["workersMin"],
+            workers_max=e["workersMax"], flashboot=e.get("flashboot", False),
+            allowed_cuda_versions=e.get("allowedCudaVersions"), gpu_count=e["gpuCount"])
+        print(f"deploy: created endpoint {e['name']} ({endpoint['id']})")
+        return {"endpoint_id": endpoint["id"], "template_id": template["id"], "action": "created"}
+    actions = []
+    if endpoint["templateId"] != template["id"]:
+        runpod.update_endpoint_template(endpoint["id"], template["id"])
+        actions.append(f"template -> {name}")
+    changed = {k: e[k] for k in SCALING if endpoint.get(k) != e[k] and not (k == "networkVolumeId"
+                                                                             and not endpoint.get(k) and not e[k])}
+    if changed:
+        fields = [f"id: {_gql_str(endpoint['id'])}", f"name: {_gql_str(e['name'])}",
+                  f"templateId: {_gql_str(template['id'])}"]
+        fields += [f"{k}: {_gql_str(v) if isinstance(v, str) else v}" for k, v in
+                   ((k, e[k]) for k in SCALING)]
+        run_graphql_query("mutation { saveEndpoint(input: {" + ", ".join(fields) + "}) { id } }")
+        actions.append("settings: " + ", ".join(f"{k}={v}" for k, v in changed.items()))
+    print(f"deploy: endpoint {e['name']} ({endpoint['id']}): {'; '.join(actions) or 'up to date'}")
+    return {"endpoint_id": endpoint["id"], "template_id": template["id"],
+            "action": "updated" if actions else "unchanged"}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m infra.runpod.deploy", description=__doc__.splitlines()[0])
+    ap.add_argument("--spec", type=Path, default=SPEC)
+    ap.add_argument("--image")
+    ap.add_argument("--volume", help="network volume id (model + kernel cache live on it)")
+    ap.add_argument("--env", action="append", default=[], metavar="KEY=VALUE")
+    args = ap.parse_args(argv)
+    if not os.environ.get("RUNPOD_API_KEY"):
+        print("deploy: set RUNPOD_API_KEY (https://www.runpod.io/console/user/settings)", file=sys.stderr)
+        return 1
+    import runpod
+    from runpod import error as rp_error
+
+    runpod.api_key = os.environ["RUNPOD_API_KEY"]
+    try:
+        result = deploy(load_spec(args.spec, args.image, args.volume, args.env))
+    except DeployError as e:
+        print(f"deploy: {e}", file=sys.stderr)
+        return 1
+    except (rp_error.AuthenticationError, rp_error.QueryError) as e:
+        print(f"deploy: RunPod API: {e}", file=sys.stderr)
+        return 1
+    print(json.dumps(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
