@@ -152,3 +152,22 @@ def test_template_and_tool_create_the_same_resources():
     policy = t["Resources"]["ScalingPolicy"]["Properties"]["TargetTrackingScalingPolicyConfiguration"]
     assert policy["PredefinedMetricSpecification"]["PredefinedMetricType"] == "SageMakerVariantInvocationsPerInstance"
     assert t["Resources"]["ScalableTarget"]["Properties"]["ScalableDimension"] == dp.SCALABLE_DIMENSION
+
+
+def test_ecr_repository_and_login_token(aws):
+    from infra.sagemaker import ecr as ecr_tool
+
+    ecr = boto3.client("ecr")
+    uri = ecr_tool.repository_uri(ecr, "fish-tts-server")
+    assert uri.endswith("/fish-tts-server") and ecr_tool.repository_uri(ecr, "fish-tts-server") == uri
+    registry, user, password = ecr_tool.credentials(ecr)
+    assert user == "AWS" and password and "dkr.ecr" in registry
+
+
+def test_ecr_cli_without_docker_is_one_line(aws):
+    """The repository and login parts run against moto (above); moto has no registry to push to, so the
+    docker half is checked only for its failure path here."""
+    env, _ = aws
+    proc = run_cli("infra.sagemaker.ecr", "--repository", "fish-tts-server", "--tag", "nothing-built", "--no-build",
+                   env={**env, "PATH": "/nonexistent"})
+    assert proc.returncode == 1 and proc.stderr.startswith("ecr: ") and proc.stderr.count("\n") == 1

@@ -225,7 +225,7 @@ def main(argv: list[str] | None = None) -> int:
     sub = ap.add_subparsers(dest="command", required=True)
     d = sub.add_parser("deploy", help="create or update an endpoint")
     d.add_argument("--name", required=True)
-    d.add_argument("--image", required=True, help="ECR image URI (infra/sagemaker/ecr.sh builds and pushes it)")
+    d.add_argument("--image", required=True, help="ECR image URI (python -m infra.sagemaker.ecr builds and pushes it)")
     d.add_argument("--role", required=True, help="SageMaker execution role ARN")
     d.add_argument("--model-dir", type=Path)
     d.add_argument("--model-data", help="an existing s3://.../model.tar.gz instead of --model-dir")
