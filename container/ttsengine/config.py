@@ -39,6 +39,7 @@ class EngineConfig:
     compile: str = "auto"  # torch.compile of the decode step: auto (on with CUDA, torch >= 2.6) | on | off
     cache_dir: Path | None = None  # torch.compile kernel cache (Inductor + Triton); None = torch's default
     quant: str = "bf16"  # weight-only quantization of linear layers: bf16 (none) | int8 | int4
+    int8_kernel: str = "auto"  # int8 implementation: auto | fused | dequant | off (see model/quant.py)
     default_max_new_tokens: int = 0  # frames per chunk when a request does not say; 0 = the family's (1024)
 
     def with_(self, **changes) -> EngineConfig:
@@ -67,6 +68,8 @@ ENV_VARS: dict[str, tuple[str, str]] = {
     "TTS_COMPILE": ("compile", "auto | on | off: torch.compile the decode step"),
     "TTS_CACHE_DIR": ("cache_dir", "directory of the torch.compile kernel cache (keep it on a volume)"),
     "TTS_QUANT": ("quant", "bf16 (no quantization) | int8 | int4: weight-only quantization of linear layers"),
+    "TTS_INT8_KERNEL": ("int8_kernel", "auto | fused | dequant | off: the int8 linear (off = torchao's or the legacy "
+                                       "form, which torch.compile turns into a slow kernel)"),
     "TTS_DEFAULT_MAX_NEW_TOKENS": ("default_max_new_tokens", "frames per chunk if a request gives none (0: 1024)"),
 }
 # Variables read outside EngineConfig (servers, download credentials), listed for the README table.
@@ -234,6 +237,8 @@ def validate(cfg: EngineConfig) -> EngineConfig:
             fail(f, f"{getattr(cfg, f)!r} is not one of auto, on, off")
     if cfg.quant not in ("bf16", "none", "int8", "int4"):
         fail("quant", f"{cfg.quant!r} is not one of bf16, int8, int4")
+    if cfg.int8_kernel not in ("auto", "fused", "dequant", "off"):
+        fail("int8_kernel", f"{cfg.int8_kernel!r} is not one of auto, fused, dequant, off")
     if cfg.log_level.upper() not in _LOG_LEVELS:
         fail("log_level", f"{cfg.log_level!r} is not one of {', '.join(_LOG_LEVELS)}")
     return cfg

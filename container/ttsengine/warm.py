@@ -52,7 +52,7 @@ def main(argv: list[str] | None = None) -> int:
         device = resolve_device(config.device)
         ckpt = random_checkpoint(args.random_weights, device, resolve_dtype(config.dtype, device, torch.bfloat16),
                                  resolve_dtype(config.codec_dtype, device, torch.bfloat16))
-        ckpt.quantization = apply_quantization(ckpt, config.quant)
+        ckpt.quantization = apply_quantization(ckpt, config.quant, config.int8_kernel)
     else:
         ckpt = load(config)
     load_s = time.perf_counter() - t0

@@ -32,12 +32,12 @@ def resolve_dtype(name: str, device: torch.device, on_cuda: torch.dtype) -> torc
     return _DTYPES[name]
 
 
-def apply_quantization(ckpt: Checkpoint, mode: str) -> str:
+def apply_quantization(ckpt: Checkpoint, mode: str, int8_kernel: str = "auto") -> str:
     """Quantizes the DualAR's and the codec's linear layers in place -> what was done (for logs)."""
     if mode in ("bf16", "none"):
         return "bf16 (none)"
     start = time.perf_counter()
-    done = f"DualAR {quantize(ckpt.model, mode)}; codec {quantize(ckpt.codec, mode)}"
+    done = f"DualAR {quantize(ckpt.model, mode, int8_kernel)}; codec {quantize(ckpt.codec, mode, int8_kernel)}"
     log.info("quantized in %.1f s: %s", time.perf_counter() - start, done)
     return done
 
@@ -51,5 +51,5 @@ def load(config: EngineConfig) -> Checkpoint:
     log.info("loaded %s checkpoint from %s on %s (LLM %s, codec %s) in %.1f s", ckpt.family.NAME, config.model_dir,
              device, str(dtype).removeprefix("torch."), str(codec_dtype).removeprefix("torch."),
              time.perf_counter() - start)
-    ckpt.quantization = apply_quantization(ckpt, config.quant)
+    ckpt.quantization = apply_quantization(ckpt, config.quant, config.int8_kernel)
     return ckpt
