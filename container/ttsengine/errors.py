@@ -1,4 +1,4 @@
-"""Error types the core raises. Adapters map them to transport codes (InputError -> 4xx).
+"""Error types the core raises. Each carries the HTTP-like `status` adapters answer with (InputError -> 4xx).
 
 Every message is one line that says what is wrong and where, so it can be shown to a user as is.
 """
@@ -9,13 +9,19 @@ from __future__ import annotations
 class TTSError(Exception):
     """Base class of every error the engine raises on purpose."""
 
+    status = 500
+
 
 class InputError(TTSError, ValueError):
     """The request is invalid (bad text, parameter out of range, unreadable reference audio)."""
 
+    status = 400
+
 
 class MediaTypeError(InputError):
     """The request body's content type is not one the endpoint reads (HTTP 415)."""
+
+    status = 415
 
 
 class CheckpointError(TTSError):
@@ -28,6 +34,8 @@ class ConfigError(CheckpointError):
 
 class BusyError(TTSError):
     """The engine has no free slot and its queue is full; the caller should retry later."""
+
+    status = 503
 
 
 class CancelledError(TTSError):

@@ -26,7 +26,6 @@ from ttsengine import (
     Engine,
     EngineConfig,
     InputError,
-    MediaTypeError,
     ServerConfig,
     TTSError,
     VoiceStore,
@@ -189,7 +188,7 @@ def create_app(server: ServerConfig, engine_config: EngineConfig,
     # ---- errors -------------------------------------------------------------------------------
     @app.exception_handler(InputError)
     async def _input_error(request: Request, e: InputError):
-        status = 415 if isinstance(e, MediaTypeError) else 400
+        status = e.status
         return JSONResponse(error_body(str(e), "invalid_request_error", status), status_code=status)
 
     @app.exception_handler(BusyError)

@@ -23,15 +23,13 @@ import logging
 from dataclasses import dataclass
 
 from ttsengine import (
-    CONTENT_TYPES,
-    BusyError,
     Engine,
     InputError,
-    MediaTypeError,
     RunPodConfig,
     TTSError,
     VoiceStore,
     audio_bytes,
+    audio_record,
     output_rate,
     whole,
 )
@@ -65,8 +63,7 @@ def b64_size(n: int) -> int:
 
 def error_item(error: BaseException) -> dict:
     """RunPod's own handler-exception layout (error_type, error_message), plus a status code."""
-    status = 415 if isinstance(error, MediaTypeError) else 400 if isinstance(error, InputError) else \
-        503 if isinstance(error, BusyError) else 500
+    status = error.status if isinstance(error, TTSError) else 500
     kind = {400: "invalid_input", 415: "invalid_input", 503: "busy"}.get(status, "server_error")
     return {"error": json.dumps({"error_type": kind, "error_message": str(error), "status": status})}
 
@@ -125,8 +122,7 @@ class JobHandler:
             for at in range(0, len(data), PIECE_BYTES):
                 piece = data[at:at + PIECE_BYTES]
                 total += len(piece)
-                yield {"index": index, "audio": b64(piece), "format": fmt, "content_type": CONTENT_TYPES[fmt],
-                       "sample_rate": rate}
+                yield audio_record(index, piece, fmt, rate)
                 index += 1
         if b64_size(total) > self.cfg.max_inline_bytes:
             # every piece went out on /stream; /runsync's aggregate of them may exceed RunPod's limit

@@ -20,10 +20,8 @@ from pathlib import Path
 
 from ttsengine import (
     CONTENT_TYPES,
-    BusyError,
     Engine,
     InputError,
-    MediaTypeError,
     SynthesisResult,
     TTSError,
     VoiceStore,
@@ -39,6 +37,8 @@ JSON = "application/json"
 
 class AcceptError(InputError):
     """The Accept header names a type this endpoint cannot produce (HTTP 406)."""
+
+    status = 406
 
 
 @dataclass
@@ -139,15 +139,7 @@ def http_status(error: BaseException) -> int:
     """The status an error should produce (serve and the toolkit wrapper share it)."""
     if isinstance(getattr(error, "status_code", None), int):  # already a toolkit error
         return error.status_code
-    if isinstance(error, MediaTypeError):
-        return 415
-    if isinstance(error, AcceptError):
-        return 406
-    if isinstance(error, InputError):
-        return 400
-    if isinstance(error, BusyError):
-        return 503
-    return 500
+    return error.status if isinstance(error, TTSError) else 500
 
 
 def error_message(error: BaseException) -> str:
