@@ -5,7 +5,7 @@ The public API adapters use: EngineConfig / from_env, Engine, SynthesisRequest, 
 
 from .audio_encoding import CONTENT_TYPES, FORMATS, AudioEncoder, EncodedAudio, encode_audio, output_rate
 from .config import DownloadConfig, EngineConfig, RunPodConfig, ServerConfig, from_env
-from .delivery import audio_bytes, audio_bytes_sync, sse_events, whole, whole_sync
+from .delivery import audio_bytes, audio_bytes_sync, audio_record, sse_events, whole, whole_sync
 from .download import ensure_model
 from .engine.engine import Engine
 from .engine.output import AudioChunk, SynthesisResult
@@ -30,5 +30,6 @@ __all__ = [
     "ConfigError", "DownloadConfig", "DownloadError", "EncodedAudio", "Engine", "EngineConfig", "FORMATS",
     "InputError", "MediaTypeError", "Reference", "ReferenceEngine", "RunPodConfig", "ServerConfig", "Stream",
     "SynthesisRequest", "SynthesisResult", "TTSError", "Voice", "VoiceStore", "audio_bytes", "audio_bytes_sync",
-    "check_id", "encode_audio", "ensure_model", "from_env", "output_rate", "sse_events", "whole", "whole_sync",
+    "audio_record", "check_id", "encode_audio", "ensure_model", "from_env", "output_rate", "sse_events", "whole",
+    "whole_sync",
 ]

@@ -11,7 +11,7 @@ import json
 import logging
 from collections.abc import AsyncIterator, Iterator
 
-from .audio_encoding import AudioEncoder, EncodedAudio
+from .audio_encoding import CONTENT_TYPES, AudioEncoder, EncodedAudio
 from .engine.stream import Stream
 from .protocol import SpeechJob
 
@@ -49,6 +49,12 @@ async def sse_events(stream: Stream, job: SpeechJob) -> AsyncIterator[bytes]:
     except Exception as e:  # noqa: BLE001 - headers are gone: report in-band
         log.warning("stream failed: %s", e)
         yield _event({"type": "error", "error": {"message": str(e)}})
+
+
+def audio_record(index: int, data: bytes, fmt: str, sample_rate: int) -> dict:
+    """One self-describing piece of streamed audio, as the SageMaker and RunPod adapters send it."""
+    return {"index": index, "audio": base64.b64encode(data).decode(), "format": fmt,
+            "content_type": CONTENT_TYPES[fmt], "sample_rate": sample_rate}
 
 
 def _event(payload: dict) -> bytes:

@@ -12,7 +12,6 @@ sample_rate, speed, temperature, top_p, repetition_penalty and max_new_tokens.
 from __future__ import annotations
 
 import argparse
-import base64
 import json
 import logging
 import sys
@@ -23,7 +22,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
-from ttsengine import CONTENT_TYPES, ServerConfig, TTSError, audio_bytes, from_env, output_rate
+from ttsengine import ServerConfig, TTSError, audio_bytes, audio_record, from_env, output_rate
 
 from . import inference
 
@@ -146,9 +145,7 @@ async def _json_lines(stream, job):
     index = 0
     try:
         async for data in audio_bytes(stream, job):
-            record = {"index": index, "audio": base64.b64encode(data).decode(), "format": job.format,
-                      "content_type": CONTENT_TYPES[job.format], "sample_rate": rate}
-            yield (json.dumps(record) + "\n").encode()
+            yield (json.dumps(audio_record(index, data, job.format, rate)) + "\n").encode()
             index += 1
         frames = sum(r.frames for r in stream.reports)
         yield (json.dumps({"done": True, "seed": stream.seed, "frames": frames,
