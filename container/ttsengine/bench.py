@@ -9,8 +9,6 @@ rebuilds the HTML from a saved run.
 from __future__ import annotations
 
 import argparse
-import base64
-import io
 import json
 import statistics
 import threading
@@ -20,9 +18,10 @@ from pathlib import Path
 
 import torch
 
+from . import report_html
 from .config import from_env
 from .engine.engine import Engine
-from .engine.loader import apply_quantization, load, resolve_device, resolve_dtype
+from .engine.loader import load
 from .engine.request import SynthesisRequest
 from .errors import TTSError
 from .model.quant import weight_bytes
@@ -127,14 +126,9 @@ def run_level(engine: Engine, concurrency: int, frames: int, text: str, progress
 
 
 def render_html(report: dict) -> str:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     levels = report["levels"]
     c = [lv["concurrency"] for lv in levels]
-    fig, axes = plt.subplots(1, 3, figsize=(15, 4))
+    fig, axes = report_html.three_axes()
     axes[0].plot(c, [lv["aggregate_fps"] for lv in levels], "o-")
     axes[0].set(title="aggregate frames/s (audio decoded)", xlabel="concurrent streams", xscale="log")
     axes[1].plot(c, [lv["stream_fps_min"] for lv in levels], "o-", label="slowest stream")
@@ -147,23 +141,9 @@ def render_html(report: dict) -> str:
     axes[2].plot(c, [lv["ttfa_p95_ms"] for lv in levels], "o-", label="p95")
     axes[2].set(title="time to first audio (ms)", xlabel="concurrent streams", xscale="log")
     axes[2].legend()
-    fig.tight_layout()
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=90)
-    img = base64.b64encode(buf.getvalue()).decode()
-    head = "".join(f"<th>{k}</th>" for k in levels[0])
-    rows = "".join("<tr>" + "".join(f"<td>{_fmt(v)}</td>" for v in lv.values()) + "</tr>" for lv in levels)
-    meta = "".join(f"<li><b>{k}</b>: {v}</li>" for k, v in report.items() if k not in ("levels", "profile"))
     prof = "".join(f"<tr><td>{r['name']}</td><td>{r['ms']:.2f}</td></tr>" for r in report.get("profile") or [])
-    return (f"<html><head><meta charset='utf-8'><title>ttsengine bench</title></head><body>"
-            f"<h1>ttsengine bench</h1><ul>{meta}</ul><img src='data:image/png;base64,{img}'/>"
-            f"<table border=1 cellpadding=3><tr>{head}</tr>{rows}</table>"
-            + (f"<h2>profile (top kernels, ms)</h2><table border=1>{prof}</table>" if prof else "")
-            + "</body></html>")
-
-
-def _fmt(v) -> str:
-    return f"{v:.3g}" if isinstance(v, float) else str(v)
+    return report_html.page("ttsengine bench", report, fig, skip=("levels", "profile"),
+                            extra=f"<h2>profile (top kernels, ms)</h2><table border=1>{prof}</table>" if prof else "")
 
 
 def profile_level(engine: Engine, concurrency: int, frames: int, text: str) -> list[dict]:
@@ -204,15 +184,7 @@ def main(argv: list[str] | None = None) -> int:
     levels = [int(x) for x in args.concurrency.split(",")]
     config = from_env(model_dir=args.model, max_batch=max(levels))
     t0 = time.perf_counter()
-    if args.random_weights:
-        from .model.synthetic import random_checkpoint
-
-        device = resolve_device(config.device)
-        ckpt = random_checkpoint(args.random_weights, device, resolve_dtype(config.dtype, device, torch.bfloat16),
-                                 resolve_dtype(config.codec_dtype, device, torch.bfloat16))
-        ckpt.quantization = apply_quantization(ckpt, config.quant, config.int8_kernel)
-    else:
-        ckpt = load(config)
+    ckpt = load(config, args.random_weights)
     load_s = time.perf_counter() - t0
     engine = Engine(ckpt, config)
     engine.start()
@@ -255,7 +227,7 @@ def print_table(report: dict) -> None:
             "time_vocoder_s")
     print(" | ".join(cols))
     for lv in report["levels"]:
-        print(" | ".join(_fmt(lv[c]) for c in cols))
+        print(" | ".join(report_html.fmt(lv[c]) for c in cols))
     print(f"highest concurrency with every stream >= 1.2x real time: {report['max_concurrency_at_1.2x_realtime']}")
     for row in report.get("profile") or []:
         print(f"  {row['ms']:10.2f} ms  x{row.get('count', '')}  {row['name']}")

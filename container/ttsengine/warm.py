@@ -13,7 +13,7 @@ import torch
 
 from .config import from_env
 from .engine.engine import Engine
-from .engine.loader import apply_quantization, load, resolve_device, resolve_dtype
+from .engine.loader import load
 from .engine.request import SynthesisRequest
 from .errors import ConfigError
 
@@ -46,15 +46,7 @@ def main(argv: list[str] | None = None) -> int:
     if config.cache_dir is None:
         raise ConfigError("warm needs a cache directory: set TTS_CACHE_DIR or pass --cache-dir")
     t0 = time.perf_counter()
-    if args.random_weights:
-        from .model.synthetic import random_checkpoint
-
-        device = resolve_device(config.device)
-        ckpt = random_checkpoint(args.random_weights, device, resolve_dtype(config.dtype, device, torch.bfloat16),
-                                 resolve_dtype(config.codec_dtype, device, torch.bfloat16))
-        ckpt.quantization = apply_quantization(ckpt, config.quant, config.int8_kernel)
-    else:
-        ckpt = load(config)
+    ckpt = load(config, args.random_weights)
     load_s = time.perf_counter() - t0
     engine = Engine(ckpt, config)
     engine.start()

@@ -42,14 +42,21 @@ def apply_quantization(ckpt: Checkpoint, mode: str, int8_kernel: str = "auto") -
     return done
 
 
-def load(config: EngineConfig) -> Checkpoint:
+def load(config: EngineConfig, random_weights: str | None = None) -> Checkpoint:
+    """The configured model dir, or (bench, warm) random weights with the real shapes of `random_weights`
+    (e.g. "s1-mini"), on the configured device, dtypes and quantization."""
     device = resolve_device(config.device)
     dtype = resolve_dtype(config.dtype, device, torch.bfloat16)
     codec_dtype = resolve_dtype(config.codec_dtype, device, torch.bfloat16)
     start = time.perf_counter()
-    ckpt = load_checkpoint(config.model_dir, device, dtype, codec_dtype)
-    log.info("loaded %s checkpoint from %s on %s (LLM %s, codec %s) in %.1f s", ckpt.family.NAME, config.model_dir,
-             device, str(dtype).removeprefix("torch."), str(codec_dtype).removeprefix("torch."),
-             time.perf_counter() - start)
+    if random_weights:
+        from ..model.synthetic import random_checkpoint
+
+        ckpt = random_checkpoint(random_weights, device, dtype, codec_dtype)
+    else:
+        ckpt = load_checkpoint(config.model_dir, device, dtype, codec_dtype)
+    log.info("loaded %s checkpoint from %s on %s (LLM %s, codec %s) in %.1f s", ckpt.family.NAME,
+             f"random weights ({random_weights})" if random_weights else config.model_dir, device,
+             str(dtype).removeprefix("torch."), str(codec_dtype).removeprefix("torch."), time.perf_counter() - start)
     ckpt.quantization = apply_quantization(ckpt, config.quant, config.int8_kernel)
     return ckpt
