@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import base64
 import io
 import json
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
+
+from . import report_html
 
 TEXT = "The quick brown fox jumps over the lazy dog while the bright sun shines warmly on the quiet green meadow."
 
@@ -109,14 +110,9 @@ async def run_level(url: str, concurrency: int, requests: int, body: dict, heade
 
 
 def render_html(report: dict) -> str:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     levels = report["levels"]
     c = [lv["concurrency"] for lv in levels]
-    fig, axes = plt.subplots(1, 3, figsize=(15, 4))
+    fig, axes = report_html.three_axes()
     axes[0].plot(c, [lv["requests_per_s"] for lv in levels], "o-", label="requests/s")
     axes[0].plot(c, [lv["audio_s_per_s"] for lv in levels], "o-", label="audio s per s")
     axes[0].set(title="throughput", xlabel="concurrent clients")
@@ -131,20 +127,7 @@ def render_html(report: dict) -> str:
     axes[2].axhline(1.0, color="gray", ls="--", label="real time")
     axes[2].set(title="real-time factor (lower is faster)", xlabel="concurrent clients")
     axes[2].legend()
-    fig.tight_layout()
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=90)
-    img = base64.b64encode(buf.getvalue()).decode()
-    head = "".join(f"<th>{k}</th>" for k in levels[0])
-    rows = "".join("<tr>" + "".join(f"<td>{_fmt(v)}</td>" for v in lv.values()) + "</tr>" for lv in levels)
-    meta = "".join(f"<li><b>{k}</b>: {v}</li>" for k, v in report.items() if k != "levels")
-    return (f"<html><head><meta charset='utf-8'><title>loadtest</title></head><body><h1>loadtest</h1>"
-            f"<ul>{meta}</ul><img src='data:image/png;base64,{img}'/><table border=1 cellpadding=3>"
-            f"<tr>{head}</tr>{rows}</table></body></html>")
-
-
-def _fmt(v) -> str:
-    return f"{v:.3g}" if isinstance(v, float) else str(v)
+    return report_html.page("loadtest", report, fig)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -181,7 +164,7 @@ def main(argv: list[str] | None = None) -> int:
             "first_audio_p95_ms", "first_audio_p99_ms", "rtf_p50", "rtf_p95", "chars_per_s", "audio_s_per_s")
     print(" | ".join(cols))
     for lv in report["levels"]:
-        print(" | ".join(_fmt(lv[k]) for k in cols))
+        print(" | ".join(report_html.fmt(lv[k]) for k in cols))
     if any(lv.errors for lv in levels):
         print("errors, e.g.:", next(lv.error_sample for lv in levels if lv.errors))
     return 1 if all(lv.errors == lv.requests for lv in levels) else 0
