@@ -8,7 +8,6 @@ import base64
 import io
 import json
 import os
-import shutil
 import subprocess
 import sys
 import tarfile
@@ -19,15 +18,13 @@ import httpx
 import numpy as np
 import pytest
 import soundfile as sf
-from conftest import MODEL_DIR, ROOT, free_port, run_cli
+from conftest import MODEL_DIR, ROOT, complete_model, free_port, run_cli
 
 FRAMES = 20
 
 
 def model_copy(tmp_path):
-    d = tmp_path / "opt-ml-model"
-    shutil.copytree(MODEL_DIR, d)
-    shutil.copy(MODEL_DIR.parent / "codec_config.json", d)
+    d = complete_model(tmp_path / "opt-ml-model")
     for p in d.iterdir():
         p.chmod(0o644)
     return d

@@ -9,15 +9,14 @@ from __future__ import annotations
 import logging
 import sys
 
-from ttsengine import DownloadConfig, Engine, RunPodConfig, TTSError, VoiceStore, ensure_model, from_env
+from ttsengine import DownloadConfig, Engine, EngineConfig, RunPodConfig, TTSError, VoiceStore, ensure_model, from_env
 
 from .handler import JobHandler
 
 log = logging.getLogger("handlers.runpod")
 
 
-def build(cfg: RunPodConfig) -> JobHandler:
-    engine_config = from_env(**cfg.engine_defaults())
+def build(cfg: RunPodConfig, engine_config: EngineConfig) -> JobHandler:
     dl = DownloadConfig.from_env()
     if dl.model_source:  # first start on a fresh network volume: fetch once, keep it there
         ensure_model(engine_config.model_dir, dl.model_source, dl.hf_token)
@@ -33,11 +32,11 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     try:
         cfg = RunPodConfig.from_env()
-        level = from_env(**cfg.engine_defaults()).log_level.upper()
+        engine_config = from_env(**cfg.engine_defaults())  # read once: logging and the engine
     except TTSError as e:
         print(f"handlers runpod: {e}", file=sys.stderr)
         return 2
-    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(level=engine_config.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         import runpod
     except ImportError:
@@ -45,7 +44,7 @@ def main(argv: list[str] | None = None) -> int:
               file=sys.stderr)
         return 2
     try:
-        handler = build(cfg)
+        handler = build(cfg, engine_config)
     except TTSError as e:
         print(f"handlers runpod: {e}", file=sys.stderr)
         return 1

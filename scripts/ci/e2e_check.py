@@ -27,11 +27,8 @@ def fail(message: str) -> None:
 def wait_for(url: str, timeout: float = 300) -> None:
     end = time.time() + timeout
     while time.time() < end:
-        try:
-            if httpx.get(url, timeout=3).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
+        if _status(url) == 200:
+            return
         time.sleep(1)
     fail(f"{url} did not answer 200 within {timeout:.0f} s")
 
@@ -49,7 +46,7 @@ def check_http(url: str) -> None:
 
 
 def check_serve(url: str) -> None:
-    first = httpx.get(url + "/ping", timeout=3) if _up(url) else None
+    first = _status(url + "/ping")  # None while the server is not listening yet
     wait_for(url + "/ping", 300)
     r = httpx.post(url + "/invocations", json={"text": "Hello SageMaker.", "seed": 2},
                    headers={"accept": "audio/wav"}, timeout=120)
@@ -66,16 +63,15 @@ def check_serve(url: str) -> None:
     bad = httpx.post(url + "/invocations", content=b"a,b", headers={"content-type": "text/csv"}, timeout=30)
     if bad.status_code != 415:
         fail(f"text/csv gave {bad.status_code}, not 415")
-    print(f"serve: /ping {'(first ' + str(first.status_code) + ') ' if first is not None else ''}200, "
+    print(f"serve: /ping {'(first ' + str(first) + ') ' if first is not None else ''}200, "
           f"/invocations wav {len(r.content)} bytes, stream {len(lines) - 1} chunks + done, text/csv 415")
 
 
-def _up(url: str) -> bool:
+def _status(url: str) -> int | None:
     try:
-        httpx.get(url + "/ping", timeout=2)
-        return True
+        return httpx.get(url, timeout=3).status_code
     except httpx.HTTPError:
-        return False
+        return None
 
 
 def check_runpod(image: str, model: str) -> None:
