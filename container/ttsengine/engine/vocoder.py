@@ -65,6 +65,7 @@ class StreamingDecoder:
         self.buckets = tuple(sorted(buckets))
         self.scratch = slots  # one extra state row that padding rows read and write
         self._impl = self.decode
+        self._snake = snake
         p = next(codec.parameters())
         self.device, self.dtype = p.device, p.dtype
         shapes: dict[str, tuple[int, ...]] = {}
@@ -91,6 +92,12 @@ class StreamingDecoder:
         self._compiled = True
 
     _compiled = False
+
+    def use_snake_kernel(self) -> None:
+        """Snake as one Triton kernel (model/codec/snake_kernel.py): the eager codec's fused pass."""
+        from ..model.codec.snake_kernel import snake_triton
+
+        self._snake = snake_triton
 
     def decode_padded(self, slots: list[int], codes: Tensor) -> Tensor:
         """slots: distinct stream slots; codes: int64 [b, n, K] with K <= max(chunk_sizes)
@@ -180,7 +187,7 @@ class StreamingDecoder:
                 state[prefix] = y[..., n:]
             return y[..., :n] + conv.bias[None, :, None]
         if isinstance(module, Snake):
-            return snake(x, module.alpha)
+            return self._snake(x, module.alpha)
         if isinstance(module, ResidualUnit):
             return x + self._walk(module.block, x, state, prefix + ".block")
         if isinstance(module, ConvNeXtBlock):
