@@ -54,6 +54,37 @@ def test_blob_round_trip_with_a_real_compile(tmp_path):
     assert KernelCache(fresh, {"model": "tiny"}).setup() == "blob"
 
 
+def test_blob_carries_the_triton_cache_into_an_empty_directory(tmp_path):
+    # our own Triton kernels (paged attention, Snake, int8) live only in the Triton cache directory
+    kc = KernelCache(tmp_path / "a", {"model": "tiny"})
+    kc.setup()
+    kernel = tmp_path / "a" / "triton" / "ABC123" / "snake.cubin"
+    kernel.parent.mkdir(parents=True)
+    kernel.write_bytes(b"\x7fELF kernel bytes")
+    (kernel.parent / "snake.lock").write_bytes(b"")  # lock files stay behind
+    blob = kc.save()
+    fresh = tmp_path / "b"
+    fresh.mkdir()
+    (fresh / blob.name).write_bytes(blob.read_bytes())
+    assert KernelCache(fresh, {"model": "tiny"}).setup() == "blob"
+    assert (fresh / "triton" / "ABC123" / "snake.cubin").read_bytes() == b"\x7fELF kernel bytes"
+    assert not (fresh / "triton" / "ABC123" / "snake.lock").exists()
+
+
+def test_blob_members_outside_the_directory_are_refused(tmp_path, caplog):
+    import zipfile
+
+    d = tmp_path / "cache"
+    kc = KernelCache(d, {"model": "tiny"})
+    d.mkdir()
+    with zipfile.ZipFile(kc.blob_path, "w") as z:
+        z.writestr("../escaped.txt", "x")
+    with caplog.at_level(logging.WARNING):
+        assert kc.setup() == "miss"
+    assert not (tmp_path / "escaped.txt").exists()
+    assert any("outside the cache directory" in r.message for r in caplog.records)
+
+
 def test_warm_command_reports_json(tmp_path):
     proc = run_cli("ttsengine", "warm", "--model", str(MODEL_DIR), "--cache-dir", str(tmp_path / "kc"),
                    env={"TTS_DEVICE": "cpu"})

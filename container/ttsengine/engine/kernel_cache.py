@@ -2,17 +2,22 @@
 
 TTS_CACHE_DIR holds Inductor's and Triton's caches (a named volume in docker compose, the network
 volume on RunPod), so a restart does not recompile. `python -m ttsengine warm` also writes a blob
-(torch >= 2.7: `torch.compiler.save_cache_artifacts`) that can be shipped into an empty directory
-(model.tar.gz on SageMaker, a baked image). A cache made for another GPU, torch, Triton or model is
-detected from its metadata: one log line, then a recompile, never a crash.
+that can be shipped into an empty directory (model.tar.gz on SageMaker, a baked image): a zip of
+torch's portable artifacts (torch >= 2.7: `torch.compiler.save_cache_artifacts`) and the Triton
+cache directory, which holds the kernels torch's artifacts leave out (ours: paged attention, Snake,
+int8; without them a blob start compiled them again, ~3 s on an H100); on older torch the Inductor
+directory too. A cache made for another GPU, torch, Triton or model is detected from its metadata:
+one log line, then a recompile, never a crash.
 """
 
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import logging
 import os
+import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -21,7 +26,8 @@ import torch
 from .. import compat
 
 log = logging.getLogger(__name__)
-FORMAT = 1  # bump when what the engine compiles changes shape
+FORMAT = 2  # bump when what the engine compiles changes shape, or the blob's layout
+ARTIFACTS = "torch-artifacts.bin"  # torch's portable artifacts inside the blob
 
 
 def environment() -> dict[str, str]:
@@ -75,7 +81,7 @@ class KernelCache:
             self.status = "mismatch"
         elif self.blob_path.is_file():
             try:
-                loaded = compat.load_cache_artifacts(self.blob_path.read_bytes())
+                loaded = self._unpack(self.blob_path.read_bytes())
                 self.status = "blob" if loaded else ("dir" if meta else "miss")
             except Exception as e:  # noqa: BLE001 - a bad blob only costs a recompile
                 log.warning("kernel cache blob %s could not be loaded (%s): recompiling", self.blob_path, e)
@@ -93,17 +99,44 @@ class KernelCache:
             (self.directory / "cache-meta.json").write_text(json.dumps(meta, indent=2, default=str))
 
     def save(self) -> Path | None:
-        """Writes the metadata and (torch >= 2.7) the portable blob of everything compiled so far."""
+        """Writes the metadata and the portable blob of everything compiled so far."""
         if self.directory is None:
             return None
         self.save_metadata()
-        blob = compat.save_cache_artifacts()
-        if blob is None:
-            return None
+        artifacts = compat.save_cache_artifacts()
+        dirs = ("triton",) if artifacts is not None else ("triton", "inductor")
+        buf = io.BytesIO()
+        with zipfile.ZipFile(buf, "w", zipfile.ZIP_DEFLATED) as z:
+            if artifacts is not None:
+                z.writestr(ARTIFACTS, artifacts)
+            for sub in dirs:
+                for path in sorted((self.directory / sub).rglob("*")):
+                    if path.is_file() and not path.name.endswith(".lock"):
+                        z.write(path, path.relative_to(self.directory).as_posix())
         tmp = self.blob_path.with_suffix(".tmp")
-        tmp.write_bytes(blob)
+        tmp.write_bytes(buf.getvalue())
         tmp.replace(self.blob_path)
         return self.blob_path
+
+    def _unpack(self, blob: bytes) -> bool:
+        """Writes the blob's cache files that the directory lacks, then loads torch's artifacts
+        -> whether anything was loaded. A blob that is not ours raises (the caller logs and recompiles)."""
+        root = self.directory.resolve()
+        loaded = False
+        with zipfile.ZipFile(io.BytesIO(blob)) as z:
+            for name in z.namelist():
+                if name == ARTIFACTS:
+                    continue
+                target = (root / name).resolve()
+                if root not in target.parents:
+                    raise ValueError(f"blob member {name!r} points outside the cache directory")
+                if not target.exists():
+                    target.parent.mkdir(parents=True, exist_ok=True)
+                    target.write_bytes(z.read(name))
+                loaded = True
+            if ARTIFACTS in z.namelist():
+                loaded = compat.load_cache_artifacts(z.read(ARTIFACTS)) or loaded
+        return loaded
 
 
 def _read_json(path: Path) -> dict | None:
