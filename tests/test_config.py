@@ -124,6 +124,10 @@ def test_engine_config_from_env():
     assert str(cfg.model_dir) == "/m" and cfg.device == "cpu" and cfg.chunk_length == 300
     assert cfg.allow_special_tokens is True
     assert from_env({}, device="cpu").model_dir == EngineConfig().model_dir
+    speed = from_env({"TTS_CODEC_COMPILE": "on", "TTS_SNAKE_KERNEL": "off", "TTS_LAZY_GRAPHS": "0"})
+    assert (speed.codec_compile, speed.snake_kernel, speed.lazy_graphs) == ("on", "off", False)
+    assert (EngineConfig().codec_compile, EngineConfig().snake_kernel, EngineConfig().lazy_graphs) == \
+           ("off", "auto", True)  # the defaults: a fast start
 
 
 @pytest.mark.parametrize("env, pattern", [
@@ -132,6 +136,9 @@ def test_engine_config_from_env():
     ({"TTS_DEVICE": "tpu"}, r"TTS_DEVICE: 'tpu' is not one of"),
     ({"TTS_DTYPE": "int3"}, r"TTS_DTYPE: 'int3' is not one of"),
     ({"TTS_ALLOW_SPECIAL_TOKENS": "maybe"}, r"TTS_ALLOW_SPECIAL_TOKENS='maybe': expected bool"),
+    ({"TTS_CODEC_COMPILE": "auto"}, r"TTS_CODEC_COMPILE: 'auto' is not one of on, off"),
+    ({"TTS_SNAKE_KERNEL": "on"}, r"TTS_SNAKE_KERNEL: 'on' is not one of auto, off"),
+    ({"TTS_LAZY_GRAPHS": "later"}, r"TTS_LAZY_GRAPHS='later': expected bool"),
 ])
 def test_engine_config_errors(env, pattern):
     with pytest.raises(ConfigError, match=pattern):

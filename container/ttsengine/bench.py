@@ -188,6 +188,7 @@ def main(argv: list[str] | None = None) -> int:
     load_s = time.perf_counter() - t0
     engine = Engine(ckpt, config)
     engine.start()
+    engine.settle()  # steady state: the lazily captured graphs first (a server captures them while idle)
     try:
         engine.submit(SynthesisRequest(text=args.text, seed=0, max_new_tokens=24), ignore_stop=True).result()
         results = []

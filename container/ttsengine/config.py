@@ -36,7 +36,10 @@ class EngineConfig:
     first_chunk_frames: int = 4  # frames before a stream's first audio chunk (21.5 frames = 1 s)
     stream_chunk_frames: int = 8  # frames per later audio chunk
     cuda_graphs: str = "auto"  # auto (on with CUDA) | on | off
+    lazy_graphs: bool = True  # capture only the smallest bucket before ready, the others when idle or first used
     compile: str = "auto"  # torch.compile of the decode step: auto (on with CUDA, torch >= 2.6) | on | off
+    codec_compile: str = "off"  # torch.compile the streaming codec too: on | off (its trace costs ~18 s per start)
+    snake_kernel: str = "auto"  # Snake as one Triton kernel in the eager codec: auto (on CUDA with Triton) | off
     cache_dir: Path | None = None  # torch.compile kernel cache (Inductor + Triton); None = torch's default
     quant: str = "bf16"  # weight-only quantization of linear layers: bf16 (none) | int8 | int4
     int8_kernel: str = "auto"  # int8 implementation: auto | fused | dequant | off (see model/quant.py)
@@ -65,7 +68,13 @@ ENV_VARS: dict[str, tuple[str, str]] = {
     "TTS_FIRST_CHUNK_FRAMES": ("first_chunk_frames", "frames (1/21.5 s each) before a stream's first audio chunk"),
     "TTS_STREAM_CHUNK_FRAMES": ("stream_chunk_frames", "frames per later streamed audio chunk"),
     "TTS_CUDA_GRAPHS": ("cuda_graphs", "auto | on | off: replay the decode step as CUDA graphs"),
+    "TTS_LAZY_GRAPHS": ("lazy_graphs", "1 = capture the smallest batch's graph before ready and the others while "
+                                       "idle or at first use; 0 = all before ready"),
     "TTS_COMPILE": ("compile", "auto | on | off: torch.compile the decode step"),
+    "TTS_CODEC_COMPILE": ("codec_compile", "on | off: torch.compile the streaming codec as well (~1 ms faster per "
+                                           "small chunk on an H100; its trace adds ~18 s to every start)"),
+    "TTS_SNAKE_KERNEL": ("snake_kernel", "auto | off: the codec's Snake activation as one Triton kernel (auto: on CUDA "
+                                         "when the codec is not compiled)"),
     "TTS_CACHE_DIR": ("cache_dir", "directory of the torch.compile kernel cache (keep it on a volume)"),
     "TTS_QUANT": ("quant", "bf16 (no quantization) | int8 | int4: weight-only quantization of linear layers"),
     "TTS_INT8_KERNEL": ("int8_kernel", "auto | fused | dequant | off: the int8 linear (off = torchao's or the legacy "
@@ -235,6 +244,10 @@ def validate(cfg: EngineConfig) -> EngineConfig:
     for f in ("cuda_graphs", "compile"):
         if getattr(cfg, f) not in ("auto", "on", "off"):
             fail(f, f"{getattr(cfg, f)!r} is not one of auto, on, off")
+    if cfg.codec_compile not in ("on", "off"):
+        fail("codec_compile", f"{cfg.codec_compile!r} is not one of on, off")
+    if cfg.snake_kernel not in ("auto", "off"):
+        fail("snake_kernel", f"{cfg.snake_kernel!r} is not one of auto, off")
     if cfg.quant not in ("bf16", "none", "int8", "int4"):
         fail("quant", f"{cfg.quant!r} is not one of bf16, int8, int4")
     if cfg.int8_kernel not in ("auto", "fused", "dequant", "off"):

@@ -55,6 +55,7 @@ def main(argv: list[str] | None = None) -> int:
         next(iter(stream))
         first_audio = process_age()
         stream.result()
+        engine.settle()  # the graphs captured after ready use no new kernels, but warm promises everything
         blob = None if args.no_blob else engine.kernel_cache.save()
     finally:
         engine.close()

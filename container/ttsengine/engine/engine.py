@@ -34,6 +34,7 @@ from .stream import Stream
 from .vocoder import StreamingDecoder
 from .vocoder_worker import Delivery, VocoderWorker
 
+IDLE_BEFORE_CAPTURE = 0.25  # s the loop waits idle before capturing a lazy graph (~0.25 s each on an H100)
 VOCODER_GRAPH_ROWS = 64  # largest codec batch captured as a CUDA graph (bounds the graph pool)
 
 log = logging.getLogger(__name__)
@@ -67,7 +68,8 @@ class Engine:
         self.kernel_cache = KernelCache(config.cache_dir, {
             "model": repr(checkpoint.config), "codec": repr(checkpoint.codec_config),
             "dtype": str(checkpoint.model.norm.weight.dtype), "quant": checkpoint.quantization,
-            "buckets": s.buckets, "chunks": (s.first_chunk_frames, s.stream_chunk_frames)})
+            "buckets": s.buckets, "chunks": (s.first_chunk_frames, s.stream_chunk_frames),
+            "codec_compile": s.codec_compile, "snake_kernel": s.snake_kernel})
         if s.compile or s.cuda_graphs:
             self.kernel_cache.setup()
         self.runner = Runner(checkpoint.model, s.runner)
@@ -78,7 +80,10 @@ class Engine:
                                         buckets=s.buckets)
         if s.compile:
             self.runner.enable_compile()
+        if s.codec_compile:
             self.vocoder.enable_compile()
+        if s.snake_kernel:
+            self.vocoder.use_snake_kernel()
         self.graphs = StepGraphs(self.runner, s) if s.cuda_graphs else None
         self.metrics = EngineMetrics()
         self.worker = VocoderWorker(self.vocoder, self.metrics.vocoded, self.metrics.completed)
@@ -205,29 +210,41 @@ class Engine:
         with torch.inference_mode():
             while True:
                 with self._cv:
-                    while not self._stop and not self._inbox and not self.scheduler.has_work():
+                    if self._idle() and self.graphs and self.graphs.pending:
+                        self._cv.wait(timeout=IDLE_BEFORE_CAPTURE)  # a request arriving now goes first
+                    idle = self._idle()
+                    if idle and not (self.graphs and self.graphs.pending):
                         self._cv.wait(timeout=1.0)
+                        continue
                     if self._stop:
                         break
                 try:
+                    if idle:  # every slot is free: capture one more bucket's graph (lazy start-up)
+                        self.graphs.capture_next()
+                        continue
                     self._iteration()
                 except Exception as e:  # noqa: BLE001 - keep serving; the affected streams get the error
                     log.exception("engine step failed; failing the in-flight requests")
                     self._fail_all(TTSError(f"internal engine error: {type(e).__name__}: {e}"))
         self._fail_all(TTSError("the engine shut down"))
 
+    def _idle(self) -> bool:
+        return not self._stop and not self._inbox and not self.scheduler.has_work()
+
     def _warm_up(self) -> None:
         """Compiles and captures the decode step for every bucket (all slots idle: no side effects)."""
         if self.graphs is None and not self.runner._compiled:
             return  # eager: nothing to prepare
         try:
-            self.worker.call(self.vocoder.warm_up)
-            if self.graphs is not None:
-                self.worker.call(lambda: self.vocoder.capture_graphs(VOCODER_GRAPH_ROWS))
-                self.graphs.capture()
-            else:
-                for bb in self.settings.buckets:
+            # the codec warms up on its thread while this one compiles the decode step (all slots idle:
+            # the steps change nothing); the graphs are captured one thread at a time afterwards
+            codec_done = self.worker.call_async(self.vocoder.warm_up)
+            try:
+                for bb in self.settings.buckets[:1] if self.graphs is not None else self.settings.buckets:
                     self.runner.decode_step(bb)
+            finally:
+                codec_done()
+            self._capture()
         except Exception as e:  # noqa: BLE001 - compile problems must not take the service down
             if not self.runner._compiled:
                 raise
@@ -239,9 +256,27 @@ class Engine:
             self.compile_error = f"{type(e).__name__}: {e}"
             if self.graphs is not None:
                 self.graphs = StepGraphs(self.runner, self.settings)
-                self.graphs.capture()
+                self._capture()
 
     compile_error: str | None = None
+
+    def _capture(self) -> None:
+        """The codec's graphs (on its thread), then the decode step's start buckets (lazy: the rest later)."""
+        if self.graphs is not None:
+            self.worker.call(lambda: self.vocoder.capture_graphs(VOCODER_GRAPH_ROWS))
+            self.graphs.capture(self._start_buckets)
+
+    def settle(self, timeout: float = 120.0) -> bool:
+        """Waits until the graphs left for later (lazy start-up) are captured; -> whether they all are."""
+        end = time.monotonic() + timeout
+        while self.graphs is not None and self.graphs.pending and time.monotonic() < end:
+            time.sleep(0.05)
+        return not (self.graphs and self.graphs.pending)
+
+    @property
+    def _start_buckets(self) -> tuple[int, ...] | None:
+        """Decode graphs captured before ready: the smallest bucket when lazy, else all (None)."""
+        return self.settings.buckets[:1] if self.settings.lazy_graphs else None
 
     def _iteration(self) -> None:
         self._intake()

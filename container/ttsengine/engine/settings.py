@@ -26,7 +26,10 @@ class BatchSettings:
     first_chunk_frames: int
     stream_chunk_frames: int
     cuda_graphs: bool
-    compile: bool
+    lazy_graphs: bool  # capture the smallest bucket before ready, the rest later (graphs.py)
+    compile: bool  # torch.compile the decode step's units
+    codec_compile: bool  # torch.compile the streaming codec
+    snake_kernel: bool  # the eager codec's Snake as one Triton kernel
     buckets: tuple[int, ...]  # batch sizes a decode step is captured for
 
     def bucket(self, batch: int) -> int:
@@ -60,6 +63,8 @@ class BatchSettings:
             graphs = False
         compile_ = {"on": True, "off": False}.get(config.compile, cuda)
         compile_ = compile_ and compile_supported()
+        codec_compile = compile_ and config.codec_compile == "on"
+        snake_kernel = cuda and triton_available() and config.snake_kernel == "auto" and not codec_compile
         buckets = []
         b = 2 if compile_ and max_batch > 1 else 1  # compiled graphs are dynamic from 2 (size 1 specialises)
         while b < max_batch:
@@ -72,5 +77,7 @@ class BatchSettings:
                               triton_attention=cuda and triton_available() and model.norm.weight.element_size() == 2)
         return BatchSettings(runner=runner, max_queue=config.max_queue or 2 * max_batch,
                              prefill_tokens=config.prefill_tokens, first_chunk_frames=config.first_chunk_frames,
-                             stream_chunk_frames=config.stream_chunk_frames, cuda_graphs=graphs, compile=compile_,
+                             stream_chunk_frames=config.stream_chunk_frames, cuda_graphs=graphs,
+                             lazy_graphs=config.lazy_graphs, compile=compile_, codec_compile=codec_compile,
+                             snake_kernel=snake_kernel,
                              buckets=tuple(buckets))

@@ -57,6 +57,10 @@ class VocoderWorker:
 
     def call(self, fn: Callable[[], None]) -> None:
         """Runs fn on the worker thread and waits (warm-up: compile and capture where it runs)."""
+        self.call_async(fn)()
+
+    def call_async(self, fn: Callable[[], None]) -> Callable[[], None]:
+        """Queues fn for the worker thread -> wait(), which blocks until fn is done and re-raises its error."""
         done = threading.Event()
         box: list = []
 
@@ -69,9 +73,13 @@ class VocoderWorker:
                 done.set()
 
         self._q.put(("call", job))
-        done.wait()
-        if box:
-            raise box[0]
+
+        def wait() -> None:
+            done.wait()
+            if box:
+                raise box[0]
+
+        return wait
 
     def close(self) -> None:
         self._q.put(("stop",))
