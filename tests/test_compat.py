@@ -102,3 +102,24 @@ def test_load_accepts_paths_and_mmaps(tmp_path):
     assert torch.equal(compat.load_torch_file(tmp_path / "x.pth")["a"], torch.ones(3))
     torch.save({"a": torch.ones(3)}, tmp_path / "old.pth", _use_new_zipfile_serialization=False)
     assert torch.equal(compat.load_torch_file(tmp_path / "old.pth")["a"], torch.ones(3))  # no mmap for the old format
+
+
+def test_int4_packing_falls_back_to_tinygemm_without_mslk(monkeypatch):
+    import dataclasses
+    import importlib.util
+
+    @dataclasses.dataclass
+    class New:  # torchao >= 0.14: a packing-format field, default "plain" needs mslk
+        group_size: int = 128
+        int4_packing_format: str = "plain"
+
+    @dataclasses.dataclass
+    class Old:
+        group_size: int = 128
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "mslk" else real(name, *a))
+    assert compat._int4_packing(New) == "tile_packed_to_4d"
+    assert compat._int4_packing(Old) is None
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: object() if name == "mslk" else real(name, *a))
+    assert compat._int4_packing(New) is None  # mslk installed: torchao's default

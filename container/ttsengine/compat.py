@@ -159,13 +159,28 @@ def torchao_quantize(model: torch.nn.Module, mode: str, filter_fn) -> str | None
         return None
     if mode == "int4":
         if hasattr(q, "Int4WeightOnlyConfig"):
-            q.quantize_(model, q.Int4WeightOnlyConfig(group_size=128), filter_fn=filter_fn)
-            return "torchao Int4WeightOnlyConfig"
+            packing = _int4_packing(q.Int4WeightOnlyConfig)
+            extra = {"int4_packing_format": packing} if packing else {}
+            q.quantize_(model, q.Int4WeightOnlyConfig(group_size=128, **extra), filter_fn=filter_fn)
+            return "torchao Int4WeightOnlyConfig" + (f" ({packing})" if packing else "")
         if hasattr(q, "int4_weight_only"):
             q.quantize_(model, q.int4_weight_only(group_size=128), filter_fn=filter_fn)
             return "torchao int4_weight_only()"
         return None
     raise ConfigError(f"unknown quantization mode {mode!r}")
+
+
+def _int4_packing(config_cls) -> str | None:
+    """torchao >= 0.14's default int4 packing ("plain") runs on the separate `mslk` kernels package;
+    without it, "tile_packed_to_4d" uses torch's own tinygemm kernel (aten._weight_int4pack_mm).
+    None: keep torchao's default (older torchao, or mslk installed)."""
+    import dataclasses
+    import importlib.util
+
+    names = {f.name for f in dataclasses.fields(config_cls)} if dataclasses.is_dataclass(config_cls) else set()
+    if "int4_packing_format" not in names or importlib.util.find_spec("mslk") is not None:
+        return None
+    return "tile_packed_to_4d"
 
 
 @contextlib.contextmanager

@@ -296,12 +296,22 @@ def quantize(model: nn.Module, mode: str, int8_kernel: str | None = None) -> str
             _replace_linears(model, filter_fn, "dequant")
             return f"int8 (built-in int8 linear, dequant, {count} linear layers)"
     used = torchao_quantize(model, mode, filter_fn)
+    if used is not None and mode == "int4":
+        for module in model.modules():
+            if filter_fn(module):  # still nn.Linear: torchao swaps the weight tensor only
+                module.register_forward_pre_hook(_contiguous_input)
     if used is None and mode == "int8":
         _replace_linears(model, filter_fn, "legacy")
         used = "built-in int8 linear"
     if used is None:
         raise ConfigError(f"TTS_QUANT={mode}: needs torchao (pip install torchao)")
     return f"{mode} ({used}, {count} linear layers)"
+
+
+def _contiguous_input(module: nn.Module, args: tuple) -> tuple:
+    # torch's int4 kernel (_weight_int4pack_mm) requires a contiguous activation; the decode step
+    # hands some linears strided views (measured: "Expected A.is_contiguous()" from attention's wqkv)
+    return (args[0].contiguous(), *args[1:])
 
 
 def weight_bytes(model: nn.Module) -> int:
