@@ -119,6 +119,10 @@ def build_parser() -> argparse.ArgumentParser:
 TOOLS = {"bench": "bench", "warm": "warm", "loadtest": "loadtest"}
 
 
+def _log_to_stderr() -> None:
+    logging.basicConfig(level=from_env().log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv and argv[0] in TOOLS:
@@ -126,14 +130,14 @@ def main(argv: list[str] | None = None) -> int:
 
         tool = importlib.import_module(f".{TOOLS[argv[0]]}", __package__)
         try:
+            _log_to_stderr()  # warm/bench progress (cache status, warm-up) beside their JSON on stdout
             return tool.main(argv[1:])
         except TTSError as e:
             print(f"ttsengine {argv[0]}: {e}", file=sys.stderr)
             return 2
     args = build_parser().parse_args(argv)
     try:
-        logging.basicConfig(level=from_env().log_level.upper(),
-                            format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+        _log_to_stderr()
         return args.func(args)
     except TTSError as e:
         print(f"ttsengine {args.command}: {e}", file=sys.stderr)
