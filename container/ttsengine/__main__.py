@@ -117,6 +117,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 # subcommands with their own argument parsers: python -m ttsengine <tool> ...
 TOOLS = {"bench": "bench", "warm": "warm", "loadtest": "loadtest"}
+ENGINE_TOOLS = ("bench", "warm")  # log the engine's start (cache status, warm-up); loadtest is a quiet HTTP client
 
 
 def _log_to_stderr() -> None:
@@ -130,7 +131,8 @@ def main(argv: list[str] | None = None) -> int:
 
         tool = importlib.import_module(f".{TOOLS[argv[0]]}", __package__)
         try:
-            _log_to_stderr()  # warm/bench progress (cache status, warm-up) beside their JSON on stdout
+            if argv[0] in ENGINE_TOOLS:
+                _log_to_stderr()  # beside their JSON on stdout
             return tool.main(argv[1:])
         except TTSError as e:
             print(f"ttsengine {argv[0]}: {e}", file=sys.stderr)
