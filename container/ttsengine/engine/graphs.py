@@ -1,6 +1,6 @@
 """CUDA graphs of the decode step, one per batch bucket. Capture and replay happen on the engine thread.
 
-A bucket is captured one of three ways:
+A bucket is captured one of two ways:
 - `capture(buckets)` while every slot is idle (warm-up, or the engine loop when it has nothing to do):
   two plain steps first (idle rows write only to the scratch page and keep their state, so they
   change nothing), then the capture;
