@@ -26,7 +26,7 @@ if [ "${TTS_CPU:-0}" = 1 ]; then
 elif ! command -v nvidia-smi >/dev/null || ! nvidia-smi >/dev/null 2>&1; then
   say "WARNING: no NVIDIA driver found (nvidia-smi): CPU mode. Speech works, but far slower than on a GPU."
   gpu=0
-elif ! docker info 2>/dev/null | grep -qi nvidia && ! command -v nvidia-container-toolkit >/dev/null \
+elif ! docker info 2>/dev/null | grep -i nvidia >/dev/null && ! command -v nvidia-container-toolkit >/dev/null \
      && ! command -v nvidia-ctk >/dev/null; then
   say "WARNING: the NVIDIA container toolkit is missing (https://docs.nvidia.com/datacenter/cloud-native/container-toolkit/): CPU mode."
   gpu=0

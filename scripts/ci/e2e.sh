@@ -8,6 +8,8 @@
 # Everything is torn down at the end, also on failure.
 # Usage: scripts/ci/e2e.sh PYTHON CACHE_DIR   (PYTHON: a venv with the dev extras, for the helpers)
 set -euo pipefail
+# Not `logs | grep -q`: grep -q exits at the first match, docker gets SIGPIPE and pipefail fails the match.
+reused_cache() { docker compose logs tts >"$CACHE/tts.log" 2>&1; grep -qE "kernel cache /cache: (dir|blob)" "$CACHE/tts.log"; }
 cd "$(dirname "$0")/../.."
 ROOT=$(pwd)
 PY=${1:?python} CACHE=${2:?cache dir}
@@ -79,14 +81,14 @@ docker compose up -d --wait
 first_ready=$(( $(date +%s) - t0 ))
 "$PY" scripts/ci/e2e_check.py http "http://127.0.0.1:$PORT"
 docker compose logs --no-log-prefix tts | grep -E "kernel cache|engine ready"
-docker compose logs tts | grep -qE "kernel cache /cache: (dir|blob)" || { echo "e2e: the server did not reuse the warm cache" >&2; exit 1; }
+reused_cache || { echo "e2e: the server did not reuse the warm cache" >&2; exit 1; }
 step "1. restart (docker compose down, keeping volumes; up again)"
 docker compose down
 t0=$(date +%s)
 docker compose up -d --wait
 restart_ready=$(( $(date +%s) - t0 ))
 docker compose logs --no-log-prefix tts | grep -E "kernel cache|engine ready"
-docker compose logs tts | grep -qE "kernel cache /cache: (dir|blob)" || { echo "e2e: the restart recompiled" >&2; exit 1; }
+reused_cache || { echo "e2e: the restart recompiled" >&2; exit 1; }
 "$PY" scripts/ci/e2e_check.py http "http://127.0.0.1:$PORT"
 grep '"warmup_s"' "$CACHE/setup.log" | tail -1 | sed 's/^/cold compile (setup.sh warm): /'
 echo "ready after up: first ${first_ready} s, restart ${restart_ready} s (kernel cache reused)"
