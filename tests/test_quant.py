@@ -11,7 +11,7 @@ from conftest import MODEL_DIR
 from safetensors.torch import load_file
 
 from ttsengine import ConfigError, Engine, EngineConfig, SynthesisRequest, compat, from_env
-from ttsengine.model import quant
+from ttsengine.model import int8_triton, quant
 from ttsengine.model.checkpoint import load_checkpoint
 from ttsengine.model.layers import causal_mask_from_positions
 from ttsengine.model.quant import Int8Linear, quantize, weight_bytes
@@ -49,7 +49,7 @@ def test_builtin_int8_linear_matches_its_dequantized_weights():
     assert (w - lin.weight).abs().max() <= q.scale.max() / 2 + 1e-6  # rounding error at most half a step
 
 
-@pytest.mark.parametrize("kernel", ["fused", "dequant"])
+@pytest.mark.parametrize("kernel", ["fused", "tile", "dequant"])
 def test_int8_kernels_are_smaller_and_close(kernel):
     ref, q = load_checkpoint(MODEL_DIR), load_checkpoint(MODEL_DIR)
     done = quantize(q.model, "int8", kernel)
@@ -63,7 +63,7 @@ def test_int8_kernels_are_smaller_and_close(kernel):
 
 
 @pytest.mark.parametrize("bias", [True, False])
-@pytest.mark.parametrize("kernel", ["fused", "dequant", "legacy"])
+@pytest.mark.parametrize("kernel", ["fused", "tile", "dequant", "legacy"])
 def test_int8_linear_equals_dequantized_reference(kernel, bias):
     torch.manual_seed(0)
     lin = torch.nn.Linear(96, 40, bias=bias)
@@ -82,6 +82,8 @@ def test_off_switch_selects_the_previous_path(monkeypatch):
     assert quant.resolve_int8_kernel(None, cuda) == ("fused" if fused_ok else "off")  # default: auto
     assert quant.resolve_int8_kernel(None, cpu) == "off"
     assert quant.resolve_int8_kernel("dequant", cuda) == "dequant"
+    assert quant.resolve_int8_kernel("tile", cuda) == "tile"  # the GEMV kernel's off switch
+    assert from_env({"TTS_INT8_KERNEL": "tile"}).int8_kernel == "tile"
     assert quant.resolve_int8_kernel("off", cuda) == "off"
     assert from_env({"TTS_INT8_KERNEL": "off"}).int8_kernel == "off"  # the switch, read once by config
     monkeypatch.setitem(sys.modules, "torchao", None)  # the previous path without torchao: legacy built-in
@@ -126,11 +128,11 @@ def _triton_major() -> int:
 
 @pytest.mark.skipif(not quant.triton_available() or (not torch.cuda.is_available() and _triton_major() < 3),
                     reason="needs a GPU or Triton >= 3 (its interpreter)")
-@pytest.mark.parametrize("rows,n,k,bias", [(2, 48, 64, True), (5, 100, 48, False), (37, 64, 256, True),
-                                           (70, 33, 96, True)])
-def test_triton_int8_kernel_matches_reference(rows, n, k, bias):
-    """The kernel's indexing (row/column tails, K not a multiple of the tile, bias) on Triton's
-    interpreter when there is no GPU (fp16: the interpreter has no bf16)."""
+@pytest.mark.parametrize("rows,n,k,bias", [(1, 40, 200, True), (2, 48, 64, True), (5, 100, 48, False),
+                                           (37, 64, 256, True), (70, 33, 96, True), (2, 20, 2100, False)])
+def test_triton_int8_kernels_match_reference(rows, n, k, bias):
+    """Both kernels' indexing (row/column tails, K not a multiple of the tile, bias, the 3-D
+    accumulator of long K) on Triton's interpreter when there is no GPU (fp16: it has no bf16)."""
     torch.manual_seed(0)
     dev = "cuda" if torch.cuda.is_available() else "cpu"
     lin = torch.nn.Linear(k, n, bias=bias).half().to(dev)
@@ -138,10 +140,22 @@ def test_triton_int8_kernel_matches_reference(rows, n, k, bias):
     x = torch.randn(rows, k, device=dev).half()
     expect = x.float() @ (q.weight_int8.float() * q.scale[:, None]).T + (lin.bias.float() if bias else 0)
     configs = [None, {"BM": 16, "BN": 16, "BK": 32, "num_warps": 4, "num_stages": 3}]
+    if rows <= 4:
+        configs += [int8_triton.gemv_config(k), {**int8_triton.gemv_config(k), "ACC3": k <= 1024, "BN": 8}]
     for cfg in configs:
-        y = quant.int8_linear_triton(x, q.weight_int8, q.scale, q.bias, cfg)
+        y = int8_triton.int8_linear_triton(x, q.weight_int8, q.scale, q.bias, cfg)
         assert y.dtype == torch.float16 and y.shape == (rows, n)
         torch.testing.assert_close(y.float(), expect, rtol=2e-3, atol=2e-3)
+
+
+def test_gemv_kernel_is_chosen_for_one_or_two_rows_and_has_an_off_switch():
+    cfg = int8_triton.int8_linear_config
+    assert cfg(2, 1024, 3072, sms=132)["kernel"] == "gemv" and cfg(1, 4096, 1024, sms=132)["kernel"] == "gemv"
+    assert cfg(3, 1024, 3072, sms=132)["kernel"] == "tile"
+    assert cfg(2, 155776, 1024, sms=132)["kernel"] == "tile"  # the vocabulary head reads faster in wide tiles
+    assert cfg(2, 1024, 3072, sms=132, gemv_rows=0)["kernel"] == "tile"
+    assert Int8Linear(torch.nn.Linear(16, 8), "fused").gemv_rows == int8_triton.GEMV_MAX_ROWS
+    assert Int8Linear(torch.nn.Linear(16, 8), "tile").gemv_rows == 0
 
 
 def test_bad_modes():
@@ -163,14 +177,14 @@ def test_engine_serves_int8():
 
 
 def test_int8_tile_rules_reproduce_the_measured_table(monkeypatch):
-    table = dict(quant.INT8_TILE_TABLE)
-    monkeypatch.setattr(quant, "INT8_TILE_TABLE", {})
+    table = dict(int8_triton.INT8_TILE_TABLE)
+    monkeypatch.setattr(int8_triton, "INT8_TILE_TABLE", {})
     for (cls, n, k), cfg in table.items():
-        rule = quant.int8_linear_config(2 if cls == "s" else 64, n, k, sms=132)
+        rule = int8_triton.int8_linear_config(2 if cls == "s" else 64, n, k, sms=132, gemv_rows=0)
         assert {t: rule[t] for t in ("BM", "BN", "BK")} == {t: cfg[t] for t in ("BM", "BN", "BK")}
-    big = quant.int8_linear_config(4096, 1024, 1024, sms=132)  # prefill: a GEMM tiling, BK capped by K
+    big = int8_triton.int8_linear_config(4096, 1024, 1024, sms=132)  # prefill: a GEMM tiling, BK capped by K
     assert big["BM"] == 64 and big["BK"] <= 1024
-    assert quant.int8_linear_config(2, 40, 24, sms=132)["BK"] == 32  # K smaller than the tile
+    assert int8_triton.int8_linear_config(4, 40, 24, sms=132)["BK"] == 32  # K smaller than the tile
 
 
 @pytest.mark.gpu

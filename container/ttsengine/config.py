@@ -42,7 +42,7 @@ class EngineConfig:
     snake_kernel: str = "auto"  # Snake as one Triton kernel in the eager codec: auto (on CUDA with Triton) | off
     cache_dir: Path | None = None  # torch.compile kernel cache (Inductor + Triton); None = torch's default
     quant: str = "bf16"  # weight-only quantization of linear layers: bf16 (none) | int8 | int4
-    int8_kernel: str = "auto"  # int8 implementation: auto | fused | dequant | off (see model/quant.py)
+    int8_kernel: str = "auto"  # int8 implementation: auto | fused | tile | dequant | off (model/quant.py)
     default_max_new_tokens: int = 0  # frames per chunk when a request does not say; 0 = the family's (1024)
 
     def with_(self, **changes) -> EngineConfig:
@@ -77,8 +77,9 @@ ENV_VARS: dict[str, tuple[str, str]] = {
                                          "when the codec is not compiled)"),
     "TTS_CACHE_DIR": ("cache_dir", "directory of the torch.compile kernel cache (keep it on a volume)"),
     "TTS_QUANT": ("quant", "bf16 (no quantization) | int8 | int4: weight-only quantization of linear layers"),
-    "TTS_INT8_KERNEL": ("int8_kernel", "auto | fused | dequant | off: the int8 linear (off = torchao's or the legacy "
-                                       "form, which torch.compile turns into a slow kernel)"),
+    "TTS_INT8_KERNEL": ("int8_kernel", "auto | fused | tile | dequant | off: the int8 linear (tile = fused without "
+                                       "its 1-2 row GEMV kernel; off = torchao's or the legacy form, which "
+                                       "torch.compile turns into a slow kernel)"),
     "TTS_DEFAULT_MAX_NEW_TOKENS": ("default_max_new_tokens", "frames per chunk if a request gives none (0: 1024)"),
 }
 # Variables read outside EngineConfig (servers, download credentials), listed for the README table.
@@ -250,8 +251,8 @@ def validate(cfg: EngineConfig) -> EngineConfig:
         fail("snake_kernel", f"{cfg.snake_kernel!r} is not one of auto, off")
     if cfg.quant not in ("bf16", "none", "int8", "int4"):
         fail("quant", f"{cfg.quant!r} is not one of bf16, int8, int4")
-    if cfg.int8_kernel not in ("auto", "fused", "dequant", "off"):
-        fail("int8_kernel", f"{cfg.int8_kernel!r} is not one of auto, fused, dequant, off")
+    if cfg.int8_kernel not in ("auto", "fused", "tile", "dequant", "off"):
+        fail("int8_kernel", f"{cfg.int8_kernel!r} is not one of auto, fused, tile, dequant, off")
     if cfg.log_level.upper() not in _LOG_LEVELS:
         fail("log_level", f"{cfg.log_level!r} is not one of {', '.join(_LOG_LEVELS)}")
     return cfg

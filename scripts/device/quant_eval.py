@@ -3,12 +3,12 @@ greedy code agreement over 32 frames, codec SNR, and the LLM decode-step time (c
 CUDA graph; 64 rows with 256-token contexts, and 2 rows). One JSON line per measurement.
 
 Run on a GPU machine: PYTHONPATH=container python3 scripts/device/quant_eval.py [--micro] [MODE ...]
-MODE: bf16 | int8 | int4, or int8:KERNEL with KERNEL one of quant.INT8_KERNELS (fused, dequant, off;
+MODE: bf16 | int8 | int4, or int8:KERNEL with KERNEL one of quant.INT8_KERNELS (fused, tile, dequant, off;
 plain int8 follows $TTS_INT8_KERNEL, default auto). Default modes: bf16 int8 int4.
 --micro times the fused int8 kernel against bf16 F.linear on the S1-mini linear shapes at 2 and 64 rows
 (weights rotated through more than L2 holds) and sweeps its tile sizes (after the modes); --tune does
 that before the modes (budget $TUNE_BUDGET_S, default 150 s) and makes the modes use the best tiles
-(quant.INT8_TILE_TABLE: copy the printed table into quant.py to ship it).
+(int8_triton.INT8_TILE_TABLE: copy the printed table into int8_triton.py to ship it).
 """
 
 from __future__ import annotations
@@ -25,9 +25,10 @@ import torch.nn.functional as F
 
 from ttsengine.engine.generator import raw_frames
 from ttsengine.engine.runner import Runner, RunnerConfig
-from ttsengine.model import quant
+from ttsengine.model import int8_triton
+from ttsengine.model.int8_triton import int8_linear_config, int8_linear_triton
 from ttsengine.model.layers import causal_mask_from_positions
-from ttsengine.model.quant import Int8Linear, int8_linear_config, int8_linear_triton, quantize, weight_bytes
+from ttsengine.model.quant import Int8Linear, quantize, weight_bytes
 from ttsengine.model.sampling import SamplingTensors
 from ttsengine.model.synthetic import random_checkpoint
 
@@ -83,7 +84,7 @@ def _sweep(m: int, N: int, K: int):
 
 def micro(budget_s: float = 100.0, install: bool = False) -> None:
     """bf16 F.linear vs the fused int8 kernel (default tiles, then a tile sweep) per S1-mini shape, at 2
-    and 64 rows. install: put the best tiles into quant.INT8_TILE_TABLE (what later modes then use)."""
+    and 64 rows. install: put the best tiles into int8_triton.INT8_TILE_TABLE (what later modes then use)."""
     start = time.perf_counter()
     sms = torch.cuda.get_device_properties(DEV).multi_processor_count
     for name, (N, K) in MICRO_SHAPES.items():
@@ -118,13 +119,13 @@ def micro(budget_s: float = 100.0, install: bool = False) -> None:
                 top.sort(key=lambda r: r[0])
                 row.update({"best_us": top[0][0], "best": top[0][1], "runner_up": top[1:3]})
                 if install:
-                    quant.INT8_TILE_TABLE[("s" if m <= 16 else "m", N, K)] = top[0][1]
+                    int8_triton.INT8_TILE_TABLE[("s" if m <= 16 else "m", N, K)] = top[0][1]
             print(json.dumps(row), flush=True)
         del ws, qs
         torch.cuda.empty_cache()
     if install:
-        print(json.dumps({"INT8_TILE_TABLE": {f"{k[0]},{k[1]},{k[2]}": v for k, v in quant.INT8_TILE_TABLE.items()}}),
-              flush=True)
+        table = {f"{k[0]},{k[1]},{k[2]}": v for k, v in int8_triton.INT8_TILE_TABLE.items()}
+        print(json.dumps({"INT8_TILE_TABLE": table}), flush=True)
 
 
 def outputs(ck, prompt: torch.Tensor, codes: torch.Tensor):
