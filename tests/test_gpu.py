@@ -83,6 +83,14 @@ def test_graphs_equal_eager_tokens_bf16(lazy):
         assert len(g) == len(e) and all(np.array_equal(a, b) for a, b in zip(g, e))
 
 
+def test_int8_graphs_equal_eager_tokens_bf16():
+    # the fused int8 op (Triton GEMV at 1-2 rows, tiles at 4 and 8) replayed in graphs == run eagerly
+    graphed = tokens(cfg(cuda_graphs="on", compile="off", quant="int8"))
+    eager = tokens(cfg(cuda_graphs="off", compile="off", quant="int8"))
+    for g, e in zip(graphed, eager):
+        assert len(g) == len(e) and all(np.array_equal(a, b) for a, b in zip(g, e))
+
+
 def test_compiled_graphs_equal_eager_tokens_fp32():
     compiled = tokens(cfg(cuda_graphs="on", compile="on", dtype="float32", codec_dtype="float32"))
     eager = tokens(cfg(cuda_graphs="off", compile="off", dtype="float32", codec_dtype="float32"))
