@@ -6,7 +6,8 @@ Run on a GPU machine: PYTHONPATH=container python3 scripts/device/quant_eval.py 
 MODE: bf16 | int8 | int4, or int8:KERNEL with KERNEL one of quant.INT8_KERNELS (fused, tile, dequant, off;
 plain int8 follows $TTS_INT8_KERNEL, default auto). Default modes: bf16 int8 int4.
 --micro times the fused int8 kernel against bf16 F.linear on the S1-mini linear shapes at 2 and 64 rows
-(weights rotated through more than L2 holds) and sweeps its tile sizes (after the modes); --tune does
+(weights rotated through more than L2 holds) and sweeps its tile sizes, at 2 rows the GEMV kernel's too
+(after the modes); --tune does
 that before the modes (budget $TUNE_BUDGET_S, default 150 s) and makes the modes use the best tiles
 (int8_triton.INT8_TILE_TABLE: copy the printed table into int8_triton.py to ship it).
 """
@@ -80,6 +81,21 @@ def _sweep(m: int, N: int, K: int):
                         if (bm * bk * 2 + bn * bk) * stages > 200_000:  # shared memory
                             continue
                         yield {"BM": bm, "BN": bn, "BK": bk, "num_warps": warps, "num_stages": stages}
+    if m <= int8_triton.GEMV_MAX_ROWS:
+        yield from _gemv_sweep(K)
+
+
+def _gemv_sweep(K: int):
+    """The GEMV kernel's candidates (what chose int8_triton.gemv_config; rows are padded to 2)."""
+    for bn in (4, 8, 16, 32, 64):
+        for bk in (128, 256, 512, 1024):
+            for acc3 in (False, True):
+                if bk > max(K, 128) or (acc3 and 2 * bn * bk > 16384) or 2 * bn * bk > 65536:  # registers
+                    continue
+                for warps in (2, 4, 8):
+                    for stages in (1, 2):
+                        yield {"kernel": "gemv", "BN": bn, "BK": bk, "ACC3": acc3, "num_warps": warps,
+                               "num_stages": stages}
 
 
 def micro(budget_s: float = 100.0, install: bool = False) -> None:
@@ -118,8 +134,9 @@ def micro(budget_s: float = 100.0, install: bool = False) -> None:
                 top = [(min(timed(c), timed(c)), c) for _, c in results[:5]]
                 top.sort(key=lambda r: r[0])
                 row.update({"best_us": top[0][0], "best": top[0][1], "runner_up": top[1:3]})
-                if install:
-                    int8_triton.INT8_TILE_TABLE[("s" if m <= 16 else "m", N, K)] = top[0][1]
+                best_tile = next((c for _, c in top + results if c.get("kernel", "tile") == "tile"), None)
+                if install and best_tile is not None:  # the GEMV's tiles are a rule (gemv_config), not a table
+                    int8_triton.INT8_TILE_TABLE[("s" if m <= 16 else "m", N, K)] = best_tile
             print(json.dumps(row), flush=True)
         del ws, qs
         torch.cuda.empty_cache()
