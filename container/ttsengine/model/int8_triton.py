@@ -11,7 +11,8 @@ Two kernels, picked per call by `int8_linear_config`:
 Measured on an H100 (torch 2.11, Triton 3.6, weights rotated beyond L2, CUDA graph, us per linear at
 2 rows): w2 1024x3072 cuBLAS bf16 7.03 / tile 7.23 / gemv 5.02; wo 1024x2048 5.81 / 5.96 / 4.09; wqkv
 4096x1024 5.72 / 5.86 / 5.17; w1 3072x1024 5.32 / 5.28 / 4.51; head 155776x1024 137.8 / 63.7 / 101.3.
-The decode step at bucket 2: bf16 4.82 ms, tile only 4.70, gemv 4.36 (.devscripts probe, session 12).
+The decode step at bucket 2 (one process): bf16 4.82 ms, tile only 4.70, gemv 4.36. The per-linear sweep
+is `scripts/device/quant_eval.py --micro`; the step times `quant_eval.py bf16 int8 int8:tile`.
 """
 
 from __future__ import annotations
