@@ -14,9 +14,9 @@ from ttsengine.model.paged_attention import (
     PagedKV,
     paged_decode_reference,
     paged_write_decode_triton,
-    triton_available,
     write_and_attend,
 )
+from ttsengine.model.triton_support import next_pow2, triton_available
 
 
 def setup(B=5, H=4, Hk=2, d=32, page=16, pages=40, seed=0, dtype=torch.float32, device="cpu"):
@@ -92,3 +92,7 @@ def test_write_and_attend_op_matches_two_steps():
     expected = paged_decode_reference(q, ref_kv, table, lens)
     got = write_and_attend(q, k_new, v_new, kv, table, pos, use_triton=False)
     assert torch.allclose(got, expected) and torch.equal(kv.k, ref_kv.k)
+
+
+def test_next_pow2_gives_the_block_extents():
+    assert [next_pow2(x) for x in (0, 1, 2, 3, 16, 17, 1000, 1024)] == [1, 1, 2, 4, 16, 32, 1024, 1024]

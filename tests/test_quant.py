@@ -15,6 +15,7 @@ from ttsengine.model import int8_triton, quant
 from ttsengine.model.checkpoint import load_checkpoint
 from ttsengine.model.layers import causal_mask_from_positions
 from ttsengine.model.quant import Int8Linear, quantize, weight_bytes
+from ttsengine.model.triton_support import triton_available
 
 
 def logits(ck, prompt):
@@ -78,7 +79,7 @@ def test_int8_linear_equals_dequantized_reference(kernel, bias):
 
 def test_off_switch_selects_the_previous_path(monkeypatch):
     cuda, cpu = torch.device("cuda"), torch.device("cpu")
-    fused_ok = compat.custom_ops_available() and quant.triton_available()
+    fused_ok = compat.custom_ops_available() and triton_available()
     assert quant.resolve_int8_kernel(None, cuda) == ("fused" if fused_ok else "off")  # default: auto
     assert quant.resolve_int8_kernel(None, cpu) == "off"
     assert quant.resolve_int8_kernel("dequant", cuda) == "dequant"
@@ -126,7 +127,7 @@ def _triton_major() -> int:
     return int(triton.__version__.split(".")[0])
 
 
-@pytest.mark.skipif(not quant.triton_available() or (not torch.cuda.is_available() and _triton_major() < 3),
+@pytest.mark.skipif(not triton_available() or (not torch.cuda.is_available() and _triton_major() < 3),
                     reason="needs a GPU or Triton >= 3 (its interpreter)")
 @pytest.mark.parametrize("rows,n,k,bias", [(1, 40, 200, True), (2, 48, 64, True), (5, 100, 48, False),
                                            (37, 64, 256, True), (70, 33, 96, True), (2, 20, 2100, False)])

@@ -22,21 +22,9 @@ import functools
 import torch
 from torch import Tensor
 
+from .triton_support import next_pow2
+
 GEMV_MAX_ROWS = 2  # measured at 2 rows only; from 3 rows the tl.dot tiles (tuned at 2 and 64) are used
-
-
-def triton_available() -> bool:
-    return _triton_available()
-
-
-@functools.lru_cache(maxsize=1)
-def _triton_available() -> bool:
-    try:
-        import triton  # noqa: F401
-        import triton.language  # noqa: F401
-    except Exception:  # noqa: BLE001 - absent or broken: the reference path
-        return False
-    return True
 
 
 @functools.lru_cache(maxsize=1)
@@ -152,15 +140,11 @@ INT8_TILE_TABLE: dict[tuple[str, int, int], dict] = {
 }
 
 
-def _pow2_at_least(n: int) -> int:
-    return 1 << (max(n, 1) - 1).bit_length()
-
-
 def gemv_config(K: int) -> dict:
     """The gemv kernel's tiles (the probe's sweep at 2 rows over BN 4..64, BK 128..1024, warps 2..8:
     4 columns and BK 1024 won on every S1-mini shape; long K preferred the 3-D accumulator)."""
     long_k = K > 1024
-    return {"kernel": "gemv", "BN": 4, "BK": min(1024, max(16, _pow2_at_least(K))), "ACC3": long_k,
+    return {"kernel": "gemv", "BN": 4, "BK": min(1024, max(16, next_pow2(K))), "ACC3": long_k,
             "num_warps": 4 if long_k else 2, "num_stages": 2}
 
 
@@ -187,7 +171,7 @@ def int8_linear_config(M: int, N: int, K: int, sms: int, gemv_rows: int = GEMV_M
             cfg = {"BM": 32, "BN": 16, "BK": 256, "num_stages": 4}
     else:  # prefill-sized
         cfg = {"BM": 64, "BN": 128 if -(-N // 128) * -(-M // 64) >= sms else 64, "BK": 64, "num_stages": 3}
-    cfg["BK"] = min(cfg["BK"], max(16, _pow2_at_least(K)))
+    cfg["BK"] = min(cfg["BK"], max(16, next_pow2(K)))
     return {"kernel": "tile", **cfg, "num_warps": 4}
 
 
@@ -215,7 +199,7 @@ def int8_linear_triton(x: Tensor, weight_int8: Tensor, scale: Tensor, bias: Tens
     args = (x2, w, scale, bias if bias is not None else scale, y, M, N, K, x2.stride(0), w.stride(0), y.stride(0))
     tile, gemv = _kernels()
     if kind == "gemv":
-        gemv[(-(-N // BN),)](*args, HAS_BIAS=bias is not None, BM=max(2, _pow2_at_least(M)), BN=BN, BK=BK,
+        gemv[(-(-N // BN),)](*args, HAS_BIAS=bias is not None, BM=max(2, next_pow2(M)), BN=BN, BK=BK,
                              EVEN_K=K % BK == 0, ACC3=cfg.pop("ACC3"), **cfg)
     else:
         BM = cfg.pop("BM")

@@ -20,6 +20,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from .triton_support import next_pow2
+
 SCRATCH_PAGE = 0
 
 
@@ -170,18 +172,7 @@ def paged_write_decode_triton(q: Tensor, k: Tensor, v: Tensor, kv: PagedKV, page
         q, k, v, kv.k, kv.v, page_table, pos, out, d ** -0.5,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), kv.k.stride(0), kv.k.stride(1), kv.k.stride(2),
         page_table.stride(0), out.stride(0), out.stride(1),
-        G=G, BLOCK_G=max(16, triton_next_pow2(G)), D=d, PAGE=kv.page_size,
+        G=G, BLOCK_G=max(16, next_pow2(G)), D=d, PAGE=kv.page_size,
     )
     return out
 
-
-def triton_next_pow2(x: int) -> int:
-    return 1 << max(0, (x - 1).bit_length())
-
-
-def triton_available() -> bool:
-    try:
-        import triton  # noqa: F401
-    except ImportError:
-        return False
-    return True

@@ -36,7 +36,8 @@ from torch import Tensor, nn
 
 from ..compat import custom_ops_available, torchao_quantize
 from ..errors import ConfigError
-from .int8_triton import GEMV_MAX_ROWS, int8_linear_triton, triton_available
+from .int8_triton import GEMV_MAX_ROWS, int8_linear_triton
+from .triton_support import triton_available
 
 MODES = ("bf16", "int8", "int4")
 INT8_KERNELS = ("auto", "fused", "tile", "dequant", "off")

@@ -1,0 +1,21 @@
+"""What every Triton kernel here needs from the host side: whether Triton is usable, and block sizes."""
+
+from __future__ import annotations
+
+import functools
+
+
+@functools.lru_cache(maxsize=1)
+def triton_available() -> bool:
+    """Triton imports (absent, or broken in a way that only shows on import: the reference paths)."""
+    try:
+        import triton  # noqa: F401
+        import triton.language  # noqa: F401
+    except Exception:  # noqa: BLE001 - absent or broken: the reference path
+        return False
+    return True
+
+
+def next_pow2(x: int) -> int:
+    """The smallest power of two >= x (tl.arange extents must be powers of two); 1 for x <= 1."""
+    return 1 << max(0, (x - 1).bit_length()) if x > 1 else 1
