@@ -1,4 +1,5 @@
-"""The Triton kernels behind the fused int8 weight-only linear: Y = (X @ W_int8^T) * scale (+ bias).
+"""The fused int8 weight-only linear on Triton, Y = (X @ W_int8^T) * scale (+ bias): which kernel and
+tiles, and the launch. The kernels themselves are in int8_kernels.py (loaded on first use).
 
 Two kernels, picked per call by `int8_linear_config`:
 - `tile`: a tl.dot tiling (int8 tile converted in registers, tensor cores, scale and bias in the
@@ -29,94 +30,10 @@ GEMV_MAX_ROWS = 2  # measured at 2 rows only; from 3 rows the tl.dot tiles (tune
 
 @functools.lru_cache(maxsize=1)
 def _kernels():
-    """-> (tile, gemv) jitted kernels, built on first use so that importing this module needs no Triton."""
-    import triton
-    import triton.language as tl
+    """-> (tile, gemv) jitted kernels, imported on first use so that importing this module needs no Triton."""
+    from . import int8_kernels
 
-    @triton.jit(do_not_specialize=["M"])
-    def tile_kernel(X, W, S, BIAS, Y, M, N, K, s_xm, s_wn, s_ym,
-                    HAS_BIAS: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
-                    BK: tl.constexpr, EVEN_K: tl.constexpr):
-        # Y[M, N] = (X[M, K] @ W[N, K]^T) * S[N] (+ BIAS[N]); W int8, X/Y 16-bit, fp32 accumulation.
-        # Programs for one weight tile are adjacent (row tiles vary fastest), so a tile read from
-        # memory once serves the other row tiles from L2.
-        pid = tl.program_id(0)
-        num_m = tl.cdiv(M, BM)
-        pid_m = pid % num_m
-        pid_n = pid // num_m
-        rm = pid_m * BM + tl.arange(0, BM)
-        rn = pid_n * BN + tl.arange(0, BN)
-        rk = tl.arange(0, BK)
-        m_ok = rm < M
-        n_ok = rn < N
-        # out-of-range rows/columns read row 0 (in bounds, never stored): no masks on the main loads
-        rm_in = tl.where(m_ok, rm, 0).to(tl.int64)
-        rn_in = tl.where(n_ok, rn, 0).to(tl.int64)
-        xp = X + rm_in[:, None] * s_xm + rk[None, :]
-        wp = W + rn_in[:, None] * s_wn + rk[None, :]
-        acc = tl.zeros((BM, BN), dtype=tl.float32)
-        for k in range(0, tl.cdiv(K, BK)):
-            if EVEN_K:
-                a = tl.load(xp)
-                b = tl.load(wp)
-            else:
-                k_ok = (k * BK + rk) < K
-                a = tl.load(xp, mask=k_ok[None, :], other=0.0)
-                b = tl.load(wp, mask=k_ok[None, :], other=0)
-            acc += tl.dot(a, tl.trans(b.to(a.dtype)))
-            xp += BK
-            wp += BK
-        acc = acc * tl.load(S + rn_in).to(tl.float32)[None, :]
-        if HAS_BIAS:
-            acc = acc + tl.load(BIAS + rn_in).to(tl.float32)[None, :]
-        yp = Y + rm[:, None].to(tl.int64) * s_ym + rn[None, :]
-        tl.store(yp, acc.to(Y.dtype.element_ty), mask=m_ok[:, None] & n_ok[None, :])
-
-    @triton.jit(do_not_specialize=["M"])
-    def gemv_kernel(X, W, S, BIAS, Y, M, N, K, s_xm, s_wn, s_ym,
-                    HAS_BIAS: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
-                    BK: tl.constexpr, EVEN_K: tl.constexpr, ACC3: tl.constexpr):
-        # Same contract as tile_kernel for M <= BM rows. One program: all rows x BN columns x all K.
-        # ACC3 keeps [BM, BN, BK] partial products in registers and reduces over K once at the end
-        # (faster for long K); otherwise each K step is reduced as it comes.
-        pid = tl.program_id(0)
-        rm = tl.arange(0, BM)
-        rn = pid * BN + tl.arange(0, BN)
-        rk = tl.arange(0, BK)
-        m_ok = rm < M
-        n_ok = rn < N
-        rm_in = tl.where(m_ok, rm, 0).to(tl.int64)
-        rn_in = tl.where(n_ok, rn, 0).to(tl.int64)
-        xp = X + rm_in[:, None] * s_xm + rk[None, :]
-        wp = W + rn_in[:, None] * s_wn + rk[None, :]
-        if ACC3:
-            acc3 = tl.zeros((BM, BN, BK), dtype=tl.float32)
-        else:
-            acc = tl.zeros((BM, BN), dtype=tl.float32)
-        for k in range(0, tl.cdiv(K, BK)):
-            if EVEN_K:
-                a = tl.load(xp)
-                b = tl.load(wp)
-            else:
-                k_ok = (k * BK + rk) < K
-                a = tl.load(xp, mask=k_ok[None, :], other=0.0)
-                b = tl.load(wp, mask=k_ok[None, :], other=0)
-            prod = a.to(tl.float32)[:, None, :] * b.to(tl.float32)[None, :, :]  # [BM, BN, BK]
-            if ACC3:
-                acc3 += prod
-            else:
-                acc += tl.sum(prod, axis=2)
-            xp += BK
-            wp += BK
-        if ACC3:
-            acc = tl.sum(acc3, axis=2)
-        acc = acc * tl.load(S + rn_in).to(tl.float32)[None, :]
-        if HAS_BIAS:
-            acc = acc + tl.load(BIAS + rn_in).to(tl.float32)[None, :]
-        yp = Y + rm[:, None].to(tl.int64) * s_ym + rn[None, :]
-        tl.store(yp, acc.to(Y.dtype.element_ty), mask=m_ok[:, None] & n_ok[None, :])
-
-    return tile_kernel, gemv_kernel
+    return int8_kernels.tile_kernel, int8_kernels.gemv_kernel
 
 
 @functools.lru_cache(maxsize=16)
