@@ -13,7 +13,7 @@ import torch
 from conftest import MODEL_DIR
 
 from ttsengine import Engine, EngineConfig, ReferenceEngine, SynthesisRequest
-from ttsengine.compat import no_tf32
+from ttsengine.compat import no_tf32, precompile_supported
 
 pytestmark = pytest.mark.gpu
 
@@ -26,8 +26,9 @@ REQUESTS = [
 ]
 
 
-def tokens(engine_cfg: EngineConfig) -> list:
-    """Every generated frame of every request, recorded through the engine's tasks."""
+def tokens(engine_cfg: EngineConfig, stats: dict | None = None) -> list:
+    """Every generated frame of every request, recorded through the engine's tasks; `stats` gets the
+    engine's stats()."""
     eng = Engine.load(engine_cfg)
     seen: dict[int, list] = {}
     original = eng._close
@@ -41,6 +42,8 @@ def tokens(engine_cfg: EngineConfig) -> list:
         streams = [eng.submit(r) for r in REQUESTS]
         for s in streams:
             s.result()
+        if stats is not None:
+            stats.update(eng.stats())
         return [seen[id(s)] for s in streams]
     finally:
         eng.close()
@@ -96,6 +99,22 @@ def test_compiled_graphs_equal_eager_tokens_fp32():
     eager = tokens(cfg(cuda_graphs="off", compile="off", dtype="float32", codec_dtype="float32"))
     for c, e in zip(compiled, eager):
         assert len(c) == len(e) and all(np.array_equal(a, b) for a, b in zip(c, e))
+
+
+@pytest.mark.skipif(not precompile_supported(), reason="torch's AOT precompile needs torch >= 2.10")
+def test_precompiled_graphs_equal_eager_tokens_fp32(tmp_path):
+    # first engine: traces, compiles and saves the units; second: loads them (no trace), same tokens
+    config = cfg(cuda_graphs="on", compile="on", dtype="float32", codec_dtype="float32", cache_dir=tmp_path)
+    first, second = {}, {}
+    traced = tokens(config, first)
+    saved = sorted(p.name for p in tmp_path.glob("precompiled-*/*.pt2"))
+    assert saved == ["fast_head.0.pt2", "fast_layer.0.pt2", "sample.0.pt2", "sample.1.pt2", "slow_layer.0.pt2"]
+    loaded = tokens(config, second)
+    assert (first["precompiled"], second["precompiled"]) == ("0 loaded, 5 traced", "5 loaded, 0 traced")
+    eager = tokens(cfg(cuda_graphs="off", compile="off", dtype="float32", codec_dtype="float32"))
+    for t, lo, e in zip(traced, loaded, eager):
+        assert len(t) == len(lo) == len(e)
+        assert all(np.array_equal(a, b) and np.array_equal(b, c) for a, b, c in zip(t, lo, e))
 
 
 @pytest.fixture

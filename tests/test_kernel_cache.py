@@ -71,6 +71,21 @@ def test_blob_carries_the_triton_cache_into_an_empty_directory(tmp_path):
     assert not (fresh / "triton" / "ABC123" / "snake.lock").exists()
 
 
+def test_the_blob_carries_the_precompiled_units(tmp_path):
+    kc = KernelCache(tmp_path / "a", {"model": "tiny"})
+    kc.setup()
+    kc.precompiled_dir.mkdir(parents=True)
+    (kc.precompiled_dir / "slow_layer.0.pt2").write_bytes(b"trace bytes")
+    blob = kc.save()
+    fresh = tmp_path / "b"
+    fresh.mkdir()
+    (fresh / blob.name).write_bytes(blob.read_bytes())
+    kc2 = KernelCache(fresh, {"model": "tiny"})
+    assert kc2.setup() == "blob"
+    assert (kc2.precompiled_dir / "slow_layer.0.pt2").read_bytes() == b"trace bytes"
+    assert kc2.precompiled_dir.name == kc.precompiled_dir.name == f"precompiled-{kc.key}"
+
+
 def test_blob_members_outside_the_directory_are_refused(tmp_path, caplog):
     import zipfile
 

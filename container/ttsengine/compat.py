@@ -96,6 +96,21 @@ def set_inductor_options(**options) -> dict[str, object]:
     return applied
 
 
+def precompile_supported() -> bool:
+    """torch's AOT precompile (2.10+, experimental): `torch.compile(fn, fullgraph=True).aot_compile(...)`
+    returns the traced and compiled function with its guards, `save_compiled_function` writes it and
+    `torch.compiler.load_compiled_function(file, external_data=...)` loads it without a Dynamo trace."""
+    import inspect
+
+    load = getattr(getattr(torch, "compiler", None), "load_compiled_function", None)
+    if load is None:
+        return False
+    try:
+        return "external_data" in inspect.signature(load).parameters
+    except (TypeError, ValueError):
+        return False
+
+
 def cudagraph_mark_step_begin() -> None:
     """Marks a new step for torch.compile's own CUDA graphs (2.3+); a no-op where absent."""
     fn = getattr(getattr(torch, "compiler", None), "cudagraph_mark_step_begin", None)

@@ -41,6 +41,7 @@ class EngineConfig:
     codec_compile: str = "off"  # torch.compile the streaming codec too: on | off (its trace costs ~18 s per start)
     snake_kernel: str = "auto"  # Snake as one Triton kernel in the eager codec: auto (on CUDA with Triton) | off
     cache_dir: Path | None = None  # torch.compile kernel cache (Inductor + Triton); None = torch's default
+    precompile: str = "auto"  # keep the step's traced units in cache_dir: auto (torch >= 2.10 with a cache dir) | off
     quant: str = "bf16"  # weight-only quantization of linear layers: bf16 (none) | int8 | int4
     int8_kernel: str = "auto"  # int8 implementation: auto | fused | tile | dequant | off (model/quant.py)
     default_max_new_tokens: int = 0  # frames per chunk when a request does not say; 0 = the family's (1024)
@@ -76,6 +77,8 @@ ENV_VARS: dict[str, tuple[str, str]] = {
     "TTS_SNAKE_KERNEL": ("snake_kernel", "auto | off: the codec's Snake activation as one Triton kernel (auto: on CUDA "
                                          "when the codec is not compiled)"),
     "TTS_CACHE_DIR": ("cache_dir", "directory of the torch.compile kernel cache (keep it on a volume)"),
+    "TTS_PRECOMPILE": ("precompile", "auto | off: keep the decode step's traced units in TTS_CACHE_DIR (torch's AOT "
+                                     "precompile, torch >= 2.10), so a warm start skips Dynamo's trace"),
     "TTS_QUANT": ("quant", "bf16 (no quantization) | int8 | int4: weight-only quantization of linear layers"),
     "TTS_INT8_KERNEL": ("int8_kernel", "auto | fused | tile | dequant | off: the int8 linear (tile = fused without "
                                        "its 1-2 row GEMV kernel; off = torchao's or the legacy form, which "
@@ -247,8 +250,9 @@ def validate(cfg: EngineConfig) -> EngineConfig:
             fail(f, f"{getattr(cfg, f)!r} is not one of auto, on, off")
     if cfg.codec_compile not in ("on", "off"):
         fail("codec_compile", f"{cfg.codec_compile!r} is not one of on, off")
-    if cfg.snake_kernel not in ("auto", "off"):
-        fail("snake_kernel", f"{cfg.snake_kernel!r} is not one of auto, off")
+    for f in ("snake_kernel", "precompile"):
+        if getattr(cfg, f) not in ("auto", "off"):
+            fail(f, f"{getattr(cfg, f)!r} is not one of auto, off")
     if cfg.quant not in ("bf16", "none", "int8", "int4"):
         fail("quant", f"{cfg.quant!r} is not one of bf16, int8, int4")
     if cfg.int8_kernel not in ("auto", "fused", "tile", "dequant", "off"):

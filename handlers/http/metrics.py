@@ -53,10 +53,11 @@ def render(counter: RequestCounter, stats: dict | None, ready: bool) -> str:
                     "tts_requests_cancelled_total": "cancelled", "tts_requests_rejected_total": "rejected"}
         for name, key in counters.items():
             lines += [f"# TYPE {name} counter", f"{name} {stats.get(key, 0)}"]
-        lines += ["# HELP tts_engine_info Quantization, kernel cache status, compile and CUDA graphs.",
+        lines += ["# HELP tts_engine_info Quantization, kernel cache, precompiled units, compile and CUDA graphs.",
                   "# TYPE tts_engine_info gauge",
                   "tts_engine_info" + _labels(quantization=stats.get("quantization", ""),
                                               kernel_cache=stats.get("kernel_cache", ""),
+                                              precompiled=stats.get("precompiled", ""),
                                               compiled=stats.get("compiled", ""),
                                               cuda_graphs=stats.get("cuda_graphs", "")) + " 1"]
         lines += ["# HELP tts_time_to_first_audio_seconds Submit to first audio chunk.",

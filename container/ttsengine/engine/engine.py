@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from .. import compat
 from ..config import EngineConfig
 from ..errors import BusyError, InputError, TTSError
 from ..model.checkpoint import Checkpoint
@@ -79,7 +80,8 @@ class Engine:
                                         chunk_sizes=(s.first_chunk_frames, s.stream_chunk_frames),
                                         buckets=s.buckets)
         if s.compile:
-            self.runner.enable_compile()
+            precompile = config.precompile == "auto" and compat.precompile_supported()
+            self.runner.enable_compile(self.kernel_cache.precompiled_dir if precompile else None)
         if s.codec_compile:
             self.vocoder.enable_compile()
         if s.snake_kernel:
@@ -184,7 +186,15 @@ class Engine:
                                         waiting=self.scheduler.queue_depth + len(self._inbox),
                                         device=self.runner.device),
                 "quantization": self.ckpt.quantization, "kernel_cache": self.kernel_cache.status,
-                "compiled": self.runner._compiled, "cuda_graphs": self.graphs is not None}
+                "precompiled": self.precompiled, "compiled": self.runner._compiled,
+                "cuda_graphs": self.graphs is not None}
+
+    @property
+    def precompiled(self) -> str:
+        """The decode step's precompiled units (engine/precompiled.py): "off", or variants loaded from
+        the cache / traced by this process."""
+        counts = self.runner.ops.precompiled()
+        return "off" if counts is None else f"{counts['loaded']} loaded, {counts['compiled']} traced"
 
     # ---- the loop -----------------------------------------------------------------------------
     def _run(self) -> None:
@@ -202,10 +212,10 @@ class Engine:
             self.ready.set()
             return
         log.info("engine ready: %d slots, %d KV pages of %d, graphs %s, compile %s, quantization %s, kernel cache %s, "
-                 "warm-up %.1f s", self.settings.runner.max_slots, self.settings.runner.num_pages,
+                 "precompiled %s, warm-up %.1f s", self.settings.runner.max_slots, self.settings.runner.num_pages,
                  self.settings.runner.page_size, "on" if self.graphs else "off",
                  "on" if self.runner._compiled else "off", self.ckpt.quantization, self.kernel_cache.status,
-                 self.warmup_seconds)
+                 self.precompiled, self.warmup_seconds)
         self.ready.set()
         with torch.inference_mode():
             while True:

@@ -3,10 +3,11 @@
 TTS_CACHE_DIR holds Inductor's and Triton's caches (a named volume in docker compose, the network
 volume on RunPod), so a restart does not recompile. `python -m ttsengine warm` also writes a blob
 that can be shipped into an empty directory (model.tar.gz on SageMaker, a baked image): a zip of
-torch's portable artifacts (torch >= 2.7: `torch.compiler.save_cache_artifacts`) and the Triton
+torch's portable artifacts (torch >= 2.7: `torch.compiler.save_cache_artifacts`), the Triton
 cache directory, which holds the kernels torch's artifacts leave out (ours: paged attention, Snake,
-int8; without them a blob start compiled them again, ~3 s on an H100); on older torch the Inductor
-directory too. A cache made for another GPU, torch, Triton or model is detected from its metadata:
+int8; without them a blob start compiled them again, ~3 s on an H100), and the decode step's
+precompiled units (torch >= 2.10, engine/precompiled.py); on older torch the Inductor directory too.
+A cache made for another GPU, torch, Triton or model is detected from its metadata:
 one log line, then a recompile, never a crash.
 """
 
@@ -60,6 +61,12 @@ class KernelCache:
         return hashlib.sha256(text.encode()).hexdigest()[:16]
 
     @property
+    def precompiled_dir(self) -> Path | None:
+        """Where the decode step's precompiled units live (engine/precompiled.py); per key, so a cache
+        made elsewhere is never loaded."""
+        return None if self.directory is None else self.directory / f"precompiled-{self.key}"
+
+    @property
     def blob_path(self) -> Path:
         return self.directory / f"artifacts-{self.key}.bin"
 
@@ -104,7 +111,7 @@ class KernelCache:
             return None
         self.save_metadata()
         artifacts = compat.save_cache_artifacts()
-        dirs = ("triton",) if artifacts is not None else ("triton", "inductor")
+        dirs = ("triton", self.precompiled_dir.name) + (() if artifacts is not None else ("inductor",))
         buf = io.BytesIO()
         with zipfile.ZipFile(buf, "w", zipfile.ZIP_DEFLATED) as z:
             if artifacts is not None:

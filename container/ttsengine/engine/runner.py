@@ -7,6 +7,7 @@ come and go. The step has no host sync; the host reads its output with one copy 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 from torch import Tensor
@@ -149,14 +150,14 @@ class Runner:
         self.window.reset_rows(torch.zeros_like(self.active).index_fill_(0, slots, True))
 
     # ---- decode step --------------------------------------------------------------------------
-    def enable_compile(self) -> None:
-        """Routes the step's units through torch.compile (see step_ops). Numerics differ from eager at
-        bf16 rounding level."""
+    def enable_compile(self, store: Path | None = None) -> None:
+        """Routes the step's units through torch.compile (see step_ops); `store`: directory of their
+        precompiled traces (None: plain torch.compile). Numerics differ from eager at bf16 rounding level."""
         from torch import _dynamo
 
         register_top_p_op()
         _dynamo.config.cache_size_limit = max(_dynamo.config.cache_size_limit, 64)
-        self.ops = StepOps.compiled(self._attend, self.cfg.triton_attention, self.cfg.max_slots)
+        self.ops = StepOps.compiled(self._attend, self.cfg.triton_attention, self.cfg.max_slots, store)
         self._compiled = True
 
     def disable_compile(self) -> None:

@@ -4,13 +4,15 @@ Compiling per unit instead of the whole step keeps cold compiles short: every sl
 graph (regional compilation: the layer module is an argument, its weights graph inputs), every fast
 position shares one, and sampling has two (slow vocabulary, codebook). The batch dimension is
 dynamic from 2 up (size 1 always specialises, so compiled buckets start at 2). CUDA graphs then
-capture the whole step, so the Python between units costs nothing at replay.
+capture the whole step, so the Python between units costs nothing at replay. With a `store`
+directory each unit is precompiled instead (engine/precompiled.py): a warm start loads its trace.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 from torch import Tensor, nn
@@ -52,13 +54,33 @@ class StepOps:
     slow_layer: Callable
     frame: FrameOps
 
+    def precompiled(self) -> dict[str, int] | None:
+        """Precompiled variants loaded from disk and traced by this process (None: not precompiling)."""
+        units = [u for u in (self.slow_layer, self.frame.sample, self.frame.fast_layer, self.frame.fast_head)
+                 if hasattr(u, "loaded")]
+        if not units:
+            return None
+        return {"loaded": sum(u.loaded for u in units), "compiled": sum(u.compiled for u in units)}
+
     @staticmethod
     def eager(attend: Callable, use_triton: bool) -> StepOps:
         return StepOps(make_slow_layer(attend, use_triton), FrameOps())
 
     @staticmethod
-    def compiled(attend: Callable, use_triton: bool, max_batch: int) -> StepOps:
-        frame = FrameOps(sample=Compiled(sample_token, (0, 1, 2, 3, 4, 5, 6, 7), max_batch),
-                         fast_layer=Compiled(fast_layer_step, (1, 2, 3, 4, 5, 6), max_batch),
-                         fast_head=Compiled(fast_logits, (1,), max_batch))
-        return StepOps(Compiled(make_slow_layer(attend, use_triton), (1, 2, 5, 6), max_batch), frame)
+    def compiled(attend: Callable, use_triton: bool, max_batch: int, store: Path | None = None) -> StepOps:
+        """`store`: directory of precompiled units (None: plain torch.compile units)."""
+
+        def unit(fn: Callable, name: str, batch_args: tuple[int, ...]) -> Callable:
+            def plain() -> Compiled:
+                return Compiled(fn, batch_args, max_batch)
+
+            if store is None:
+                return plain()
+            from .precompiled import Precompiled
+
+            return Precompiled(fn, name, batch_args, max_batch, store, plain)
+
+        frame = FrameOps(sample=unit(sample_token, "sample", (0, 1, 2, 3, 4, 5, 6, 7)),
+                         fast_layer=unit(fast_layer_step, "fast_layer", (1, 2, 3, 4, 5, 6)),
+                         fast_head=unit(fast_logits, "fast_head", (1,)))
+        return StepOps(unit(make_slow_layer(attend, use_triton), "slow_layer", (1, 2, 5, 6)), frame)

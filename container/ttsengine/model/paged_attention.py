@@ -82,7 +82,9 @@ def _custom_op():
     op = torch.library.custom_op("ttsengine::paged_write_and_attend", mutates_args=("k_pool", "v_pool"))(
         _write_and_attend)
     op.register_fake(lambda q, *args: torch.empty_like(q))
-    return op
+    # the OpOverload, not the CustomOpDef wrapper: the same call, and torch can serialize a reference
+    # to it (a precompiled slow layer closes over it; engine/precompiled.py)
+    return torch.ops.ttsengine.paged_write_and_attend.default
 
 
 def paged_decode_reference(q: Tensor, kv: PagedKV, page_table: Tensor, seq_lens: Tensor,
