@@ -13,6 +13,8 @@ Snake, LayerNorm, pointwise layers and codebook lookups are per-sample and need 
 
 from __future__ import annotations
 
+import logging
+import time
 from dataclasses import dataclass
 
 import torch
@@ -23,6 +25,8 @@ from ..model.codec import Codec
 from ..model.codec.conv import CausalConv, CausalTransConv, ConvNeXtBlock, ResidualUnit, Snake, snake
 from ..model.codec.transformer import CodecTransformer
 from ..model.layers import attend
+
+log = logging.getLogger(__name__)
 
 
 def _state_shapes(module: nn.Module, prefix: str, out: dict[str, tuple[int, ...]]) -> None:
@@ -134,6 +138,7 @@ class StreamingDecoder:
         """CUDA graphs of the chunk decode for every (bucket <= max_rows, chunk size), captured on the
         calling thread (the vocoder worker), replayed there. Larger batches run uncaptured."""
         self._graphs = {}
+        t0 = time.perf_counter()
         n = self.codec.cfg.num_codebooks
         pool = torch.cuda.graph_pool_handle()
         for rows in [r for r in self.buckets if r <= max_rows][::-1]:
@@ -148,13 +153,17 @@ class StreamingDecoder:
                     audio = self._impl(index, codes)
                 self._graphs[(rows, size)] = _Captured(graph, index, codes, audio)
         self.reset(torch.tensor([self.scratch], device=self.device))
+        log.info("captured %d codec graphs (up to %d rows) in %.2f s", len(self._graphs), max_rows,
+                 time.perf_counter() - t0)
 
     def warm_up(self) -> None:
         """Compiles (when enabled) every chunk size with a padding-only batch."""
+        t0 = time.perf_counter()
         for size in self.chunk_sizes:
             n = self.codec.cfg.num_codebooks
             self.decode_padded([self.scratch], torch.zeros(1, n, size, dtype=torch.int64, device=self.device))
         self.reset(torch.tensor([self.scratch], device=self.device))
+        log.info("codec warm-up (%s) in %.2f s", "compiled" if self._compiled else "eager", time.perf_counter() - t0)
 
     def decode(self, slots: Tensor, codes: Tensor) -> Tensor:
         """slots: int64 [b] (distinct); codes: int64 [b, n, K] -> audio [b, K * frame_length]."""
