@@ -140,6 +140,27 @@ def test_batched_gpu_engine_equals_reference_engine_fp32(exact_fp32):
         eng.close()
 
 
+def test_lazy_start_fills_in_codec_graphs_and_matches_eager(exact_fp32):
+    # lazy start-up: the codec's smallest batch is captured before ready, the others while idle (or at
+    # first use); then a concurrent batch through every graph equals the graph-free engine's audio
+    config = cfg(cuda_graphs="on", compile="off", dtype="float32", codec_dtype="float32")
+    eng = Engine.load(config)
+    try:
+        planned = {(r, s) for r in (1, 2, 4, 8) for s in (4, 8)}
+        assert set(eng.vocoder._graphs) <= {(1, 4), (1, 8)} or not eng.settings.lazy_graphs
+        assert eng.settle(timeout=60) and set(eng.vocoder._graphs) == planned and not eng.graphs.pending
+        got = [s.result() for s in [eng.submit(r) for r in REQUESTS]]
+    finally:
+        eng.close()
+    plain = Engine.load(config.with_(cuda_graphs="off"))
+    try:
+        want = [s.result() for s in [plain.submit(r) for r in REQUESTS]]
+    finally:
+        plain.close()
+    for g, w in zip(got, want):
+        assert g.audio.shape == w.audio.shape and np.abs(g.audio - w.audio).max() < 1e-3
+
+
 def test_streaming_decode_bf16_adds_no_error_beyond_bf16():
     """Streamed and whole decodes in bf16, each against an fp32 whole decode: streaming must not be
     noticeably worse than bf16 itself (SNR within 1 dB)."""

@@ -50,7 +50,8 @@ def main() -> None:
             voc.warm_up()
             torch.cuda.synchronize()
             t1 = time.perf_counter()
-            voc.capture_graphs(64)
+            voc.plan_graphs(64)
+            voc.capture_graphs()
             torch.cuda.synchronize()
             t2 = time.perf_counter()
             row = {"mode": mode, "warm_up_s": round(t1 - t0, 2), "capture_s": round(t2 - t1, 2)}

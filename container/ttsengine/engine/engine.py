@@ -86,7 +86,9 @@ class Engine:
             self.vocoder.enable_compile()
         if s.snake_kernel:
             self.vocoder.use_snake_kernel()
-        self.graphs = StepGraphs(self.runner, s) if s.cuda_graphs else None
+        self._capture_lock = threading.Lock()  # one CUDA graph capture at a time: decode step or codec
+        self.vocoder.capture_lock = self._capture_lock
+        self.graphs = StepGraphs(self.runner, s, self._capture_lock) if s.cuda_graphs else None
         self.metrics = EngineMetrics()
         self.worker = VocoderWorker(self.vocoder, self.metrics.vocoded, self.metrics.completed)
         self.eos = checkpoint.tokenizer.im_end_id
@@ -220,17 +222,17 @@ class Engine:
         with torch.inference_mode():
             while True:
                 with self._cv:
-                    if self._idle() and self.graphs and self.graphs.pending:
+                    if self._idle() and self._graphs_pending():
                         self._cv.wait(timeout=IDLE_BEFORE_CAPTURE)  # a request arriving now goes first
                     idle = self._idle()
-                    if idle and not (self.graphs and self.graphs.pending):
+                    if idle and not self._graphs_pending():
                         self._cv.wait(timeout=1.0)
                         continue
                     if self._stop:
                         break
                 try:
-                    if idle:  # every slot is free: capture one more bucket's graph (lazy start-up)
-                        self.graphs.capture_next()
+                    if idle:  # every slot is free: capture one more bucket's graphs (lazy start-up)
+                        self._capture_next()
                         continue
                     self._iteration()
                 except Exception as e:  # noqa: BLE001 - keep serving; the affected streams get the error
@@ -262,26 +264,41 @@ class Engine:
                         type(e).__name__, str(e).splitlines()[0] if str(e) else "")
             self.runner.disable_compile()
             self.vocoder._impl, self.vocoder._compiled = self.vocoder.decode, False
-            self.vocoder._graphs = {}
+            self.vocoder.plan_graphs(0)
             self.compile_error = f"{type(e).__name__}: {e}"
             if self.graphs is not None:
-                self.graphs = StepGraphs(self.runner, self.settings)
+                self.graphs = StepGraphs(self.runner, self.settings, self._capture_lock)
                 self._capture()
 
     compile_error: str | None = None
 
     def _capture(self) -> None:
-        """The codec's graphs (on its thread), then the decode step's start buckets (lazy: the rest later)."""
+        """The codec's graphs (on its thread), then the decode step's (lazy: the smallest bucket of each
+        before ready, the rest while idle)."""
         if self.graphs is not None:
-            self.worker.call(lambda: self.vocoder.capture_graphs(VOCODER_GRAPH_ROWS))
+            self.vocoder.plan_graphs(VOCODER_GRAPH_ROWS)
+            rows = self.vocoder.pending_graphs[:1] if self.settings.lazy_graphs else None
+            self.worker.call(lambda: self.vocoder.capture_graphs(rows))
             self.graphs.capture(self._start_buckets)
+
+    def _graphs_pending(self) -> bool:
+        return self.graphs is not None and bool(self.graphs.pending or self.vocoder.pending_graphs)
+
+    def _capture_next(self) -> None:
+        """One more lazy capture, every slot idle: the smaller pending batch of the decode step and the codec
+        (the codec's on its thread; this thread waits, so captures stay one at a time)."""
+        step, codec = self.graphs.pending[:1], self.vocoder.pending_graphs[:1]
+        if step and (not codec or step[0] <= codec[0]):
+            self.graphs.capture_next()
+        else:
+            self.worker.call(self.vocoder.capture_next)
 
     def settle(self, timeout: float = 120.0) -> bool:
         """Waits until the graphs left for later (lazy start-up) are captured; -> whether they all are."""
         end = time.monotonic() + timeout
-        while self.graphs is not None and self.graphs.pending and time.monotonic() < end:
+        while self._graphs_pending() and time.monotonic() < end:
             time.sleep(0.05)
-        return not (self.graphs and self.graphs.pending)
+        return not self._graphs_pending()
 
     @property
     def _start_buckets(self) -> tuple[int, ...] | None:

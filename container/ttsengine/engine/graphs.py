@@ -13,6 +13,7 @@ the others follow while the engine is idle or at first use, which takes ~2.5 s o
 from __future__ import annotations
 
 import logging
+import threading
 import time
 
 import torch
@@ -24,8 +25,10 @@ log = logging.getLogger(__name__)
 
 
 class StepGraphs:
-    def __init__(self, runner: Runner, settings):
+    def __init__(self, runner: Runner, settings, lock: threading.Lock | None = None):
+        """lock: held while capturing; the engine shares it with the codec's captures (one at a time)."""
         self.runner = runner
+        self.lock = lock or threading.Lock()
         self.buckets = settings.buckets
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.outputs: dict[int, Tensor] = {}
@@ -54,16 +57,17 @@ class StepGraphs:
         if not todo:
             return
         t0 = time.perf_counter()
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
+        with self.lock:
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                for bb in todo:
+                    for _ in range(2):  # warm-up: lazy init, kernel selection
+                        self.runner.decode_step(bb)
+            torch.cuda.current_stream().wait_stream(side)
             for bb in todo:
-                for _ in range(2):  # warm-up: lazy init, kernel selection
-                    self.runner.decode_step(bb)
-        torch.cuda.current_stream().wait_stream(side)
-        for bb in todo:
-            self._record(bb)
-        torch.cuda.synchronize()
+                self._record(bb)
+            torch.cuda.synchronize()
         log.info("captured %d decode-step graph(s) (batch %s) in %.2f s", len(todo), ",".join(map(str, todo[::-1])),
                  time.perf_counter() - t0)
 
@@ -79,7 +83,8 @@ class StepGraphs:
             return out
         t0 = time.perf_counter()
         try:
-            self._record(bb)
+            with self.lock:
+                self._record(bb)
         except Exception as e:  # noqa: BLE001 - the step itself ran; only its replay is lost
             log.warning("capturing the decode graph of batch %d failed (%s: %s); it runs uncaptured", bb,
                         type(e).__name__, e)

@@ -14,6 +14,7 @@ Snake, LayerNorm, pointwise layers and codebook lookups are per-sample and need 
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from dataclasses import dataclass
 
@@ -107,7 +108,7 @@ class StreamingDecoder:
         """slots: distinct stream slots; codes: int64 [b, n, K] with K <= max(chunk_sizes)
         -> audio [b, K * frame_length]."""
         b, _, K = codes.shape
-        cap = max((r for r, _ in self._graphs), default=0)
+        cap = self._graph_cap  # the planned graphs' largest batch, captured yet or not (lazy start-up)
         if cap and b > cap:  # larger than the largest captured batch: graphed pieces
             return torch.cat([self.decode_padded(slots[i:i + cap], codes[i:i + cap]) for i in range(0, b, cap)])
         size = next(s for s in self.chunk_sizes if s >= K)
@@ -116,12 +117,7 @@ class StreamingDecoder:
             codes = torch.nn.functional.pad(codes, (0, size - K, 0, 0, 0, rows - b))
         index = torch.tensor(slots + [self.scratch] * (rows - b), device=self.device)
         self.position[self.scratch] = 0  # the scratch row never runs out of RoPE table
-        if self._compiled:
-            from torch import _dynamo
-
-            top = max(self.buckets[-1] if self.buckets else 2, 2) + 1
-            _dynamo.mark_dynamic(index, 0, min=2, max=top)
-            _dynamo.mark_dynamic(codes, 0, min=2, max=top)
+        self._mark_batch_dynamic(index, codes)
         graph = self._graphs.get((rows, size))
         if graph is not None:
             graph.index.copy_(index)
@@ -130,31 +126,99 @@ class StreamingDecoder:
             audio = graph.audio
         else:
             audio = self._impl(index, codes)
+            if (rows, size) in self._graph_keys and not self._graphs_failed:
+                self._record_at_first_use(rows, size)
         return audio[:b, : K * self.frame_length]
+
+    def _mark_batch_dynamic(self, index: Tensor, codes: Tensor) -> None:
+        if self._compiled:
+            from torch import _dynamo
+
+            top = max(self.buckets[-1] if self.buckets else 2, 2) + 1
+            _dynamo.mark_dynamic(index, 0, min=2, max=top)
+            _dynamo.mark_dynamic(codes, 0, min=2, max=top)
+
+    def _record_at_first_use(self, rows: int, size: int) -> None:
+        # the real decode that just ran was this shape's warm-up; recording executes nothing, so no
+        # stream's state moves twice
+        t0 = time.perf_counter()
+        try:
+            with self.capture_lock:
+                self._graphs[(rows, size)] = self._record(rows, size)
+        except Exception as e:  # noqa: BLE001 - the decode itself ran; only its replay is lost
+            log.warning("capturing the codec graph of %d rows x %d frames failed (%s: %s); codec graphs still "
+                        "pending run uncaptured", rows, size, type(e).__name__, e)
+            self._graphs_failed = True
+            return
+        log.info("captured the codec graph of %d rows x %d frames at first use in %.2f s", rows, size,
+                 time.perf_counter() - t0)
+
+    def _record(self, rows: int, size: int) -> _Captured:
+        """Records (executes nothing) the chunk decode of `rows` x `size` into a graph whose static
+        inputs start as scratch rows."""
+        index = torch.full((rows,), self.scratch, dtype=torch.int64, device=self.device)
+        codes = torch.zeros(rows, self.codec.cfg.num_codebooks, size, dtype=torch.int64, device=self.device)
+        self._mark_batch_dynamic(index, codes)
+        if self._pool is None:
+            self._pool = torch.cuda.graph_pool_handle()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self._pool, stream=torch.cuda.current_stream(),
+                              capture_error_mode="thread_local"):
+            audio = self._impl(index, codes)
+        return _Captured(graph, index, codes, audio)
 
     _graphs: dict = {}
 
-    def capture_graphs(self, max_rows: int) -> None:
-        """CUDA graphs of the chunk decode for every (bucket <= max_rows, chunk size), captured on the
-        calling thread (the vocoder worker), replayed there. Larger batches run uncaptured."""
-        self._graphs = {}
-        t0 = time.perf_counter()
-        n = self.codec.cfg.num_codebooks
-        pool = torch.cuda.graph_pool_handle()
-        for rows in [r for r in self.buckets if r <= max_rows][::-1]:
-            for size in self.chunk_sizes:
-                index = torch.full((rows,), self.scratch, dtype=torch.int64, device=self.device)
-                codes = torch.zeros(rows, n, size, dtype=torch.int64, device=self.device)
-                for _ in range(2):
-                    self._impl(index, codes)
-                graph = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(graph, pool=pool, stream=torch.cuda.current_stream(),
-                                      capture_error_mode="thread_local"):
-                    audio = self._impl(index, codes)
-                self._graphs[(rows, size)] = _Captured(graph, index, codes, audio)
-        self.reset(torch.tensor([self.scratch], device=self.device))
-        log.info("captured %d codec graphs (up to %d rows) in %.2f s", len(self._graphs), max_rows,
+    def plan_graphs(self, max_rows: int) -> None:
+        """Plans CUDA graphs of the chunk decode for every (bucket <= max_rows, chunk size); they are
+        captured by capture_graphs / capture_next. Larger batches run as graphed pieces of max_rows."""
+        self._graph_keys = [(r, s) for r in self.buckets if r <= max_rows for s in self.chunk_sizes]
+        self._graph_cap = max((r for r, _ in self._graph_keys), default=0)
+        self._graphs, self._graphs_failed = {}, False
+
+    _graph_keys: list = []
+    _graph_cap = 0
+    _graphs_failed = False
+    capture_lock = threading.Lock()  # the engine hands in the lock its decode-step captures hold
+
+    @property
+    def pending_graphs(self) -> list[int]:
+        """Row counts with a planned graph not captured yet, smallest first."""
+        if self._graphs_failed:
+            return []
+        return sorted({r for r, s in self._graph_keys if (r, s) not in self._graphs})
+
+    def capture_graphs(self, rows: list[int] | None = None) -> None:
+        """Captures the planned graphs of `rows` (default: all pending) on the calling thread (the
+        vocoder worker), where they are replayed. Nothing may be decoding meanwhile."""
+        todo = sorted(self.pending_graphs if rows is None else rows, reverse=True)  # largest first: the pool
+        t0 = time.perf_counter()  # is reused by the smaller ones
+        n, count = self.codec.cfg.num_codebooks, 0
+        with self.capture_lock:
+            for r in todo:
+                for size in self.chunk_sizes:
+                    if (r, size) in self._graphs or (r, size) not in self._graph_keys:
+                        continue
+                    for _ in range(2):  # warm-up: lazy init, kernel selection (scratch rows only)
+                        self._impl(torch.full((r,), self.scratch, dtype=torch.int64, device=self.device),
+                                   torch.zeros(r, n, size, dtype=torch.int64, device=self.device))
+                    self._graphs[(r, size)] = self._record(r, size)
+                    count += 1
+            self.reset(torch.tensor([self.scratch], device=self.device))
+        log.info("captured %d codec graph(s) (rows %s) in %.2f s", count, ",".join(map(str, todo[::-1])),
                  time.perf_counter() - t0)
+
+    _pool = None
+
+    def capture_next(self) -> None:
+        """Captures the smallest pending row count's graphs (lazy start-up); a failure leaves the
+        pending ones uncaptured (logged once): they run as plain decodes."""
+        try:
+            self.capture_graphs(self.pending_graphs[:1])
+        except Exception as e:  # noqa: BLE001 - a missing graph costs speed, not service
+            log.warning("capturing codec graphs failed (%s: %s); rows %s run uncaptured", type(e).__name__, e,
+                        self.pending_graphs)
+            self._graphs_failed = True
 
     def warm_up(self) -> None:
         """Compiles (when enabled) every chunk size with a padding-only batch."""
