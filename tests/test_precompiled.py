@@ -151,3 +151,17 @@ def test_an_unserializable_trace_falls_back_to_plain_compile(unit_module, tmp_pa
     assert len(warnings) == 1 and "compiled the plain way" in warnings[0]
     assert unit._fallback is not None and not list((tmp_path / "pre").glob("*.pt2"))
 
+
+
+def test_an_unwritable_store_keeps_the_traced_variant(unit_module, tmp_path, caplog):
+    _, mod = unit_module
+    blocked = tmp_path / "not-a-dir"
+    blocked.write_text("a file where the directory should be")
+    unit = precompiled(mod, blocked)
+    with caplog.at_level(logging.WARNING), torch.inference_mode():
+        for batch in (3, 6):
+            a = args(mod, batch)
+            torch.testing.assert_close(unit(*a), mod.make_unit(mod.OP, 0.5)(*a))
+    warnings = [r.message for r in caplog.records if r.levelno >= logging.WARNING]
+    assert len(warnings) == 1 and "not saved" in warnings[0]
+    assert (unit.compiled, unit._fallback) == (1, None)  # traced once, no second (plain) compile

@@ -108,12 +108,18 @@ class Precompiled:
             for t, before in marked:
                 for attr in set(vars(t)) - before:
                     delattr(t, attr)
-        self.directory.mkdir(parents=True, exist_ok=True)
-        existing = self._paths()
-        index = int(existing[-1].name[len(self.name) + 1: -len(".pt2")]) + 1 if existing else 0
-        variant.save_compiled_function(str(self.directory / f"{self.name}.{index}.pt2"), external_data=self._external)
         variant.disable_guard_check()
         self.compiled += 1
+        try:
+            self.directory.mkdir(parents=True, exist_ok=True)
+            existing = self._paths()
+            index = int(existing[-1].name[len(self.name) + 1: -len(".pt2")]) + 1 if existing else 0
+            variant.save_compiled_function(str(self.directory / f"{self.name}.{index}.pt2"),
+                                           external_data=self._external)
+        except OSError as e:  # a read-only or full volume: this process keeps the variant, the next traces again
+            log.warning("precompiled %s: traced and compiled in %.1f s, not saved (%s)", self.name,
+                        time.perf_counter() - t0, e)
+            return variant
         log.info("precompiled %s: traced, compiled and saved variant %d in %.1f s", self.name, index,
                  time.perf_counter() - t0)
         return variant
