@@ -138,6 +138,7 @@ def test_engine_config_from_env():
     ({"TTS_ALLOW_SPECIAL_TOKENS": "maybe"}, r"TTS_ALLOW_SPECIAL_TOKENS='maybe': expected bool"),
     ({"TTS_CODEC_COMPILE": "auto"}, r"TTS_CODEC_COMPILE: 'auto' is not one of on, off"),
     ({"TTS_SNAKE_KERNEL": "on"}, r"TTS_SNAKE_KERNEL: 'on' is not one of auto, off"),
+    ({"TTS_PRECOMPILE": "on"}, r"TTS_PRECOMPILE: 'on' is not one of auto, off"),
     ({"TTS_LAZY_GRAPHS": "later"}, r"TTS_LAZY_GRAPHS='later': expected bool"),
 ])
 def test_engine_config_errors(env, pattern):

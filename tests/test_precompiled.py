@@ -165,3 +165,21 @@ def test_an_unwritable_store_keeps_the_traced_variant(unit_module, tmp_path, cap
     warnings = [r.message for r in caplog.records if r.levelno >= logging.WARNING]
     assert len(warnings) == 1 and "not saved" in warnings[0]
     assert (unit.compiled, unit._fallback) == (1, None)  # traced once, no second (plain) compile
+
+
+def test_the_engine_precompiles_into_its_cache_and_has_an_off_switch(tmp_path):
+    from conftest import MODEL_DIR
+
+    from ttsengine import Engine, EngineConfig
+
+    base = EngineConfig(model_dir=MODEL_DIR, device="cpu", compile="on", max_batch=4, cache_dir=tmp_path)
+    for config, want in ((base, "0 loaded, 0 traced"), (base.with_(precompile="off"), "off"),
+                         (base.with_(cache_dir=None), "off")):  # nowhere to keep them
+        engine = Engine.load(config, start=False)  # built, not warmed up: nothing compiles here
+        try:
+            assert engine.precompiled == want and engine.stats()["precompiled"] == want
+            if want != "off":
+                assert engine.runner.ops.slow_layer.directory == engine.kernel_cache.precompiled_dir
+                assert engine.kernel_cache.precompiled_dir.parent == tmp_path
+        finally:
+            engine.close()
