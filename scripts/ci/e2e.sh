@@ -9,7 +9,14 @@
 # Usage: scripts/ci/e2e.sh PYTHON CACHE_DIR   (PYTHON: a venv with the dev extras, for the helpers)
 set -euo pipefail
 # Not `logs | grep -q`: grep -q exits at the first match, docker gets SIGPIPE and pipefail fails the match.
-reused_cache() { docker compose logs tts >"$CACHE/tts.log" 2>&1; grep -qE "kernel cache /cache: (dir|blob)" "$CACHE/tts.log"; }
+# the kernel cache was reused, and (torch >= 2.10) the last start traced no decode-step unit again
+reused_cache() {
+  docker compose logs tts >"$CACHE/tts.log" 2>&1
+  grep -qE "kernel cache /cache: (dir|blob)" "$CACHE/tts.log" || return 1
+  local ready
+  ready=$(grep "engine ready" "$CACHE/tts.log" | tail -1)
+  [[ ! $ready =~ precompiled\ [0-9]+\ loaded,\ [1-9][0-9]*\ traced ]]
+}
 cd "$(dirname "$0")/../.."
 ROOT=$(pwd)
 PY=${1:?python} CACHE=${2:?cache dir}
