@@ -65,12 +65,13 @@ class Precompiled:
         self._fallback = self._fallback_factory()
         return self._fallback
 
-    def _paths(self) -> list[Path]:
-        def index(p: Path) -> int:
-            tail = p.name[len(self.name) + 1: -len(".pt2")]
-            return int(tail) if tail.isdigit() else -1
+    def _index(self, path: Path) -> int:
+        """<name>.<i>.pt2 -> i (-1: not one of this unit's files)."""
+        tail = path.name[len(self.name) + 1: -len(".pt2")]
+        return int(tail) if tail.isdigit() else -1
 
-        return sorted((p for p in self.directory.glob(f"{self.name}.*.pt2") if index(p) >= 0), key=index)
+    def _paths(self) -> list[Path]:
+        return sorted((p for p in self.directory.glob(f"{self.name}.*.pt2") if self._index(p) >= 0), key=self._index)
 
     def _load(self) -> list:
         variants = []
@@ -113,7 +114,7 @@ class Precompiled:
         try:
             self.directory.mkdir(parents=True, exist_ok=True)
             existing = self._paths()
-            index = int(existing[-1].name[len(self.name) + 1: -len(".pt2")]) + 1 if existing else 0
+            index = self._index(existing[-1]) + 1 if existing else 0
             variant.save_compiled_function(str(self.directory / f"{self.name}.{index}.pt2"),
                                            external_data=self._external)
         except OSError as e:  # a read-only or full volume: this process keeps the variant, the next traces again
