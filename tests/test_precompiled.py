@@ -8,14 +8,12 @@ import logging
 import subprocess
 import sys
 import textwrap
-from pathlib import Path
 
 import pytest
 import torch
 from torch import nn
 
 from ttsengine import compat
-from ttsengine.engine.precompiled import Precompiled
 
 pytestmark = pytest.mark.skipif(not compat.precompile_supported(),
                                 reason="torch's AOT precompile needs torch >= 2.10")
@@ -41,6 +39,19 @@ UNIT = textwrap.dedent('''
     def layer():
         torch.manual_seed(0)
         return nn.Linear(16, 16)
+
+    def eager():
+        return make_unit(OP, 0.5)
+
+    def args(batch, width=16):
+        g = torch.Generator().manual_seed(batch * 100 + width)
+        return layer(), torch.randn(batch, width, generator=g), torch.randn(batch, 16, generator=g)
+
+    def precompiled(store, op=None):
+        from ttsengine.engine.precompiled import Precompiled
+
+        fn = make_unit(OP if op is None else op, 0.5)
+        return Precompiled(fn, "unit", (1, 2), 16, store, lambda: torch.compile(fn))
 ''')
 
 
@@ -57,24 +68,14 @@ def unit_module(tmp_path_factory):
         sys.path.remove(str(d))
 
 
-def precompiled(mod, store: Path, op=None) -> Precompiled:
-    fn = mod.make_unit(mod.OP if op is None else op, 0.5)
-    return Precompiled(fn, "unit", (1, 2), 16, store, lambda: torch.compile(fn))
-
-
-def args(mod, batch: int, width: int = 16):
-    g = torch.Generator().manual_seed(batch * 100 + width)
-    return mod.layer(), torch.randn(batch, width, generator=g), torch.randn(batch, 16, generator=g)
-
-
 def test_trace_once_then_reuse_then_load_in_a_fresh_process(unit_module, tmp_path):
     d, mod = unit_module
     store = tmp_path / "pre"
-    unit = precompiled(mod, store)
-    eager = mod.make_unit(mod.OP, 0.5)
+    unit = mod.precompiled(store)
+    eager = mod.eager()
     with torch.inference_mode():
         for batch in (2, 5, 9):  # one variant serves every batch in [2, 16]
-            a = args(mod, batch)
+            a = mod.args(batch)
             torch.testing.assert_close(unit(*a), eager(*a))
     assert (unit.compiled, unit.loaded) == (1, 0) and [p.name for p in store.iterdir()] == ["unit.0.pt2"]
 
@@ -82,17 +83,13 @@ def test_trace_once_then_reuse_then_load_in_a_fresh_process(unit_module, tmp_pat
         import json, sys, torch
         sys.path[:0] = [{str(d)!r}]
         import precomp_unit as mod
+        from pathlib import Path
         from torch._dynamo.utils import counters
-        from ttsengine.engine.precompiled import Precompiled
-        fn = mod.make_unit(mod.OP, 0.5)
-        unit = Precompiled(fn, "unit", (1, 2), 16, __import__("pathlib").Path({str(store)!r}),
-                           lambda: torch.compile(fn))
-        out = []
+        unit, out = mod.precompiled(Path({str(store)!r})), []
         with torch.inference_mode():
             for batch in (3, 7):
-                g = torch.Generator().manual_seed(batch * 100 + 16)
-                a = mod.layer(), torch.randn(batch, 16, generator=g), torch.randn(batch, 16, generator=g)
-                out.append([unit(*a).tolist(), fn(*a).tolist()])
+                a = mod.args(batch)
+                out.append([unit(*a).tolist(), mod.eager()(*a).tolist()])
         print(json.dumps({{"out": out, "loaded": unit.loaded, "compiled": unit.compiled,
                           "frames_traced": sum(counters["frames"].values()),
                           "plain": unit._fallback is not None}}))
@@ -109,15 +106,15 @@ def test_trace_once_then_reuse_then_load_in_a_fresh_process(unit_module, tmp_pat
 def test_a_new_shape_family_becomes_a_second_variant(unit_module, tmp_path):
     _, mod = unit_module
     store = tmp_path / "pre"
-    unit = precompiled(mod, store)
-    eager = mod.make_unit(mod.OP, 0.5)
+    unit = mod.precompiled(store)
+    eager = mod.eager()
     with torch.inference_mode():
-        a = args(mod, 4)
+        a = mod.args(4)
         unit(*a)
-        wide = (nn.Linear(32, 16), *args(mod, 4, width=32)[1:])  # another input width: guards reject variant 0
+        wide = (nn.Linear(32, 16), *mod.args(4, width=32)[1:])  # another input width: guards reject variant 0
         torch.testing.assert_close(unit(*wide), eager(*wide))
     assert unit.compiled == 2 and sorted(p.name for p in store.iterdir()) == ["unit.0.pt2", "unit.1.pt2"]
-    again = precompiled(mod, store)
+    again = mod.precompiled(store)
     with torch.inference_mode():
         torch.testing.assert_close(again(*wide), eager(*wide))
         torch.testing.assert_close(again(*a), eager(*a))
@@ -129,10 +126,10 @@ def test_a_torn_file_is_logged_and_traced_again(unit_module, tmp_path, caplog):
     store = tmp_path / "pre"
     store.mkdir()
     (store / "unit.0.pt2").write_bytes(b"half a pickle")
-    unit = precompiled(mod, store)
-    a = args(mod, 3)
+    unit = mod.precompiled(store)
+    a = mod.args(3)
     with caplog.at_level(logging.WARNING), torch.inference_mode():
-        torch.testing.assert_close(unit(*a), mod.make_unit(mod.OP, 0.5)(*a))
+        torch.testing.assert_close(unit(*a), mod.eager()(*a))
     warnings = [r.message for r in caplog.records if r.levelno >= logging.WARNING]
     assert len(warnings) == 1 and "unit.0.pt2 not loaded" in warnings[0]
     assert (unit.loaded, unit.compiled) == (0, 1) and (store / "unit.0.pt2").stat().st_size > 1000
@@ -142,26 +139,25 @@ def test_an_unserializable_trace_falls_back_to_plain_compile(unit_module, tmp_pa
     # the CustomOpDef wrapper (what torch.library.custom_op returns) cannot be pickled: the first
     # version of the slow layer closed over it
     _, mod = unit_module
-    unit = precompiled(mod, tmp_path / "pre", op=mod.scaled_add)
-    a = args(mod, 3)
+    unit = mod.precompiled(tmp_path / "pre", op=mod.scaled_add)
+    a = mod.args(3)
     with caplog.at_level(logging.WARNING), torch.inference_mode():
-        torch.testing.assert_close(unit(*a), mod.make_unit(mod.OP, 0.5)(*a))
-        torch.testing.assert_close(unit(*args(mod, 6)), mod.make_unit(mod.OP, 0.5)(*args(mod, 6)))
+        torch.testing.assert_close(unit(*a), mod.eager()(*a))
+        torch.testing.assert_close(unit(*mod.args(6)), mod.eager()(*mod.args(6)))
     warnings = [r.message for r in caplog.records if r.levelno >= logging.WARNING]
     assert len(warnings) == 1 and "compiled the plain way" in warnings[0]
     assert unit._fallback is not None and not list((tmp_path / "pre").glob("*.pt2"))
-
 
 
 def test_an_unwritable_store_keeps_the_traced_variant(unit_module, tmp_path, caplog):
     _, mod = unit_module
     blocked = tmp_path / "not-a-dir"
     blocked.write_text("a file where the directory should be")
-    unit = precompiled(mod, blocked)
+    unit = mod.precompiled(blocked)
     with caplog.at_level(logging.WARNING), torch.inference_mode():
         for batch in (3, 6):
-            a = args(mod, batch)
-            torch.testing.assert_close(unit(*a), mod.make_unit(mod.OP, 0.5)(*a))
+            a = mod.args(batch)
+            torch.testing.assert_close(unit(*a), mod.eager()(*a))
     warnings = [r.message for r in caplog.records if r.levelno >= logging.WARNING]
     assert len(warnings) == 1 and "not saved" in warnings[0]
     assert (unit.compiled, unit._fallback) == (1, None)  # traced once, no second (plain) compile
