@@ -54,7 +54,7 @@ RUN python3 -m pip install --no-cache-dir --no-deps /tmp/wheels/*.whl \
     && mkdir -p /opt/ml/model /data /cache
 COPY docker/models/ /opt/ml/baked/
 RUN if [ "$BAKE_MODEL" = "1" ]; then \
-        cp -r /opt/ml/baked/. /opt/ml/model/ && python3 -c "from ttsengine.download import verify_model_dir; verify_model_dir('/opt/ml/model')"; \
+        cp -r /opt/ml/baked/. /opt/ml/model/ && python3 -c "from ttsengine.serving.download import verify_model_dir; verify_model_dir('/opt/ml/model')"; \
     fi; rm -rf /opt/ml/baked
 EXPOSE 8080
 # by mode (read from PID 1's command line): http -> /health, serve -> /ping, runpod -> the worker is alive

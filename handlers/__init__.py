@@ -1,1 +1,1 @@
-"""Platform adapters: transport -> ttsengine.protocol -> Engine -> protocol -> transport. Nothing else."""
+"""Platform adapters: transport -> ttsengine.serving.protocol -> Engine -> protocol -> transport. Nothing else."""

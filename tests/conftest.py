@@ -33,11 +33,11 @@ def model_dir() -> Path:
 
 
 @pytest.fixture(scope="session")
-def ref_engine():
+def eager_engine():
     """The eager reference engine on CPU."""
-    from ttsengine import EngineConfig, ReferenceEngine
+    from ttsengine import EagerEngine, EngineConfig
 
-    return ReferenceEngine.load(EngineConfig(model_dir=MODEL_DIR, device="cpu"))
+    return EagerEngine.load(EngineConfig(model_dir=MODEL_DIR, device="cpu"))
 
 
 @pytest.fixture(scope="session")

@@ -59,11 +59,11 @@ def test_compose_files_are_valid_and_gpu_first():
     assert "kernel-cache:/cache" in tts["volumes"] and tts["ports"][0].startswith("127.0.0.1:")
     assert "/ready" in " ".join(tts["healthcheck"]["test"])
     assert base["services"]["model"]["command"][:1] == ["download"]
-    if shutil.which("docker"):
-        proc = subprocess.run(["docker", "compose", "-f", "docker-compose.yml", "-f", "docker-compose.cpu.yml",
-                               "config", "--quiet"], cwd=ROOT, capture_output=True, text=True)
-        if "is not a docker command" not in proc.stderr:
-            assert proc.returncode == 0, proc.stderr
+    if not shutil.which("docker") or subprocess.run(["docker", "compose", "version"], capture_output=True).returncode:
+        pytest.skip("no docker CLI with the Compose v2 plugin here (CI's e2e step installs it and runs compose)")
+    proc = subprocess.run(["docker", "compose", "-f", "docker-compose.yml", "-f", "docker-compose.cpu.yml",
+                           "config", "--quiet"], cwd=ROOT, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
 
 
 @pytest.mark.parametrize("cmdline, mode", [

@@ -1,10 +1,12 @@
 """The dependency rules of DESIGN.md, enforced by walking every import statement (AST, no execution).
 
-handlers -> ttsengine public API only; inside the core engine -> model -> compat; the scheduler
-imports no torch; model never imports engine, protocol, config, handlers or the environment; the
-core never imports web frameworks or cloud SDKs (one exception: `ttsengine download` imports boto3
-inside its S3 function, as its issue asks); only config.py reads the environment; an adapter never
-imports another adapter.
+handlers -> ttsengine public API only (the package root and ttsengine.serving). Inside the core the layers go
+serving -> engine -> synthesis -> model -> compat, and each folder's rule is in LAYERS below: the scheduler
+imports no torch; model never imports engine, synthesis, serving, config, handlers or the environment; audio
+imports nothing of ours but errors; tools are imported only by the CLI; nothing in engine/ or serving/ imports
+the eager spec engine. The core never imports web frameworks or cloud SDKs (one exception: `ttsengine download`
+imports boto3 inside its S3 function); only config.py reads the environment; an adapter never imports another
+adapter.
 """
 
 from __future__ import annotations
@@ -20,7 +22,23 @@ CORE = ROOT / "container" / "ttsengine"
 HANDLERS = ROOT / "handlers"
 FORBIDDEN_IN_CORE = ("runpod", "fastapi", "starlette", "uvicorn", "sagemaker", "sagemaker_inference", "boto3",
                      "botocore", "handlers")
-LAZY_SDK_ALLOWED = {"ttsengine.download": ("boto3", "botocore")}
+LAZY_SDK_ALLOWED = {"ttsengine.serving.download": ("boto3", "botocore")}
+# module prefix -> what modules under it may not import (prefixes of absolute module names)
+OURS = ("ttsengine.eager", "ttsengine.engine", "ttsengine.synthesis", "ttsengine.serving", "ttsengine.tools",
+        "ttsengine.audio", "ttsengine.model", "ttsengine.config", "ttsengine.compat", "ttsengine.__main__")
+LAYERS = {
+    "ttsengine.model": ("ttsengine.eager", "ttsengine.engine", "ttsengine.synthesis", "ttsengine.serving",
+                        "ttsengine.tools", "ttsengine.audio", "ttsengine.config", "ttsengine.__main__"),
+    "ttsengine.synthesis": ("ttsengine.eager", "ttsengine.engine", "ttsengine.serving", "ttsengine.tools",
+                            "ttsengine.__main__"),
+    "ttsengine.engine": ("ttsengine.eager", "ttsengine.serving", "ttsengine.tools", "ttsengine.__main__"),
+    "ttsengine.serving": ("ttsengine.eager", "ttsengine.tools", "ttsengine.__main__"),
+    "ttsengine.audio": tuple(o for o in OURS if o != "ttsengine.audio"),
+    "ttsengine.compat": tuple(o for o in OURS if o != "ttsengine.compat"),
+    "ttsengine.eager": ("ttsengine.serving", "ttsengine.tools", "ttsengine.__main__"),
+    "ttsengine.config": tuple(o for o in OURS if o != "ttsengine.config"),
+}
+TOOL_USERS = ("ttsengine.__main__", "ttsengine.tools")  # tools are imported by the CLI and by each other only
 
 
 def module_name(path: Path) -> str:
@@ -75,15 +93,15 @@ def test_core_rules(path):
             assert not top, f"{mod} may import {root} only inside a function"
             continue
         assert root not in FORBIDDEN_IN_CORE, f"{mod} imports {name}"
-        if mod.startswith("ttsengine.model"):
-            assert not name.startswith(("ttsengine.engine", "ttsengine.protocol", "ttsengine.config")), \
-                f"{mod} (model) imports {name}"
-        if mod == "ttsengine.compat":
-            assert not name.startswith("ttsengine.") or name.startswith("ttsengine.errors"), name
+        for layer, banned in LAYERS.items():
+            if mod == layer or mod.startswith(layer + "."):
+                assert not name.startswith(banned), f"{mod} ({layer}) imports {name}"
+        if name.startswith("ttsengine.tools"):
+            assert mod.startswith(TOOL_USERS), f"{mod} imports the tool {name}: tools are used by the CLI only"
         if mod == "ttsengine.engine.scheduler":
             assert root != "torch", "the scheduler must not import torch"
     source = path.read_text()
-    if mod == "ttsengine.engine.kernel_cache":  # points torch's caches at TTS_CACHE_DIR: writes only
+    if mod == "ttsengine.engine.compile.kernel_cache":  # points torch's caches at TTS_CACHE_DIR: writes only
         uses = [line.strip() for line in source.splitlines() if "os.environ" in line]
         assert uses and all(re.match(r'os\.environ\["[A-Z_]+"\] = ', u) for u in uses), uses
     elif mod != "ttsengine.config":
@@ -91,10 +109,10 @@ def test_core_rules(path):
 
 
 def _public(name: str) -> bool:
-    """`import ttsengine`, `from ttsengine import Engine` or anything from ttsengine.protocol."""
+    """`import ttsengine`, `from ttsengine import Engine` or anything from ttsengine.serving (what adapters share)."""
     parts = name.split(".")
     submodules = {p.stem for p in CORE.iterdir() if p.suffix == ".py" or p.is_dir()}
-    return name == "ttsengine" or name.startswith("ttsengine.protocol") or (
+    return name == "ttsengine" or name.startswith("ttsengine.serving") or (
         len(parts) == 2 and parts[1] not in submodules)
 
 
@@ -105,7 +123,7 @@ def test_handler_rules(path):
     adapter = parts[1] if len(parts) > 1 and parts[1] != "__main__" else None
     for name, top in imports(path):
         if name.startswith("ttsengine"):
-            assert _public(name), f"{mod} imports {name}: adapters use the public API (ttsengine, ttsengine.protocol)"
+            assert _public(name), f"{mod} imports {name}: adapters use the public API (ttsengine, ttsengine.serving)"
         if name.startswith("handlers.") and adapter:
             assert name.split(".")[1] == adapter, f"adapter {adapter} imports {name}"
         if mod == "handlers.__main__" and name.startswith("handlers."):

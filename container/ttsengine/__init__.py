@@ -3,16 +3,10 @@
 The public API adapters use: EngineConfig / from_env, Engine, SynthesisRequest, Reference, the errors.
 """
 
-from .audio_encoding import CONTENT_TYPES, FORMATS, AudioEncoder, EncodedAudio, encode_audio, output_rate
+from .audio.encode import CONTENT_TYPES, FORMATS, AudioEncoder, EncodedAudio, encode_audio, output_rate
 from .config import DownloadConfig, EngineConfig, RunPodConfig, ServerConfig, from_env
-from .delivery import audio_bytes, audio_bytes_sync, audio_record, sse_events, whole, whole_sync
-from .download import ensure_model
+from .eager import EagerEngine
 from .engine.engine import Engine
-from .engine.output import AudioChunk, SynthesisResult
-from .engine.plan import ChunkReport
-from .engine.reference import ReferenceEngine
-from .engine.request import Reference, SynthesisRequest
-from .engine.stream import Stream
 from .errors import (
     BusyError,
     CancelledError,
@@ -23,12 +17,18 @@ from .errors import (
     MediaTypeError,
     TTSError,
 )
-from .voices import Voice, VoiceStore, check_id
+from .serving.delivery import audio_bytes, audio_bytes_sync, audio_record, sse_events, whole, whole_sync
+from .serving.download import ensure_model
+from .serving.voices import Voice, VoiceStore, check_id
+from .synthesis.output import AudioChunk, SynthesisResult
+from .synthesis.plan import ChunkReport
+from .synthesis.request import Reference, SynthesisRequest
+from .synthesis.stream import Stream
 
 __all__ = [
     "AudioChunk", "AudioEncoder", "BusyError", "CONTENT_TYPES", "CancelledError", "CheckpointError", "ChunkReport",
     "ConfigError", "DownloadConfig", "DownloadError", "EncodedAudio", "Engine", "EngineConfig", "FORMATS",
-    "InputError", "MediaTypeError", "Reference", "ReferenceEngine", "RunPodConfig", "ServerConfig", "Stream",
+    "InputError", "MediaTypeError", "Reference", "EagerEngine", "RunPodConfig", "ServerConfig", "Stream",
     "SynthesisRequest", "SynthesisResult", "TTSError", "Voice", "VoiceStore", "audio_bytes", "audio_bytes_sync",
     "audio_record", "check_id", "encode_audio", "ensure_model", "from_env", "output_rate", "sse_events", "whole",
     "whole_sync",

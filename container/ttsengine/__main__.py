@@ -20,7 +20,7 @@ def _synth(args: argparse.Namespace) -> int:
     import soundfile as sf
 
     from .engine.engine import Engine
-    from .engine.request import Reference, SynthesisRequest
+    from .synthesis.request import Reference, SynthesisRequest
 
     if len(args.reference) != len(args.reference_text):
         raise TTSError("give one --reference-text per --reference (in the same order)")
@@ -62,7 +62,7 @@ def _read_text(path: Path) -> str:
 
 
 def _download(args: argparse.Namespace) -> int:
-    from .download import download_hf, download_s3, ensure_model, fetch
+    from .serving.download import download_hf, download_s3, ensure_model, fetch
 
     dl = DownloadConfig.from_env()
     if args.if_missing:  # compose's model service: fetch once into the volume, later starts keep it
@@ -86,6 +86,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser("bench", help="concurrency benchmark (see: python -m ttsengine bench --help)")
     sub.add_parser("warm", help="compile, capture and save the kernel cache (see: python -m ttsengine warm --help)")
     sub.add_parser("loadtest", help="concurrency sweep against a running server (python -m ttsengine loadtest --help)")
+    sub.add_parser("parity", help="check this implementation against a golden folder (python -m ttsengine parity DIR)")
 
     s = sub.add_parser("synth", help="text -> audio file")
     s.add_argument("--model", type=Path, default=None, help="model dir (default: $TTS_MODEL_DIR or /opt/ml/model)")
@@ -115,8 +116,8 @@ def build_parser() -> argparse.ArgumentParser:
     return ap
 
 
-# subcommands with their own argument parsers: python -m ttsengine <tool> ...
-TOOLS = {"bench": "bench", "warm": "warm", "loadtest": "loadtest"}
+# subcommands with their own argument parsers (modules in tools/): python -m ttsengine <tool> ...
+TOOLS = ("bench", "warm", "loadtest", "parity")
 ENGINE_TOOLS = ("bench", "warm")  # log the engine's start (cache status, warm-up); loadtest is a quiet HTTP client
 
 
@@ -129,7 +130,7 @@ def main(argv: list[str] | None = None) -> int:
     if argv and argv[0] in TOOLS:
         import importlib
 
-        tool = importlib.import_module(f".{TOOLS[argv[0]]}", __package__)
+        tool = importlib.import_module(f".tools.{argv[0]}", __package__)
         try:
             if argv[0] in ENGINE_TOOLS:
                 _log_to_stderr()  # beside their JSON on stdout

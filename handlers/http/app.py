@@ -34,7 +34,7 @@ from ttsengine import (
     sse_events,
     whole,
 )
-from ttsengine.protocol import FishTTSRequest, OpenAISpeechRequest, SpeechJob, fish_job, openai_job, parse_body
+from ttsengine.serving.protocol import FishTTSRequest, OpenAISpeechRequest, SpeechJob, fish_job, openai_job, parse_body
 
 from .metrics import RequestCounter, render
 
@@ -68,7 +68,7 @@ class EngineHolder:
     def _load(self) -> None:
         try:
             engine = self.factory()
-            self.voices = VoiceStore(self.data_dir / "voices", engine.encode_reference, engine.codec_tag,
+            self.voices = VoiceStore(self.data_dir / "voices", engine.voice_codes, engine.codec_tag,
                                      engine.frame_rate)
             self.engine = engine
         except Exception as e:  # noqa: BLE001 - reported by /ready and /health

@@ -33,7 +33,7 @@ from ttsengine import (
     output_rate,
     whole,
 )
-from ttsengine.protocol import SpeechJob, job_from_body
+from ttsengine.serving.protocol import SpeechJob, job_from_body
 
 from .upload import upload
 

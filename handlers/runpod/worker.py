@@ -21,7 +21,7 @@ def build(cfg: RunPodConfig, engine_config: EngineConfig) -> JobHandler:
     if dl.model_source:  # first start on a fresh network volume: fetch once, keep it there
         ensure_model(engine_config.model_dir, dl.model_source, dl.hf_token)
     engine = Engine.load(engine_config)  # returns once warmed up
-    voices = VoiceStore(cfg.data_dir, engine.encode_reference, engine.codec_tag, engine.frame_rate)
+    voices = VoiceStore(cfg.data_dir, engine.voice_codes, engine.codec_tag, engine.frame_rate)
     progress = None
     if cfg.progress_updates:
         from runpod.serverless import progress_update as progress

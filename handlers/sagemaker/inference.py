@@ -28,7 +28,7 @@ from ttsengine import (
     encode_audio,
     from_env,
 )
-from ttsengine.protocol import SpeechJob, job_from_body, parse_body
+from ttsengine.serving.protocol import SpeechJob, job_from_body, parse_body
 
 ACCEPT = {"audio/wav": "wav", "audio/x-wav": "wav", "audio/wave": "wav", "audio/mpeg": "mp3", "audio/mp3": "mp3",
           "audio/ogg": "opus", "audio/opus": "opus", "audio/flac": "flac", "audio/aac": "aac", "audio/pcm": "pcm"}
@@ -76,7 +76,7 @@ def _statuses(fn):
 def model_fn(model_dir: str) -> Model:
     """Loads the model directory onto the GPU (CPU without one) and warms the engine up."""
     engine = Engine.load(from_env(model_dir=Path(model_dir)))
-    voices = VoiceStore(Path(model_dir) / "voices", engine.encode_reference, engine.codec_tag, engine.frame_rate) \
+    voices = VoiceStore(Path(model_dir) / "voices", engine.voice_codes, engine.codec_tag, engine.frame_rate) \
         if _writable(Path(model_dir)) else None
     return Model(engine, voices)
 

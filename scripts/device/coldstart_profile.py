@@ -18,7 +18,7 @@ T = {}
 
 
 def mark(name: str) -> None:
-    from ttsengine.warm import process_age
+    from ttsengine.tools.warm import process_age
 
     T[name] = process_age()
     print(f"{T[name]:7.2f} s  {name}", flush=True)

@@ -40,7 +40,7 @@ for i in 1 2 3; do
   clean "$OUT/warm_blob$i.log" 1
 done
 echo "## GPU equality tests"
-run 200 python3 -m pytest -q -m gpu tests/test_gpu.py -p no:cacheprovider > "$OUT/gpu.log" 2>&1
+run 200 python3 -m pytest -q -m gpu tests/engine/test_gpu.py -p no:cacheprovider > "$OUT/gpu.log" 2>&1
 tail -2 "$OUT/gpu.log"
 echo "## sweep (warm cache)"
 TTS_CACHE_DIR=/tmp/kc run 110 python3 -m ttsengine bench --random-weights s1-mini --concurrency 1,8,64,256 \

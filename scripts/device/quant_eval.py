@@ -9,7 +9,7 @@ plain int8 follows $TTS_INT8_KERNEL, default auto). Default modes: bf16 int8 int
 (weights rotated through more than L2 holds) and sweeps its tile sizes, at 2 rows the GEMV kernel's too
 (after the modes); --tune does
 that before the modes (budget $TUNE_BUDGET_S, default 150 s) and makes the modes use the best tiles
-(int8_triton.INT8_TILE_TABLE: copy the printed table into int8_triton.py to ship it).
+(int8_triton.INT8_TILE_TABLE: copy the printed table into model/kernels/int8.py to ship it).
 """
 
 from __future__ import annotations
@@ -24,10 +24,10 @@ import time
 import torch
 import torch.nn.functional as F
 
-from ttsengine.engine.generator import raw_frames
 from ttsengine.engine.runner import Runner, RunnerConfig
-from ttsengine.model import int8_triton
-from ttsengine.model.int8_triton import int8_linear_config, int8_linear_triton
+from ttsengine.model.generation import raw_frames
+from ttsengine.model.kernels import int8 as int8_triton
+from ttsengine.model.kernels.int8 import int8_linear_config, int8_linear_triton
 from ttsengine.model.layers import causal_mask_from_positions
 from ttsengine.model.quant import Int8Linear, quantize, weight_bytes
 from ttsengine.model.sampling import SamplingTensors

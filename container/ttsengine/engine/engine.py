@@ -21,17 +21,17 @@ from .. import compat
 from ..config import EngineConfig
 from ..errors import BusyError, InputError, TTSError
 from ..model.checkpoint import Checkpoint
+from ..synthesis.output import SynthesisResult
+from ..synthesis.plan import ChunkReport, Plan, Planner
+from ..synthesis.request import SynthesisRequest
+from ..synthesis.stream import Stream
+from .compile.kernel_cache import KernelCache
 from .graphs import StepGraphs
-from .kernel_cache import KernelCache
 from .loader import load
 from .metrics import EngineMetrics
-from .output import SynthesisResult
-from .plan import ChunkReport, Plan, Planner
-from .request import SynthesisRequest
 from .runner import PrefillItem, Runner
 from .scheduler import Job, Scheduler
 from .settings import BatchSettings
-from .stream import Stream
 from .vocoder import StreamingDecoder
 from .vocoder_worker import Delivery, VocoderWorker
 
@@ -115,8 +115,8 @@ class Engine:
         return self.ckpt.codec.sample_rate
 
     @property
-    def references(self):
-        return self.planner.references
+    def voice_encoder(self):
+        return self.planner.voice_encoder
 
     @property
     def frame_rate(self) -> float:
@@ -130,9 +130,9 @@ class Engine:
 
         return fingerprint(self.ckpt.codec)
 
-    def encode_reference(self, audio: bytes) -> np.ndarray:
+    def voice_codes(self, audio: bytes) -> np.ndarray:
         """Reference audio (any soundfile-readable bytes) -> codes int64 [n, F]; InputError if unreadable."""
-        return self.references.encode(audio).numpy()
+        return self.voice_encoder.codes_from_bytes(audio).numpy()
 
     # ---- lifecycle ----------------------------------------------------------------------------
     def start(self, wait: bool = True) -> None:
@@ -193,7 +193,7 @@ class Engine:
 
     @property
     def precompiled(self) -> str:
-        """The decode step's precompiled units (engine/precompiled.py): "off", or variants loaded from
+        """The decode step's precompiled units (engine/compile/precompiled.py): "off", or variants loaded from
         the cache / traced by this process."""
         counts = self.runner.ops.precompiled()
         return "off" if counts is None else f"{counts['loaded']} loaded, {counts['compiled']} traced"

@@ -14,10 +14,10 @@ from torch import Tensor
 
 from ..model.dual_ar import DualAR
 from ..model.frame import sample_frame
+from ..model.kernels.paged_attention import PagedKV, write_and_attend_op
 from ..model.layers import attend
-from ..model.paged_attention import PagedKV, write_and_attend_op
 from ..model.sampling import RepetitionWindow, SamplingTensors, register_top_p_op
-from .step_ops import StepOps
+from .compile.units import StepOps
 
 
 @dataclass(frozen=True)
@@ -151,7 +151,7 @@ class Runner:
 
     # ---- decode step --------------------------------------------------------------------------
     def enable_compile(self, store: Path | None = None) -> None:
-        """Routes the step's units through torch.compile (see step_ops); `store`: directory of their
+        """Routes the step's units through torch.compile (see compile/units.py); `store`: directory of their
         precompiled traces (None: plain torch.compile). Numerics differ from eager at bf16 rounding level."""
         from torch import _dynamo
 

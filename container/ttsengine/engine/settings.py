@@ -10,7 +10,7 @@ import torch
 from ..compat import compile_supported
 from ..config import EngineConfig
 from ..model.checkpoint import Checkpoint
-from ..model.triton_support import triton_available
+from ..model.kernels.triton_support import triton_available
 from .runner import RunnerConfig
 
 log = logging.getLogger(__name__)

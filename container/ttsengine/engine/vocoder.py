@@ -99,8 +99,8 @@ class StreamingDecoder:
     _compiled = False
 
     def use_snake_kernel(self) -> None:
-        """Snake as one Triton kernel (model/codec/snake_kernel.py): the eager codec's fused pass."""
-        from ..model.codec.snake_kernel import snake_triton
+        """Snake as one Triton kernel (model/kernels/snake.py): the eager codec's fused pass."""
+        from ..model.kernels.snake import snake_triton
 
         self._snake = snake_triton
 

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from .stream import Stream
+from ..synthesis.stream import Stream
 from .vocoder import StreamingDecoder
 
 log = logging.getLogger(__name__)

@@ -5,7 +5,7 @@ int8 has several implementations, picked by `int8_kernel` (EngineConfig.int8_ker
 - `auto` (default): `fused` on CUDA when Triton and `torch.library.custom_op` (torch >= 2.4) are
   there, else `off`.
 - `fused`: our Int8Linear whose forward is one opaque custom op. On CUDA with 16-bit activations and
-  up to FUSED_MAX_ROWS rows it is a Triton kernel (model/int8_triton.py) that reads the int8 weight
+  up to FUSED_MAX_ROWS rows it is a Triton kernel (model/int8.py) that reads the int8 weight
   and converts it in registers, scale and bias in the epilogue: the decode step's linears read half
   the bytes of bf16 and launch one kernel each. 1-2 rows take a CUDA-core GEMV kernel, more rows
   tensor-core tiles. Elsewhere (CPU, fp32, long prefills) the op dequantizes and calls F.linear.
@@ -36,8 +36,8 @@ from torch import Tensor, nn
 
 from ..compat import custom_ops_available, torchao_quantize
 from ..errors import ConfigError
-from .int8_triton import GEMV_MAX_ROWS, int8_linear_triton
-from .triton_support import triton_available
+from .kernels.int8 import GEMV_MAX_ROWS, int8_linear_triton
+from .kernels.triton_support import triton_available
 
 MODES = ("bf16", "int8", "int4")
 INT8_KERNELS = ("auto", "fused", "tile", "dequant", "off")

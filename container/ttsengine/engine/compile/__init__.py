@@ -1,0 +1,1 @@
+"""The compile machinery of the decode step: units (eager or torch.compile'd), precompiled units, kernel cache."""

@@ -1,0 +1,157 @@
+"""The torch.compile kernel cache: where it lives, whether it fits this machine, and its portable blob.
+
+TTS_CACHE_DIR holds Inductor's and Triton's caches (a named volume in docker compose, the network
+volume on RunPod), so a restart does not recompile. `python -m ttsengine warm` also writes a blob
+that can be shipped into an empty directory (model.tar.gz on SageMaker, a baked image): a zip of
+torch's portable artifacts (torch >= 2.7: `torch.compiler.save_cache_artifacts`), the Triton
+cache directory, which holds the kernels torch's artifacts leave out (ours: paged attention, Snake,
+int8; without them a blob start compiled them again, ~3 s on an H100), and the decode step's
+precompiled units (torch >= 2.10, engine/compile/precompiled.py); on older torch the Inductor directory too.
+A cache made for another GPU, torch, Triton or model is detected from its metadata:
+one log line, then a recompile, never a crash.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import logging
+import os
+import zipfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from ... import compat
+
+log = logging.getLogger(__name__)
+FORMAT = 2  # bump when what the engine compiles changes shape, or the blob's layout
+ARTIFACTS = "torch-artifacts.bin"  # torch's portable artifacts inside the blob
+
+
+def environment() -> dict[str, str]:
+    """What compiled kernels depend on, besides the model and engine settings."""
+    env = {"torch": torch.__version__, "cache_format": str(FORMAT)}
+    try:
+        import triton
+
+        env["triton"] = triton.__version__
+    except ImportError:
+        env["triton"] = "none"
+    if torch.cuda.is_available():
+        env["gpu"] = torch.cuda.get_device_name()
+        env["capability"] = ".".join(map(str, torch.cuda.get_device_capability()))
+        env["cuda"] = str(torch.version.cuda)
+    else:
+        env["gpu"] = "cpu"
+    return env
+
+
+@dataclass
+class KernelCache:
+    directory: Path | None
+    describe: dict = field(default_factory=dict)  # model + settings that shape the compiled graphs
+    status: str = "off"  # off | miss | dir | blob | mismatch
+
+    @property
+    def key(self) -> str:
+        text = json.dumps({**environment(), **self.describe}, sort_keys=True, default=str)
+        return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+    @property
+    def precompiled_dir(self) -> Path | None:
+        """Where the decode step's precompiled units live (engine/compile/precompiled.py); per key, so a cache
+        made elsewhere is never loaded."""
+        return None if self.directory is None else self.directory / f"precompiled-{self.key}"
+
+    @property
+    def blob_path(self) -> Path:
+        return self.directory / f"artifacts-{self.key}.bin"
+
+    def setup(self) -> str:
+        """Points the caches at the directory and loads what fits; -> status. Call before compiling."""
+        compat.set_inductor_options(fx_graph_cache=True, autotune_local_cache=True)
+        if self.directory is None:
+            self.status = "off"
+            return self.status
+        self.directory.mkdir(parents=True, exist_ok=True)
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(self.directory / "inductor")
+        os.environ["TRITON_CACHE_DIR"] = str(self.directory / "triton")
+        os.environ["TORCHINDUCTOR_FX_GRAPH_CACHE"] = "1"  # off by default before torch 2.5
+        meta_path = self.directory / "cache-meta.json"
+        meta = _read_json(meta_path)
+        if meta and meta.get("key") != self.key:
+            log.warning("kernel cache in %s was built for %s; this is %s: recompiling", self.directory,
+                        _short(meta.get("environment", {})), _short(environment()))
+            self.status = "mismatch"
+        elif self.blob_path.is_file():
+            try:
+                loaded = self._unpack(self.blob_path.read_bytes())
+                self.status = "blob" if loaded else ("dir" if meta else "miss")
+            except Exception as e:  # noqa: BLE001 - a bad blob only costs a recompile
+                log.warning("kernel cache blob %s could not be loaded (%s): recompiling", self.blob_path, e)
+                self.status = "miss"
+        else:
+            self.status = "dir" if meta else "miss"
+        log.info("kernel cache %s: %s (key %s)", self.directory, self.status, self.key)
+        return self.status
+
+    def save_metadata(self) -> None:
+        """Records what the directory's kernels were compiled for (after a successful warm-up)."""
+        if self.directory is not None:
+            self.directory.mkdir(parents=True, exist_ok=True)
+            meta = {"key": self.key, "environment": environment(), "describe": self.describe}
+            (self.directory / "cache-meta.json").write_text(json.dumps(meta, indent=2, default=str))
+
+    def save(self) -> Path | None:
+        """Writes the metadata and the portable blob of everything compiled so far."""
+        if self.directory is None:
+            return None
+        self.save_metadata()
+        artifacts = compat.save_cache_artifacts()
+        dirs = ("triton", self.precompiled_dir.name) + (() if artifacts is not None else ("inductor",))
+        buf = io.BytesIO()
+        with zipfile.ZipFile(buf, "w", zipfile.ZIP_DEFLATED) as z:
+            if artifacts is not None:
+                z.writestr(ARTIFACTS, artifacts)
+            for sub in dirs:
+                for path in sorted((self.directory / sub).rglob("*")):
+                    if path.is_file() and not path.name.endswith(".lock"):
+                        z.write(path, path.relative_to(self.directory).as_posix())
+        tmp = self.blob_path.with_suffix(".tmp")
+        tmp.write_bytes(buf.getvalue())
+        tmp.replace(self.blob_path)
+        return self.blob_path
+
+    def _unpack(self, blob: bytes) -> bool:
+        """Writes the blob's cache files that the directory lacks, then loads torch's artifacts
+        -> whether anything was loaded. A blob that is not ours raises (the caller logs and recompiles)."""
+        root = self.directory.resolve()
+        loaded = False
+        with zipfile.ZipFile(io.BytesIO(blob)) as z:
+            for name in z.namelist():
+                if name == ARTIFACTS:
+                    continue
+                target = (root / name).resolve()
+                if root not in target.parents:
+                    raise ValueError(f"blob member {name!r} points outside the cache directory")
+                if not target.exists():
+                    target.parent.mkdir(parents=True, exist_ok=True)
+                    target.write_bytes(z.read(name))
+                loaded = True
+            if ARTIFACTS in z.namelist():
+                loaded = compat.load_cache_artifacts(z.read(ARTIFACTS)) or loaded
+        return loaded
+
+
+def _read_json(path: Path) -> dict | None:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def _short(env: dict) -> str:
+    return ", ".join(f"{k} {env[k]}" for k in ("gpu", "torch", "triton") if k in env) or "unknown"

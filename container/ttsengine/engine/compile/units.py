@@ -1,0 +1,86 @@
+"""The units a decode step is made of, eager or torch.compile'd.
+
+Compiling per unit instead of the whole step keeps cold compiles short: every slow layer shares one
+graph (regional compilation: the layer module is an argument, its weights graph inputs), every fast
+position shares one, and sampling has two (slow vocabulary, codebook). The batch dimension is
+dynamic from 2 up (size 1 always specialises, so compiled buckets start at 2). CUDA graphs then
+capture the whole step, so the Python between units costs nothing at replay. With a `store`
+directory each unit is precompiled instead (engine/compile/precompiled.py): a warm start loads its trace.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import Tensor, nn
+
+from ...model.frame import FrameOps, fast_layer_step, fast_logits, sample_token
+
+
+def make_slow_layer(attend: Callable, use_triton: bool) -> Callable:
+    def slow_layer(layer: nn.Module, x: Tensor, rope: Tensor, k_pool: Tensor, v_pool: Tensor, table: Tensor,
+                   pos: Tensor) -> Tensor:
+        # x: [B, 1, D]; rope: [B, 1, d/2, 2]; writes this position's key/value into the paged pools
+        att = layer.attention
+        q, k, v = att.project(layer.attention_norm(x), rope)
+        y = attend(q[:, 0], k[:, 0], v[:, 0], k_pool, v_pool, table, pos, use_triton)
+        x = x + att.wo(y.reshape(x.shape[0], 1, -1))
+        return x + layer.feed_forward(layer.ffn_norm(x))
+
+    return slow_layer
+
+
+class Compiled:
+    """torch.compile'd `fn` whose arguments at `batch_args` have a dynamic dim 0 in [2, max_batch]."""
+
+    def __init__(self, fn: Callable, batch_args: tuple[int, ...], max_batch: int):
+        self.fn = torch.compile(fn, dynamic=None)
+        self.batch_args, self.max_batch = batch_args, max(max_batch, 3)
+
+    def __call__(self, *args):
+        from torch import _dynamo
+
+        for i in self.batch_args:
+            if isinstance(args[i], Tensor):
+                _dynamo.mark_dynamic(args[i], 0, min=2, max=self.max_batch)
+        return self.fn(*args)
+
+
+@dataclass(frozen=True)
+class StepOps:
+    slow_layer: Callable
+    frame: FrameOps
+
+    def precompiled(self) -> dict[str, int] | None:
+        """Precompiled variants loaded from disk and traced by this process (None: not precompiling)."""
+        units = [u for u in (self.slow_layer, self.frame.sample, self.frame.fast_layer, self.frame.fast_head)
+                 if hasattr(u, "loaded")]
+        if not units:
+            return None
+        return {"loaded": sum(u.loaded for u in units), "compiled": sum(u.compiled for u in units)}
+
+    @staticmethod
+    def eager(attend: Callable, use_triton: bool) -> StepOps:
+        return StepOps(make_slow_layer(attend, use_triton), FrameOps())
+
+    @staticmethod
+    def compiled(attend: Callable, use_triton: bool, max_batch: int, store: Path | None = None) -> StepOps:
+        """`store`: directory of precompiled units (None: plain torch.compile units)."""
+
+        def unit(fn: Callable, name: str, batch_args: tuple[int, ...]) -> Callable:
+            def plain() -> Compiled:
+                return Compiled(fn, batch_args, max_batch)
+
+            if store is None:
+                return plain()
+            from .precompiled import Precompiled
+
+            return Precompiled(fn, name, batch_args, max_batch, store, plain)
+
+        frame = FrameOps(sample=unit(sample_token, "sample", (0, 1, 2, 3, 4, 5, 6, 7)),
+                         fast_layer=unit(fast_layer_step, "fast_layer", (1, 2, 3, 4, 5, 6)),
+                         fast_head=unit(fast_logits, "fast_head", (1,)))
+        return StepOps(unit(make_slow_layer(attend, use_triton), "slow_layer", (1, 2, 5, 6)), frame)

@@ -1,0 +1,121 @@
+"""Named reference voices on disk: audio + transcript, with the codec codes computed once at upload.
+
+Layout: <root>/<id>/{audio.<ext>, text.txt, codes.npy, meta.json}. Ids: letters, digits, space, '_'
+and '-' (upstream's charset), 1-64 characters, starting with a letter or digit, so an id can never
+name a path outside the root. Writes go to a temporary directory renamed into place, so a crash
+never leaves half a voice. Codes are tagged with the codec that made them and recomputed from the
+stored audio when the model changes.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import tempfile
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from ..errors import InputError
+
+ID_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9 _-]{0,63}$")
+AUDIO_EXTENSIONS = ("wav", "flac", "mp3", "ogg", "opus", "m4a", "aac", "aiff", "aif", "webm")
+
+
+@dataclass(frozen=True)
+class Voice:
+    id: str
+    text: str
+    codes: np.ndarray  # int64 [n, F]
+    seconds: float
+
+
+def check_id(voice_id: object) -> str:
+    if not isinstance(voice_id, str) or not ID_PATTERN.fullmatch(voice_id) or voice_id != voice_id.strip():
+        raise InputError(f"invalid voice id {str(voice_id)[:80]!r}: use 1-64 letters, digits, spaces, '_' or '-', "
+                         "starting with a letter or digit")
+    return voice_id
+
+
+class VoiceStore:
+    def __init__(self, root: Path, encode: Callable[[bytes], np.ndarray], codec_tag: str, frame_rate: float):
+        """encode(audio bytes) -> codes [n, F] (raises InputError for unreadable audio)."""
+        self.root = Path(root)
+        self.root.mkdir(parents=True, exist_ok=True)
+        self.encode, self.codec_tag, self.frame_rate = encode, codec_tag, frame_rate
+        self._lock = threading.Lock()
+
+    def _dir(self, voice_id: str) -> Path:
+        path = (self.root / check_id(voice_id)).resolve()
+        if path.parent != self.root.resolve():  # belt and braces: the pattern already forbids this
+            raise InputError(f"invalid voice id {voice_id!r}")
+        return path
+
+    def add(self, voice_id: str, audio: bytes, text: str, filename: str = "audio.wav", replace: bool = False) -> Voice:
+        target = self._dir(voice_id)
+        if not isinstance(text, str):
+            raise InputError("text must be a string")
+        ext = Path(filename or "").suffix.lstrip(".").lower()
+        ext = ext if ext in AUDIO_EXTENSIONS else "bin"
+        codes = np.asarray(self.encode(audio), dtype=np.int64)  # validates the audio before anything is written
+        with self._lock:
+            if target.exists() and not replace:
+                raise InputError(f"voice {voice_id!r} already exists (delete it first)")
+            tmp = Path(tempfile.mkdtemp(prefix=".tmp-", dir=self.root))
+            (tmp / f"audio.{ext}").write_bytes(audio)
+            (tmp / "text.txt").write_text(text, encoding="utf-8")
+            np.save(tmp / "codes.npy", codes)
+            (tmp / "meta.json").write_text(json.dumps({"codec": self.codec_tag, "frames": int(codes.shape[1])}))
+            if target.exists():
+                shutil.rmtree(target)
+            tmp.rename(target)
+        return Voice(voice_id, text, codes, codes.shape[1] / self.frame_rate)
+
+    def get(self, voice_id: str) -> Voice | None:
+        path = self._dir(voice_id)
+        if not (path / "text.txt").is_file():
+            return None
+        text = (path / "text.txt").read_text(encoding="utf-8")
+        meta = _read_json(path / "meta.json")
+        if meta.get("codec") == self.codec_tag and (path / "codes.npy").is_file():
+            codes = np.load(path / "codes.npy", allow_pickle=False)
+        else:  # another model made these codes: encode the stored audio again, once
+            audio = next(path.glob("audio.*"), None)
+            if audio is None:
+                return None
+            codes = np.asarray(self.encode(audio.read_bytes()), dtype=np.int64)
+            np.save(path / "codes.npy", codes)
+            (path / "meta.json").write_text(json.dumps({"codec": self.codec_tag, "frames": int(codes.shape[1])}))
+        return Voice(voice_id, text, codes, codes.shape[1] / self.frame_rate)
+
+    def delete(self, voice_id: str) -> bool:
+        path = self._dir(voice_id)
+        with self._lock:
+            if not path.exists():
+                return False
+            shutil.rmtree(path)
+            return True
+
+    def ids(self) -> list[str]:
+        return sorted(p.name for p in self.root.iterdir()
+                      if p.is_dir() and not p.name.startswith(".") and (p / "text.txt").is_file())
+
+    def summary(self) -> list[dict]:
+        out = []
+        for voice_id in self.ids():
+            path = self.root / voice_id
+            meta = _read_json(path / "meta.json")
+            out.append({"id": voice_id, "text": (path / "text.txt").read_text(encoding="utf-8"),
+                        "seconds": round(meta.get("frames", 0) / self.frame_rate, 2)})
+        return out
+
+
+def _read_json(path: Path) -> dict:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}

@@ -1,0 +1,1 @@
+"""Command-line tools: bench, loadtest, warm, parity, info and their reports. Imported only by the CLI."""

@@ -1,0 +1,114 @@
+"""The kernel cache: directory set-up, mismatch detection, blob round trip, and the warm command."""
+
+from __future__ import annotations
+
+import json
+import logging
+
+import pytest
+import torch
+from conftest import MODEL_DIR, run_cli
+
+from ttsengine import compat
+from ttsengine.engine.compile.kernel_cache import KernelCache, environment
+
+
+def test_fresh_directory_is_a_miss_then_dir(tmp_path):
+    kc = KernelCache(tmp_path / "cache", {"model": "tiny"})
+    assert kc.setup() == "miss"
+    kc.save_metadata()
+    assert KernelCache(tmp_path / "cache", {"model": "tiny"}).setup() == "dir"
+
+
+def test_cache_from_elsewhere_is_detected_and_logged_once(tmp_path, caplog):
+    d = tmp_path / "cache"
+    d.mkdir()
+    other = {**environment(), "gpu": "NVIDIA A10G", "torch": "2.2.2"}
+    (d / "cache-meta.json").write_text(json.dumps({"key": "0123456789abcdef", "environment": other}))
+    with caplog.at_level(logging.WARNING):
+        assert KernelCache(d, {"model": "tiny"}).setup() == "mismatch"
+    lines = [r.message for r in caplog.records if "kernel cache" in r.message]
+    assert len(lines) == 1 and "NVIDIA A10G" in lines[0] and "recompiling" in lines[0]
+
+
+def test_corrupt_blob_only_costs_a_recompile(tmp_path, caplog):
+    kc = KernelCache(tmp_path, {"model": "tiny"})
+    tmp_path.mkdir(exist_ok=True)
+    kc.blob_path.write_bytes(b"not a cache blob")
+    with caplog.at_level(logging.WARNING):
+        status = kc.setup()
+    assert status in ("miss", "dir") if compat.cache_artifacts_supported() else status == "miss"
+
+
+@pytest.mark.skipif(not compat.cache_artifacts_supported(), reason="torch < 2.7 has no portable cache blob")
+def test_blob_round_trip_with_a_real_compile(tmp_path):
+    kc = KernelCache(tmp_path / "a", {"model": "tiny"})
+    kc.setup()
+    f = torch.compile(lambda x: torch.sin(x) * 2 + 1)
+    f(torch.randn(8))
+    blob = kc.save()
+    assert blob is not None and blob.stat().st_size > 0
+    fresh = tmp_path / "b"
+    fresh.mkdir()
+    (fresh / blob.name).write_bytes(blob.read_bytes())  # the blob alone, into an empty directory
+    assert KernelCache(fresh, {"model": "tiny"}).setup() == "blob"
+
+
+def test_blob_carries_the_triton_cache_into_an_empty_directory(tmp_path):
+    # our own Triton kernels (paged attention, Snake, int8) live only in the Triton cache directory
+    kc = KernelCache(tmp_path / "a", {"model": "tiny"})
+    kc.setup()
+    kernel = tmp_path / "a" / "triton" / "ABC123" / "snake.cubin"
+    kernel.parent.mkdir(parents=True)
+    kernel.write_bytes(b"\x7fELF kernel bytes")
+    (kernel.parent / "snake.lock").write_bytes(b"")  # lock files stay behind
+    blob = kc.save()
+    fresh = tmp_path / "b"
+    fresh.mkdir()
+    (fresh / blob.name).write_bytes(blob.read_bytes())
+    assert KernelCache(fresh, {"model": "tiny"}).setup() == "blob"
+    assert (fresh / "triton" / "ABC123" / "snake.cubin").read_bytes() == b"\x7fELF kernel bytes"
+    assert not (fresh / "triton" / "ABC123" / "snake.lock").exists()
+
+
+def test_the_blob_carries_the_precompiled_units(tmp_path):
+    kc = KernelCache(tmp_path / "a", {"model": "tiny"})
+    kc.setup()
+    kc.precompiled_dir.mkdir(parents=True)
+    (kc.precompiled_dir / "slow_layer.0.pt2").write_bytes(b"trace bytes")
+    blob = kc.save()
+    fresh = tmp_path / "b"
+    fresh.mkdir()
+    (fresh / blob.name).write_bytes(blob.read_bytes())
+    kc2 = KernelCache(fresh, {"model": "tiny"})
+    assert kc2.setup() == "blob"
+    assert (kc2.precompiled_dir / "slow_layer.0.pt2").read_bytes() == b"trace bytes"
+    assert kc2.precompiled_dir.name == kc.precompiled_dir.name == f"precompiled-{kc.key}"
+
+
+def test_blob_members_outside_the_directory_are_refused(tmp_path, caplog):
+    import zipfile
+
+    d = tmp_path / "cache"
+    kc = KernelCache(d, {"model": "tiny"})
+    d.mkdir()
+    with zipfile.ZipFile(kc.blob_path, "w") as z:
+        z.writestr("../escaped.txt", "x")
+    with caplog.at_level(logging.WARNING):
+        assert kc.setup() == "miss"
+    assert not (tmp_path / "escaped.txt").exists()
+    assert any("outside the cache directory" in r.message for r in caplog.records)
+
+
+def test_warm_command_reports_json(tmp_path):
+    proc = run_cli("ttsengine", "warm", "--model", str(MODEL_DIR), "--cache-dir", str(tmp_path / "kc"),
+                   env={"TTS_DEVICE": "cpu"})
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert report["process_to_first_audio_s"] > report["load_s"] > 0
+    assert report["quantization"] == "bf16 (none)" and report["compiled"] is False
+
+
+def test_warm_without_cache_dir_is_one_line():
+    proc = run_cli("ttsengine", "warm", "--model", str(MODEL_DIR), env={"TTS_CACHE_DIR": ""})
+    assert proc.returncode == 2 and "TTS_CACHE_DIR" in proc.stderr and "Traceback" not in proc.stderr

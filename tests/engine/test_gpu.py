@@ -1,0 +1,204 @@
+"""GPU equality tests (marker `gpu`; run on a CUDA machine: `python -m pytest -m gpu tests/engine/test_gpu.py`).
+
+Eager is the reference. CUDA graphs replay the same kernels, so graphed tokens must equal eager
+tokens exactly (bf16). torch.compile changes kernels: compared in fp32, where the tiny model's
+tokens must still match exactly.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from conftest import MODEL_DIR
+
+from ttsengine import EagerEngine, Engine, EngineConfig, SynthesisRequest
+from ttsengine.compat import no_tf32, precompile_supported
+
+pytestmark = pytest.mark.gpu
+
+REQUESTS = [
+    SynthesisRequest(text="Hello there.", seed=1, max_new_tokens=40),
+    SynthesisRequest(text="A second, rather longer sentence for the batch.", seed=2, max_new_tokens=64,
+                     temperature=0.6, repetition_penalty=1.3),
+    SynthesisRequest(text="Third.", seed=3, max_new_tokens=25, top_p=0.95),
+    SynthesisRequest(text="Fourth one is here. " * 6, seed=4, max_new_tokens=20, chunk_length=60),
+]
+
+
+def tokens(engine_cfg: EngineConfig, stats: dict | None = None) -> list:
+    """Every generated frame of every request, recorded through the engine's tasks; `stats` gets the
+    engine's stats()."""
+    eng = Engine.load(engine_cfg)
+    seen: dict[int, list] = {}
+    original = eng._close
+
+    def spy(task, reason):
+        seen.setdefault(id(task.stream), []).append(np.stack(task.frames))
+        original(task, reason)
+
+    eng._close = spy
+    try:
+        streams = [eng.submit(r) for r in REQUESTS]
+        for s in streams:
+            s.result()
+        if stats is not None:
+            stats.update(eng.stats())
+        return [seen[id(s)] for s in streams]
+    finally:
+        eng.close()
+
+
+def cfg(**kw) -> EngineConfig:
+    return EngineConfig(model_dir=MODEL_DIR, device="cuda", max_batch=8, **kw)
+
+
+def test_triton_kernel_equals_reference_on_gpu():
+    from ttsengine.model.kernels.paged_attention import PagedKV, paged_decode_reference, paged_write_decode_triton
+
+    g = torch.Generator(device="cpu").manual_seed(0)
+    for dtype, tol in ((torch.float16, 2e-3), (torch.bfloat16, 2e-2)):
+        for H, Hk, d in ((16, 8, 128), (4, 2, 32), (8, 8, 64)):
+            kv = PagedKV.empty(300, Hk, 64, d, dtype, "cuda")
+            kv.k.copy_(torch.randn(kv.k.shape, generator=g))
+            kv.v.copy_(torch.randn(kv.v.shape, generator=g))
+            B = 37
+            table = (torch.randperm(299, generator=g)[: B * 8].view(B, 8) + 1).to("cuda", torch.int32)
+            pos = torch.randint(0, 8 * 64, (B,), generator=g).to("cuda")
+            q = torch.randn(B, H, d, generator=g).to("cuda", dtype)
+            k_new = torch.randn(B, Hk, d, generator=g).to("cuda", dtype)
+            v_new = torch.randn(B, Hk, d, generator=g).to("cuda", dtype)
+            ref = PagedKV(kv.k.clone(), kv.v.clone())
+            ref.write(table, pos[:, None], k_new[:, None], v_new[:, None])
+            want = paged_decode_reference(q, ref, table, (pos + 1).to(torch.int32)).float()
+            got = paged_write_decode_triton(q, k_new, v_new, kv, table, pos).float()
+            assert (got - want).abs().max().item() < tol, (dtype, H, Hk, d)
+            assert torch.equal(kv.k, ref.k) and torch.equal(kv.v, ref.v)
+
+
+@pytest.mark.parametrize("lazy", [True, False])
+def test_graphs_equal_eager_tokens_bf16(lazy):
+    # lazy: only batch 1 is captured before ready; the 4 requests need batch 4 at once, which is then
+    # run for real and recorded at first use (graphs.py), later buckets while idle or on first use
+    graphed = tokens(cfg(cuda_graphs="on", compile="off", lazy_graphs=lazy))
+    eager = tokens(cfg(cuda_graphs="off", compile="off"))
+    for g, e in zip(graphed, eager):
+        assert len(g) == len(e) and all(np.array_equal(a, b) for a, b in zip(g, e))
+
+
+def test_int8_graphs_equal_eager_tokens_bf16():
+    # the fused int8 op (Triton GEMV at 1-2 rows, tiles at 4 and 8) replayed in graphs == run eagerly
+    graphed = tokens(cfg(cuda_graphs="on", compile="off", quant="int8"))
+    eager = tokens(cfg(cuda_graphs="off", compile="off", quant="int8"))
+    for g, e in zip(graphed, eager):
+        assert len(g) == len(e) and all(np.array_equal(a, b) for a, b in zip(g, e))
+
+
+def test_compiled_graphs_equal_eager_tokens_fp32():
+    compiled = tokens(cfg(cuda_graphs="on", compile="on", dtype="float32", codec_dtype="float32"))
+    eager = tokens(cfg(cuda_graphs="off", compile="off", dtype="float32", codec_dtype="float32"))
+    for c, e in zip(compiled, eager):
+        assert len(c) == len(e) and all(np.array_equal(a, b) for a, b in zip(c, e))
+
+
+@pytest.mark.skipif(not precompile_supported(), reason="torch's AOT precompile needs torch >= 2.10")
+def test_precompiled_graphs_equal_eager_tokens_fp32(tmp_path):
+    # first engine: traces, compiles and saves the units; second: loads them (no trace), same tokens
+    config = cfg(cuda_graphs="on", compile="on", dtype="float32", codec_dtype="float32", cache_dir=tmp_path)
+    first, second = {}, {}
+    traced = tokens(config, first)
+    saved = sorted(p.name for p in tmp_path.glob("precompiled-*/*.pt2"))
+    assert saved == ["fast_head.0.pt2", "fast_layer.0.pt2", "sample.0.pt2", "sample.1.pt2", "slow_layer.0.pt2"]
+    loaded = tokens(config, second)
+    assert (first["precompiled"], second["precompiled"]) == ("0 loaded, 5 traced", "5 loaded, 0 traced")
+    eager = tokens(cfg(cuda_graphs="off", compile="off", dtype="float32", codec_dtype="float32"))
+    for t, lo, e in zip(traced, loaded, eager):
+        assert len(t) == len(lo) == len(e)
+        assert all(np.array_equal(a, b) and np.array_equal(b, c) for a, b, c in zip(t, lo, e))
+
+
+@pytest.fixture
+def exact_fp32():
+    # exact fp32 convs and matmuls (TF32 would put ~1e-3 differences between streamed and whole decode);
+    # compat's context manager, because monkeypatch cannot undo torch 2.11's allow_tf32 property
+    with no_tf32():
+        yield
+
+
+def test_batched_gpu_engine_equals_reference_engine_fp32(exact_fp32):
+    config = cfg(cuda_graphs="on", compile="off", dtype="float32", codec_dtype="float32")
+    ref = EagerEngine.load(config)
+    eng = Engine.load(config)
+    try:
+        streams = [eng.submit(r) for r in REQUESTS]
+        for req, s in zip(REQUESTS, streams):
+            got, want = s.result(), ref.synthesize(req)
+            assert [(c.frames, c.finish_reason) for c in got.chunks] == \
+                   [(c.frames, c.finish_reason) for c in want.chunks]
+            assert np.abs(got.audio - want.audio).max() < 1e-3
+    finally:
+        eng.close()
+
+
+def test_lazy_start_fills_in_codec_graphs_and_matches_eager(exact_fp32):
+    # lazy start-up: the codec's smallest batch is captured before ready, the others while idle (or at
+    # first use); then a concurrent batch through every graph equals the graph-free engine's audio
+    config = cfg(cuda_graphs="on", compile="off", dtype="float32", codec_dtype="float32")
+    eng = Engine.load(config)
+    try:
+        planned = {(r, s) for r in (1, 2, 4, 8) for s in (4, 8)}
+        assert set(eng.vocoder._graphs) <= {(1, 4), (1, 8)} or not eng.settings.lazy_graphs
+        assert eng.settle(timeout=60) and set(eng.vocoder._graphs) == planned and not eng.graphs.pending
+        got = [s.result() for s in [eng.submit(r) for r in REQUESTS]]
+    finally:
+        eng.close()
+    plain = Engine.load(config.with_(cuda_graphs="off"))
+    try:
+        want = [s.result() for s in [plain.submit(r) for r in REQUESTS]]
+    finally:
+        plain.close()
+    for g, w in zip(got, want):
+        assert g.audio.shape == w.audio.shape and np.abs(g.audio - w.audio).max() < 1e-3
+
+
+def test_streaming_decode_bf16_adds_no_error_beyond_bf16():
+    """Streamed and whole decodes in bf16, each against an fp32 whole decode: streaming must not be
+    noticeably worse than bf16 itself (SNR within 1 dB)."""
+    from ttsengine.engine.loader import load
+    from ttsengine.engine.vocoder import StreamingDecoder
+
+    g = torch.Generator(device="cpu").manual_seed(1)
+    codes = torch.cat([torch.randint(0, 32, (3, 1, 40), generator=g), torch.randint(0, 16, (3, 3, 40), generator=g)],
+                      dim=1).cuda()
+
+    def snr(x, ref):
+        return 10 * torch.log10(ref.pow(2).sum() / (x - ref).pow(2).sum()).item()
+
+    with torch.inference_mode():
+        ref = load(cfg(codec_dtype="float32")).codec.decode(codes)[:, 0].float()
+        codec = load(cfg(codec_dtype="bfloat16")).codec
+        whole = codec.decode(codes)[:, 0].float()
+        dec = StreamingDecoder(codec, 4, 4096)
+        slots = torch.tensor([0, 2, 3], device="cuda")
+        streamed = torch.cat([dec.decode(slots, codes[:, :, i:i + 8]) for i in range(0, 40, 8)], -1).float()
+    assert streamed.shape == whole.shape
+    assert snr(whole, ref) > 20, snr(whole, ref)
+    assert snr(streamed, ref) > snr(whole, ref) - 1.0, (snr(streamed, ref), snr(whole, ref))
+
+
+def test_snake_kernel_equals_snake():
+    from ttsengine.model.codec.conv import snake
+    from ttsengine.model.kernels.snake import snake_triton
+
+    g = torch.Generator(device="cpu").manual_seed(2)
+    for dtype, tol in ((torch.float32, 1e-5), (torch.bfloat16, 2e-2)):
+        for B, C, L in ((1, 3, 5), (3, 64, 2500), (2, 1536, 33)):
+            x = (torch.randn(B, C, L, generator=g) * 3).to("cuda", dtype)
+            alpha = (torch.rand(1, C, 1, generator=g) * 2 + 0.05).to("cuda", dtype)
+            want = snake(x.float(), alpha.float())
+            got = snake_triton(x, alpha)
+            assert got.dtype == dtype and got.shape == x.shape
+            assert (got.float() - want).abs().max().item() < tol * (1 + want.abs().max().item()), (dtype, B, C, L)
+    x = torch.randn(2, 8, 100, device="cuda").transpose(1, 2)  # non-contiguous input
+    alpha = torch.rand(1, 100, 1, device="cuda") + 0.1
+    assert torch.allclose(snake_triton(x, alpha), snake(x, alpha), atol=1e-5)

@@ -1,0 +1,124 @@
+"""`python -m ttsengine download --s3` against a local moto S3 server (no network)."""
+
+from __future__ import annotations
+
+import io
+import tarfile
+
+import pytest
+from conftest import MODEL_DIR, complete_model, run_cli, s3_client
+
+from ttsengine.errors import CheckpointError, DownloadError
+from ttsengine.serving.download import verify_model_dir
+
+
+@pytest.fixture(scope="module")
+def s3_env(s3_server):
+    env = s3_server
+    s3 = s3_client(env)
+    s3.create_bucket(Bucket="models")
+    for f in MODEL_DIR.iterdir():
+        s3.upload_file(str(f), "models", f"s1/tiny/{f.name}")
+    s3.upload_file(str(MODEL_DIR.parent / "codec_config.json"), "models", "s1/tiny/codec_config.json")
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:gz") as tar:
+        for f in MODEL_DIR.iterdir():
+            tar.add(f, arcname=f"model/{f.name}")  # one top-level folder: flattened on unpack
+        tar.add(MODEL_DIR.parent / "codec_config.json", arcname="model/codec_config.json")
+    s3.put_object(Bucket="models", Key="packed/model.tar.gz", Body=buf.getvalue())
+    evil = io.BytesIO()
+    with tarfile.open(fileobj=evil, mode="w:gz") as tar:
+        info = tarfile.TarInfo("../escape.txt")
+        info.size = 3
+        tar.addfile(info, io.BytesIO(b"bad"))
+    s3.put_object(Bucket="models", Key="evil/model.tar.gz", Body=evil.getvalue())
+    s3.put_object(Bucket="models", Key="partial/config.json", Body=b"{}")
+    return env
+
+
+def test_download_prefix_then_synthesize(s3_env, tmp_path):
+    dest = tmp_path / "m"
+    proc = run_cli("ttsengine", "download", "--to", str(dest), "--s3", "s3://models/s1/tiny", env=s3_env)
+    assert proc.returncode == 0, proc.stderr
+    assert "model ready in" in proc.stdout
+    expected = [p.name for p in MODEL_DIR.iterdir()] + ["codec_config.json"]
+    assert sorted(p.name for p in dest.iterdir()) == sorted(expected)
+    assert (dest / "model.pth").read_bytes() == (MODEL_DIR / "model.pth").read_bytes()
+    out = tmp_path / "a.wav"
+    proc = run_cli("ttsengine", "synth", "--model", str(dest), "--text", "Hi.", "--max-new-tokens", "5",
+                   "--out", str(out))
+    assert proc.returncode == 0, proc.stderr
+
+
+def test_download_tarball_is_unpacked_and_flattened(s3_env, tmp_path):
+    dest = tmp_path / "m"
+    proc = run_cli("ttsengine", "download", "--to", str(dest), "--s3", "s3://models/packed/model.tar.gz", env=s3_env)
+    assert proc.returncode == 0, proc.stderr
+    verify_model_dir(dest)
+    assert (dest / "codec.pth").read_bytes() == (MODEL_DIR / "codec.pth").read_bytes()
+
+
+@pytest.mark.parametrize("uri, pattern", [
+    ("s3://models/evil/model.tar.gz", "refusing unsafe archive member '../escape.txt'"),
+    ("s3://models/partial", "model directory is incomplete, missing: tokenizer.tiktoken, special_tokens.json, "
+                            "model.pth or model.safetensors, codec.pth or codec.safetensors"),
+    ("s3://models/nothing-here", "no objects under this prefix"),
+    ("s3://no-such-bucket/x", "NoSuchBucket"),
+    ("s3://models/absent.tar.gz", "404"),
+    ("http://example.com/x", "not an s3://bucket/key URI"),
+])
+def test_download_errors_are_one_line(s3_env, tmp_path, uri, pattern):
+    proc = run_cli("ttsengine", "download", "--to", str(tmp_path / "m"), "--s3", uri, env=s3_env)
+    assert proc.returncode == 2, proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert pattern in proc.stderr
+    assert not (tmp_path / "escape.txt").exists()
+
+
+def test_missing_credentials(s3_env, tmp_path, monkeypatch):
+    env = {k: v for k, v in s3_env.items() if not k.startswith("AWS_ACCESS") and not k.startswith("AWS_SECRET")}
+    env.update({"AWS_ACCESS_KEY_ID": "", "AWS_SECRET_ACCESS_KEY": "", "AWS_SHARED_CREDENTIALS_FILE": "/nonexistent",
+                "AWS_CONFIG_FILE": "/nonexistent", "AWS_EC2_METADATA_DISABLED": "true"})
+    proc = run_cli("ttsengine", "download", "--to", str(tmp_path / "m"), "--s3", "s3://models/s1/tiny", env=env)
+    assert proc.returncode == 2
+    assert "no AWS credentials" in proc.stderr
+
+
+def test_verify_names_every_missing_file(tmp_path):
+    with pytest.raises(CheckpointError, match="missing: config.json, tokenizer.tiktoken"):
+        verify_model_dir(tmp_path)
+
+
+def test_ensure_model_fetches_once_and_keeps_it(s3_env, tmp_path, monkeypatch):
+    from ttsengine.serving.download import ensure_model
+
+    for k, v in s3_env.items():
+        monkeypatch.setenv(k, v)
+    target = tmp_path / "vol" / "models" / "s1"
+    assert ensure_model(target, "s3://models/s1/tiny") == target
+    verify_model_dir(target)
+    assert not (tmp_path / "vol" / "models" / "s1.partial").exists()
+    stamp = (target / "model.pth").stat().st_mtime_ns
+    assert ensure_model(target, "s3://models/no-such-prefix") == target  # complete: not fetched again
+    assert (target / "model.pth").stat().st_mtime_ns == stamp
+
+    local = ensure_model(tmp_path / "copy", str(complete_model(tmp_path / "src")))
+    assert (local / "codec_config.json").is_file()
+    with pytest.raises(CheckpointError, match="missing: config.json"):
+        ensure_model(tmp_path / "empty", None)
+    with pytest.raises(DownloadError, match="not hf://"):
+        ensure_model(tmp_path / "empty", str(tmp_path / "nowhere"))
+    with pytest.raises(DownloadError, match="no objects"):
+        ensure_model(tmp_path / "empty", "s3://models/nothing-here")
+    assert not (tmp_path / "empty").exists()
+
+
+def test_download_cli_if_missing_uses_the_source_once(tmp_path):
+    src = complete_model(tmp_path / "src")
+    dest = tmp_path / "vol" / "current"
+    proc = run_cli("ttsengine", "download", "--to", str(dest), "--if-missing", env={"TTS_MODEL_SOURCE": str(src)})
+    assert proc.returncode == 0 and "model ready" in proc.stdout, proc.stderr
+    again = run_cli("ttsengine", "download", "--to", str(dest), "--if-missing", "--source", str(tmp_path / "gone"))
+    assert again.returncode == 0  # complete already: the (missing) source is not touched
+    bad = run_cli("ttsengine", "download", "--to", str(tmp_path / "x"), "--if-missing", env={"TTS_MODEL_SOURCE": ""})
+    assert bad.returncode != 0 and "missing: config.json" in bad.stderr and "Traceback" not in bad.stderr
