@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import threading
 import time
 
 import torch
@@ -28,7 +29,7 @@ def main() -> None:
     args = ap.parse_args()
     os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", os.path.abspath(os.path.join(args.cache_dir, "inductor")))
     os.environ.setdefault("TRITON_CACHE_DIR", os.path.abspath(os.path.join(args.cache_dir, "triton")))
-    from ttsengine.engine.vocoder import StreamingDecoder
+    from ttsengine.engine.vocoder import Vocoder
     from ttsengine.model.synthetic import random_checkpoint
 
     dev = torch.device("cuda")
@@ -40,7 +41,8 @@ def main() -> None:
     side = torch.cuda.Stream()
     ref = None
     for mode in args.modes.split(","):
-        voc = StreamingDecoder(ckpt.codec, 256, ckpt.config.max_seq_len, chunk_sizes=(4, 8), buckets=buckets)
+        voc = Vocoder(ckpt.codec, 256, ckpt.config.max_seq_len, (4, 8), buckets, threading.Lock(),
+                      lambda frames, seconds: None, lambda stream: None)
         if mode == "compiled":
             voc.enable_compile()
         elif mode == "snake":
@@ -51,7 +53,7 @@ def main() -> None:
             torch.cuda.synchronize()
             t1 = time.perf_counter()
             voc.plan_graphs(64)
-            voc.capture_graphs()
+            voc.capture()
             torch.cuda.synchronize()
             t2 = time.perf_counter()
             row = {"mode": mode, "warm_up_s": round(t1 - t0, 2), "capture_s": round(t2 - t1, 2)}
@@ -64,13 +66,14 @@ def main() -> None:
                     voc.decode_padded(slots, codes[:rows, :, :size])
                 torch.cuda.synchronize()
                 row[f"ms_b{rows}_k{size}"] = round((time.perf_counter() - t) / 20 * 1e3, 3)
-            voc.reset(torch.arange(257, device=dev))
+            voc.codec.reset(torch.arange(257, device=dev))
             audio = torch.cat([voc.decode_padded(list(range(64)), codes[:, :, :8]) for _ in range(3)], dim=1)
             torch.cuda.synchronize()
         if ref is None:
             ref = audio.clone()
         row["snr_db_vs_first"] = round(snr_db(ref, audio), 1)
         print(json.dumps(row), flush=True)
+        voc.close()
 
 
 if __name__ == "__main__":

@@ -71,7 +71,7 @@ def main() -> None:
     with torch.inference_mode(), torch.cuda.stream(side):
         profiled("codec compile (warm_up)", engine.vocoder.warm_up, args.top)
         engine.vocoder.plan_graphs(VOCODER_GRAPH_ROWS)
-        profiled("codec graphs", engine.vocoder.capture_graphs, args.top)
+        profiled("codec graphs", engine.vocoder.capture, args.top)
         big = engine.settings.buckets[-1]
         profiled("decode compile (1 step)", lambda: (engine.runner.decode_step(big), torch.cuda.synchronize()),
                  args.top)

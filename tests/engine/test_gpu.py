@@ -147,8 +147,8 @@ def test_lazy_start_fills_in_codec_graphs_and_matches_eager(exact_fp32):
     eng = Engine.load(config)
     try:
         planned = {(r, s) for r in (1, 2, 4, 8) for s in (4, 8)}
-        assert set(eng.vocoder._graphs) <= {(1, 4), (1, 8)} or not eng.settings.lazy_graphs
-        assert eng.settle(timeout=60) and set(eng.vocoder._graphs) == planned and not eng.graphs.pending
+        assert set(eng.vocoder.graphs.graphs) <= {(1, 4), (1, 8)} or not eng.settings.lazy_graphs
+        assert eng.settle(timeout=60) and set(eng.vocoder.graphs.graphs) == planned and not eng.graphs.pending
         got = [s.result() for s in [eng.submit(r) for r in REQUESTS]]
     finally:
         eng.close()
@@ -165,7 +165,7 @@ def test_streaming_decode_bf16_adds_no_error_beyond_bf16():
     """Streamed and whole decodes in bf16, each against an fp32 whole decode: streaming must not be
     noticeably worse than bf16 itself (SNR within 1 dB)."""
     from ttsengine.engine.loader import load
-    from ttsengine.engine.vocoder import StreamingDecoder
+    from ttsengine.model.codec.streaming import StreamingCodec
 
     g = torch.Generator(device="cpu").manual_seed(1)
     codes = torch.cat([torch.randint(0, 32, (3, 1, 40), generator=g), torch.randint(0, 16, (3, 3, 40), generator=g)],
@@ -178,9 +178,9 @@ def test_streaming_decode_bf16_adds_no_error_beyond_bf16():
         ref = load(cfg(codec_dtype="float32")).codec.decode(codes)[:, 0].float()
         codec = load(cfg(codec_dtype="bfloat16")).codec
         whole = codec.decode(codes)[:, 0].float()
-        dec = StreamingDecoder(codec, 4, 4096)
+        dec = StreamingCodec(codec, 4, 4096)
         slots = torch.tensor([0, 2, 3], device="cuda")
-        streamed = torch.cat([dec.decode(slots, codes[:, :, i:i + 8]) for i in range(0, 40, 8)], -1).float()
+        streamed = torch.cat([dec.codes_to_audio(slots, codes[:, :, i:i + 8]) for i in range(0, 40, 8)], -1).float()
     assert streamed.shape == whole.shape
     assert snr(whole, ref) > 20, snr(whole, ref)
     assert snr(streamed, ref) > snr(whole, ref) - 1.0, (snr(streamed, ref), snr(whole, ref))

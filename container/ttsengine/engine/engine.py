@@ -26,14 +26,13 @@ from ..synthesis.plan import ChunkReport, Plan, Planner
 from ..synthesis.request import SynthesisRequest
 from ..synthesis.stream import Stream
 from .compile.kernel_cache import KernelCache
-from .graphs import StepGraphs
+from .cuda_graphs import GraphSet
 from .loader import load
 from .metrics import EngineMetrics
 from .runner import PrefillItem, Runner
 from .scheduler import Job, Scheduler
 from .settings import BatchSettings
-from .vocoder import StreamingDecoder
-from .vocoder_worker import Delivery, VocoderWorker
+from .vocoder import Delivery, Vocoder
 
 IDLE_BEFORE_CAPTURE = 0.25  # s the loop waits idle before capturing a lazy graph (~0.25 s each on an H100)
 VOCODER_GRAPH_ROWS = 64  # largest codec batch captured as a CUDA graph (bounds the graph pool)
@@ -76,9 +75,11 @@ class Engine:
         self.runner = Runner(checkpoint.model, s.runner)
         self.scheduler = Scheduler(s.runner.max_slots, s.max_queue, s.runner.num_pages - 1, s.runner.page_size,
                                    s.prefill_tokens)
-        self.vocoder = StreamingDecoder(checkpoint.codec, s.runner.max_slots, checkpoint.config.max_seq_len,
-                                        chunk_sizes=(s.first_chunk_frames, s.stream_chunk_frames),
-                                        buckets=s.buckets)
+        self.metrics = EngineMetrics()
+        self._capture_lock = threading.Lock()  # one CUDA graph capture at a time: decode step or codec
+        self.vocoder = Vocoder(checkpoint.codec, s.runner.max_slots, checkpoint.config.max_seq_len,
+                               (s.first_chunk_frames, s.stream_chunk_frames), s.buckets, self._capture_lock,
+                               self.metrics.vocoded, self.metrics.completed)
         if s.compile:
             precompile = config.precompile == "auto" and compat.precompile_supported()
             self.runner.enable_compile(self.kernel_cache.precompiled_dir if precompile else None)
@@ -86,11 +87,7 @@ class Engine:
             self.vocoder.enable_compile()
         if s.snake_kernel:
             self.vocoder.use_snake_kernel()
-        self._capture_lock = threading.Lock()  # one CUDA graph capture at a time: decode step or codec
-        self.vocoder.capture_lock = self._capture_lock
-        self.graphs = StepGraphs(self.runner, s, self._capture_lock) if s.cuda_graphs else None
-        self.metrics = EngineMetrics()
-        self.worker = VocoderWorker(self.vocoder, self.metrics.vocoded, self.metrics.completed)
+        self.graphs = self._step_graphs() if s.cuda_graphs else None
         self.eos = checkpoint.tokenizer.im_end_id
         self._free_voc = list(range(s.runner.max_slots - 1, -1, -1))
         self._inbox: deque[Task] = deque()
@@ -100,6 +97,8 @@ class Engine:
         self._thread: threading.Thread | None = None
         self.ready = threading.Event()
         self.warmup_seconds: float | None = None
+        self.compile_error: str | None = None
+        self._failed: BaseException | None = None  # what warm-up raised, re-raised by start()
         self._host_out = torch.empty(s.runner.max_slots, checkpoint.config.num_codebooks + 1, dtype=torch.int64,
                                      pin_memory=self.runner.device.type == "cuda")
 
@@ -109,6 +108,21 @@ class Engine:
         if start:
             engine.start()
         return engine
+
+    @property
+    def max_streams(self) -> int:
+        """Streams decoded together at most (the slots of the batch)."""
+        return self.settings.runner.max_slots
+
+    @property
+    def compiled(self) -> bool:
+        """The decode step's units run through torch.compile (False after a compile failure fell back)."""
+        return self.runner.compiled
+
+    @property
+    def kv_positions(self) -> int:
+        """KV cache positions shared by all streams (the scratch page excluded)."""
+        return (self.settings.runner.num_pages - 1) * self.settings.runner.page_size
 
     @property
     def sample_rate(self) -> int:
@@ -145,15 +159,13 @@ class Engine:
             if self._failed is not None:
                 raise self._failed
 
-    _failed: BaseException | None = None
-
     def close(self) -> None:
         with self._cv:
             self._stop = True
             self._cv.notify_all()
         if self._thread is not None:
             self._thread.join(timeout=30)
-        self.worker.close()
+        self.vocoder.close()
 
     # ---- requests -----------------------------------------------------------------------------
     def submit(self, request: SynthesisRequest | Plan, *, ignore_stop: bool = False) -> Stream:
@@ -188,7 +200,7 @@ class Engine:
                                         waiting=self.scheduler.queue_depth + len(self._inbox),
                                         device=self.runner.device),
                 "quantization": self.ckpt.quantization, "kernel_cache": self.kernel_cache.status,
-                "precompiled": self.precompiled, "compiled": self.runner._compiled,
+                "precompiled": self.precompiled, "compiled": self.compiled,
                 "cuda_graphs": self.graphs is not None}
 
     @property
@@ -206,7 +218,7 @@ class Engine:
                 self._warm_up()
                 self.warmup_seconds = time.perf_counter() - start
                 self.metrics.warmup_seconds = self.warmup_seconds
-                if self.runner._compiled and self.kernel_cache.status in ("miss", "mismatch"):
+                if self.runner.compiled and self.kernel_cache.status in ("miss", "mismatch"):
                     self.kernel_cache.save_metadata()
         except BaseException as e:  # noqa: BLE001 - reported to start()
             log.exception("engine warm-up failed")
@@ -216,7 +228,7 @@ class Engine:
         log.info("engine ready: %d slots, %d KV pages of %d, graphs %s, compile %s, quantization %s, kernel cache %s, "
                  "precompiled %s, warm-up %.1f s", self.settings.runner.max_slots, self.settings.runner.num_pages,
                  self.settings.runner.page_size, "on" if self.graphs else "off",
-                 "on" if self.runner._compiled else "off", self.ckpt.quantization, self.kernel_cache.status,
+                 "on" if self.runner.compiled else "off", self.ckpt.quantization, self.kernel_cache.status,
                  self.precompiled, self.warmup_seconds)
         self.ready.set()
         with torch.inference_mode():
@@ -245,12 +257,12 @@ class Engine:
 
     def _warm_up(self) -> None:
         """Compiles and captures the decode step for every bucket (all slots idle: no side effects)."""
-        if self.graphs is None and not self.runner._compiled:
+        if self.graphs is None and not self.runner.compiled:
             return  # eager: nothing to prepare
         try:
             # the codec warms up on its thread while this one compiles the decode step (all slots idle:
             # the steps change nothing); the graphs are captured one thread at a time afterwards
-            codec_done = self.worker.call_async(self.vocoder.warm_up)
+            codec_done = self.vocoder.call_async(self.vocoder.warm_up)
             try:
                 for bb in self.settings.buckets[:1] if self.graphs is not None else self.settings.buckets:
                     self.runner.decode_step(bb)
@@ -258,40 +270,43 @@ class Engine:
                 codec_done()
             self._capture()
         except Exception as e:  # noqa: BLE001 - compile problems must not take the service down
-            if not self.runner._compiled:
+            if not self.runner.compiled:
                 raise
             log.warning("torch.compile of the decode step failed (%s: %s); serving without compile",
                         type(e).__name__, str(e).splitlines()[0] if str(e) else "")
             self.runner.disable_compile()
-            self.vocoder._impl, self.vocoder._compiled = self.vocoder.decode, False
-            self.vocoder.plan_graphs(0)
+            self.vocoder.disable_compile()
             self.compile_error = f"{type(e).__name__}: {e}"
             if self.graphs is not None:
-                self.graphs = StepGraphs(self.runner, self.settings, self._capture_lock)
+                self.graphs = self._step_graphs()
                 self._capture()
 
-    compile_error: str | None = None
+    def _step_graphs(self) -> GraphSet:
+        """The decode step's CUDA graphs, one per batch bucket (its state lives in the runner's buffers)."""
+        graphs = GraphSet("decode-step", self._capture_lock, lambda bb: self.runner.decode_step(bb))
+        graphs.plan(list(self.settings.buckets))
+        return graphs
 
     def _capture(self) -> None:
         """The codec's graphs (on its thread), then the decode step's (lazy: the smallest bucket of each
         before ready, the rest while idle)."""
         if self.graphs is not None:
             self.vocoder.plan_graphs(VOCODER_GRAPH_ROWS)
-            rows = self.vocoder.pending_graphs[:1] if self.settings.lazy_graphs else None
-            self.worker.call(lambda: self.vocoder.capture_graphs(rows))
+            rows = self.vocoder.pending_rows[:1] if self.settings.lazy_graphs else None
+            self.vocoder.call(lambda: self.vocoder.capture(rows))
             self.graphs.capture(self._start_buckets)
 
     def _graphs_pending(self) -> bool:
-        return self.graphs is not None and bool(self.graphs.pending or self.vocoder.pending_graphs)
+        return self.graphs is not None and bool(self.graphs.pending or self.vocoder.pending_rows)
 
     def _capture_next(self) -> None:
         """One more lazy capture, every slot idle: the smaller pending batch of the decode step and the codec
         (the codec's on its thread; this thread waits, so captures stay one at a time)."""
-        step, codec = self.graphs.pending[:1], self.vocoder.pending_graphs[:1]
+        step, codec = self.graphs.pending[:1], self.vocoder.pending_rows[:1]
         if step and (not codec or step[0] <= codec[0]):
             self.graphs.capture_next()
         else:
-            self.worker.call(self.vocoder.capture_next)
+            self.vocoder.call(self.vocoder.capture_next)
 
     def settle(self, timeout: float = 120.0) -> bool:
         """Waits until the graphs left for later (lazy start-up) are captured; -> whether they all are."""
@@ -391,7 +406,7 @@ class Engine:
         """Reports a finished text chunk; starts the next one or ends the stream."""
         stream, plan = task.stream, task.stream.plan
         if task.voc_slot >= 0:
-            self.worker.reset(task.voc_slot)  # queued after the slot's last decode
+            self.vocoder.reset(task.voc_slot)  # queued after the slot's last decode
             self._free_voc.append(task.voc_slot)
             task.voc_slot = -1
         kept = task.kept if reason != "cancelled" else task.decoded
@@ -411,7 +426,7 @@ class Engine:
         self._end(stream, completed=True)
 
     def _end(self, stream: Stream, error: BaseException | None = None, completed: bool = False) -> None:
-        self.worker.finish(stream, error, completed)  # after its last audio chunk
+        self.vocoder.finish(stream, error, completed)  # after its last audio chunk
         with self._cv:
             self._streams.discard(stream)
 
@@ -428,9 +443,9 @@ class Engine:
             self._inbox.clear()
         self._free_voc = list(range(self.settings.runner.max_slots - 1, -1, -1))
         for slot in self._free_voc:
-            self.worker.reset(slot)
+            self.vocoder.reset(slot)
         for stream in streams:
-            self.worker.finish(stream, error)
+            self.vocoder.finish(stream, error)
 
     # ---- audio --------------------------------------------------------------------------------
     def _vocode(self) -> None:
@@ -461,7 +476,7 @@ class Engine:
                 return
             for count, group in groups.items():
                 codes = np.stack([np.stack(t.frames[t.decoded:t.decoded + count], axis=1)[1:] for t in group])
-                self.worker.decode([t.voc_slot for t in group], codes,
+                self.vocoder.decode([t.voc_slot for t in group], codes,
                                    [Delivery(t.stream, t.index, count) for t in group])
                 for task in group:
                     task.decoded += count

@@ -40,6 +40,7 @@ class PrefillItem:
 class Runner:
     def __init__(self, model: DualAR, cfg: RunnerConfig):
         self.model, self.cfg = model, cfg
+        self.compiled = False  # the step's units run through torch.compile (enable_compile)
         p = model.norm.weight
         self.device, self.dtype = p.device, p.dtype
         mc = model.cfg
@@ -158,13 +159,12 @@ class Runner:
         register_top_p_op()
         _dynamo.config.cache_size_limit = max(_dynamo.config.cache_size_limit, 64)
         self.ops = StepOps.compiled(self._attend, self.cfg.triton_attention, self.cfg.max_slots, store)
-        self._compiled = True
+        self.compiled = True
 
     def disable_compile(self) -> None:
         self.ops = StepOps.eager(self._attend, self.cfg.triton_attention)
-        self._compiled = False
+        self.compiled = False
 
-    _compiled = False
 
     def decode_step(self, bb: int) -> Tensor:
         """One frame for rows [0, bb): slow step over the paged cache, the fast loop, sampling and

@@ -59,6 +59,11 @@ class Stream:
 
     # ---- caller side --------------------------------------------------------------------------
     @property
+    def text_chunks(self) -> int:
+        """How many text chunks the request was split into (one ChunkReport each when done)."""
+        return len(self.plan.texts)
+
+    @property
     def seed(self) -> int:
         return self.plan.seed
 

@@ -202,14 +202,14 @@ def main(argv: list[str] | None = None) -> int:
     report = {
         "device": torch.cuda.get_device_name() if engine.runner.device.type == "cuda" else "cpu",
         "torch": torch.__version__, "model": args.random_weights or str(config.model_dir),
-        "dtype": str(engine.runner.dtype), "compile": engine.runner._compiled, "cuda_graphs": engine.graphs is not None,
+        "dtype": str(engine.runner.dtype), "compile": engine.compiled, "cuda_graphs": engine.graphs is not None,
         "compile_error": engine.compile_error, "load_s": round(load_s, 2), "warmup_s": round(engine.warmup_seconds, 2),
         "kernel_cache": engine.kernel_cache.status, "precompiled": engine.precompiled,
         "quantization": ckpt.quantization,
         "weights_gb": round((weight_bytes(ckpt.model) + weight_bytes(ckpt.codec)) / 1e9, 3),
         "first_chunk_frames": engine.settings.first_chunk_frames,
         "stream_chunk_frames": engine.settings.stream_chunk_frames,
-        "kv_positions": (engine.settings.runner.num_pages - 1) * engine.settings.runner.page_size,
+        "kv_positions": engine.kv_positions,
         "max_concurrency_at_1.2x_realtime": max(ok) if ok else None,
         "levels": [asdict(lv) for lv in results], "profile": profile,
     }

@@ -1,11 +1,12 @@
-"""Streaming codec decode equals decoding all frames at once (fp32 on CPU, tight tolerance)."""
+"""The codec streamed chunk by chunk (model/codec/streaming.py) equals decoding all frames at once (fp32 on
+CPU, tight tolerance), at every chunk size, with rows joining, leaving and being reused."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from ttsengine.engine.vocoder import StreamingDecoder
+from ttsengine.model.codec.streaming import StreamingCodec
 
 TOL = 5e-5  # fp32: summation order only (the deep codec amplifies 1e-7 latent rounding to ~1e-5)
 
@@ -24,11 +25,11 @@ def test_streamed_equals_whole(eager_engine, chunks):
     codes = random_codes(3, total, seed=len(chunks))
     with torch.inference_mode():
         whole = codec.decode(codes)[:, 0]
-        dec = StreamingDecoder(codec, slots=5, max_frames=4096)
+        dec = StreamingCodec(codec, rows=5, max_frames=4096)
         slots = torch.tensor([3, 0, 4])
         parts, start = [], 0
         for k in chunks:
-            parts.append(dec.decode(slots, codes[:, :, start:start + k]))
+            parts.append(dec.codes_to_audio(slots, codes[:, :, start:start + k]))
             start += k
     streamed = torch.cat(parts, dim=-1)
     assert streamed.shape == whole.shape == (3, total * 2048)
@@ -40,15 +41,16 @@ def test_streams_in_one_batch_do_not_interfere(eager_engine):
     codec = eager_engine.ckpt.codec
     a, b = random_codes(1, 16, 1), random_codes(1, 12, 2)
     with torch.inference_mode():
-        dec = StreamingDecoder(codec, slots=2, max_frames=4096)
-        out_a = [dec.decode(torch.tensor([0]), a[:, :, :4])]
+        dec = StreamingCodec(codec, rows=2, max_frames=4096)
+        out_a = [dec.codes_to_audio(torch.tensor([0]), a[:, :, :4])]
         out_b = []
         for i in range(3):  # b starts 4 frames later, decoded in the same calls as a
-            y = dec.decode(torch.tensor([0, 1]), torch.cat([a[:, :, 4 + 4 * i: 8 + 4 * i], b[:, :, 4 * i: 4 + 4 * i]]))
+            pair = torch.cat([a[:, :, 4 + 4 * i: 8 + 4 * i], b[:, :, 4 * i: 4 + 4 * i]])
+            y = dec.codes_to_audio(torch.tensor([0, 1]), pair)
             out_a.append(y[:1])
             out_b.append(y[1:])
         assert (torch.cat(out_a, -1) - codec.decode(a)[:, 0]).abs().max() < TOL
         assert (torch.cat(out_b, -1) - codec.decode(b)[:, 0]).abs().max() < TOL
         dec.reset(torch.tensor([1]))
-        again = dec.decode(torch.tensor([1]), b)
+        again = dec.codes_to_audio(torch.tensor([1]), b)
         assert (again - codec.decode(b)[:, 0]).abs().max() < TOL

@@ -1,0 +1,147 @@
+"""The codec's decoder run incrementally: new frames in, their audio out, with exactly the state the
+causal codec needs, for many streams at once (one row each). Never re-decodes a prefix.
+
+State per row (rows of preallocated buffers, gathered and scattered by row index):
+- every stride-1 causal conv: its last (span - 1) input samples (zeros at the start = the causal
+  zero padding of a whole decode);
+- every transposed conv: the last (kernel - stride) output samples not yet complete (overlap-add;
+  the bias is added once, to completed samples only; a whole decode drops the final tail too);
+- the window-limited transformer (post_module): its last (window - 1) keys and values per layer,
+  plus the row's absolute frame position (RoPE and the window mask use absolute positions).
+Snake, LayerNorm, pointwise layers and codebook lookups are per-sample and need nothing.
+Streaming equals the whole decode (Codec.decode) to float rounding, at any chunk size: tests/model.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from ..layers import attend
+from .conv import CausalConv, CausalTransConv, ConvNeXtBlock, ResidualUnit, Snake, snake
+from .dac import Codec, DecoderBlock
+from .transformer import CodecTransformer
+
+
+def _state_shapes(module: nn.Module, prefix: str, out: dict[str, tuple[int, ...]]) -> None:
+    if isinstance(module, CausalConv):
+        if module.stride != 1:
+            raise ValueError(f"{prefix}: streaming needs stride-1 causal convs in the decoder")
+        if module.left:
+            out[prefix] = (module.conv.in_channels, module.left)
+    elif isinstance(module, CausalTransConv):
+        if module.trim:
+            out[prefix] = (module.conv.out_channels, module.trim)
+    elif isinstance(module, CodecTransformer):
+        c = module.cfg
+        for i in range(c.n_layer):
+            out[f"{prefix}.{i}.k"] = out[f"{prefix}.{i}.v"] = (c.n_head, c.window - 1, c.head_dim)
+    elif isinstance(module, ConvNeXtBlock):
+        _state_shapes(module.dwconv, prefix + ".dwconv", out)
+    elif isinstance(module, (ResidualUnit,)):
+        _state_shapes(module.block, prefix + ".block", out)
+    else:
+        for name, child in module.named_children():
+            _state_shapes(child, f"{prefix}.{name}", out)
+
+
+
+class StreamingCodec:
+    """Chunk-by-chunk decode for `rows` streams; each row keeps its own state between calls."""
+
+    def __init__(self, codec: Codec, rows: int, max_frames: int):
+        """max_frames: the longest stream (frames) a row will decode; sizes the RoPE table."""
+        self.codec = codec
+        self.snake: Callable[[Tensor, Tensor], Tensor] = snake  # or the fused Triton kernel (use_snake)
+        p = next(codec.parameters())
+        self.device, self.dtype = p.device, p.dtype
+        shapes: dict[str, tuple[int, ...]] = {}
+        _state_shapes(codec.quantizer.post_module, "post", shapes)
+        _state_shapes(codec.quantizer.upsample, "up", shapes)
+        _state_shapes(codec.decoder.model, "dec", shapes)
+        self.state = {k: torch.zeros(rows, *s, dtype=self.dtype, device=self.device) for k, s in shapes.items()}
+        self.position = torch.zeros(rows, dtype=torch.int64, device=self.device)  # frames decoded per row
+        self.frame_length = codec.frame_length
+        self.num_codebooks = codec.cfg.num_codebooks
+        post = codec.quantizer.post_module
+        self.rope = post.rope(0, max_frames + 1024, self.device)[0]  # [positions, d/2, 2], indexed on device
+
+    def reset(self, rows: Tensor) -> None:
+        """Forget the streams in `rows` (int64 [b]) so the rows can start new ones."""
+        for buf in self.state.values():
+            buf.index_fill_(0, rows, 0)
+        self.position.index_fill_(0, rows, 0)
+
+    def codes_to_audio(self, rows: Tensor, codes: Tensor) -> Tensor:
+        """rows: int64 [b] (distinct); codes: int64 [b, n, K] -> audio [b, K * frame_length]."""
+        state = {k: v.index_select(0, rows) for k, v in self.state.items()}
+        pos = self.position.index_select(0, rows)
+        q = self.codec.quantizer
+        z = q.codes_to_latent(codes).to(self.dtype)  # [b, C, K]
+        z = self._transformer(q.post_module, z, state, "post", pos)
+        z = self._walk(q.upsample, z, state, "up")
+        y = self._walk(self.codec.decoder.model, z, state, "dec")
+        for k, v in state.items():
+            self.state[k].index_copy_(0, rows, v)
+        self.position.index_add_(0, rows, torch.full_like(pos, codes.shape[-1]))
+        return y[:, 0]
+
+    # ---- one module, streaming ----------------------------------------------------------------
+    def _walk(self, module: nn.Module, x: Tensor, state: dict[str, Tensor], prefix: str) -> Tensor:
+        if isinstance(module, CausalConv):
+            if not module.left:
+                return module.conv(x)
+            full = torch.cat([state[prefix], x], dim=-1)
+            state[prefix] = full[..., -module.left:]
+            return module.conv(full)
+        if isinstance(module, CausalTransConv):
+            conv = module.conv
+            y = F.conv_transpose1d(x, conv.weight, None, stride=conv.stride)  # [b, C, (L-1)s + k]
+            n = x.shape[-1] * conv.stride[0]
+            if module.trim:
+                y = torch.cat([y[..., :module.trim] + state[prefix], y[..., module.trim:]], dim=-1)
+                state[prefix] = y[..., n:]
+            return y[..., :n] + conv.bias[None, :, None]
+        if isinstance(module, Snake):
+            return self.snake(x, module.alpha)
+        if isinstance(module, ResidualUnit):
+            return x + self._walk(module.block, x, state, prefix + ".block")
+        if isinstance(module, ConvNeXtBlock):
+            return x + module.pointwise(self._walk(module.dwconv, x, state, prefix + ".dwconv"))
+        if isinstance(module, nn.Tanh):
+            return torch.tanh(x)
+        if isinstance(module, DecoderBlock):
+            return self._walk(module.block, x, state, prefix + ".block")
+        if isinstance(module, nn.Sequential):
+            for name, child in module.named_children():
+                x = self._walk(child, x, state, f"{prefix}.{name}")
+            return x
+        raise TypeError(f"no streaming rule for {type(module).__name__} at {prefix}")
+
+    def _transformer(self, t: CodecTransformer, x: Tensor, state: dict[str, Tensor], prefix: str,
+                     pos: Tensor) -> Tensor:
+        # x: [b, C, K]; pos: [b] absolute frame position of x's first frame
+        W = t.cfg.window
+        h = x.transpose(1, 2)
+        b, K, _ = h.shape
+        steps = torch.arange(K, device=h.device)
+        q_pos = pos[:, None] + steps  # [b, K]
+        cache_pos = pos[:, None] - (W - 1) + torch.arange(W - 1, device=h.device)  # [b, W-1]
+        k_pos = torch.cat([cache_pos, q_pos], dim=1)  # [b, W-1+K]
+        d = q_pos[:, :, None] - k_pos[:, None, :]
+        mask = ((d >= 0) & (d < W) & (k_pos[:, None, :] >= 0))[:, None]  # [b, 1, K, W-1+K]
+        rope = self.rope[q_pos]  # [b, K, d/2, 2]
+        for i, layer in enumerate(t.layers):
+            att = layer.attention
+            q, k, v = att.project(layer.attention_norm(h), rope)
+            keys = torch.cat([state[f"{prefix}.{i}.k"], k.transpose(1, 2)], dim=2)
+            values = torch.cat([state[f"{prefix}.{i}.v"], v.transpose(1, 2)], dim=2)
+            state[f"{prefix}.{i}.k"], state[f"{prefix}.{i}.v"] = keys[:, :, -(W - 1):], values[:, :, -(W - 1):]
+            y = attend(q.transpose(1, 2), keys, values, mask)
+            y = att.wo(y.transpose(1, 2).reshape(b, K, att.n_head * att.head_dim))
+            h = h + layer.attention_layer_scale(y)
+            h = h + layer.ffn_layer_scale(layer.feed_forward(layer.ffn_norm(h)))
+        return t.norm(h).transpose(1, 2)
