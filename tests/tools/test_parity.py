@@ -1,5 +1,6 @@
 """The golden vectors, checked through the parity tool (in-process and as the CLI a user runs), plus
-variants of the checkpoint files that must give the same numbers, and a broken one that must fail."""
+variants of the checkpoint files that must give the same numbers, and a broken one that must fail.
+Every check also runs on ../shared/golden_realflags where it exists (CI's lanes run its CLI too)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import GOLDEN, run_cli
+from conftest import GOLDEN, ROOT, run_cli
 from safetensors.torch import save_file
 
 from ttsengine.tools import parity
@@ -23,9 +24,19 @@ EXPECTED_CHECKS = {
 }
 
 
-@pytest.fixture(scope="module")
-def results():
-    return {r.name: r for r in parity.run(GOLDEN)}
+# ../shared/golden_realflags: the real S1-mini config's flags that tests/assets/golden leaves off (scaled
+# codebook embeddings, fast_head_dim != head_dim), beside the q/k norm in the slow layers only that both have
+REALFLAGS = ROOT.parent / "shared" / "golden_realflags"
+GOLDEN_SETS = [
+    pytest.param(GOLDEN, id="golden"),
+    pytest.param(REALFLAGS, id="realflags", marks=pytest.mark.skipif(
+        not REALFLAGS.is_dir(), reason=f"{REALFLAGS} not found (CI always has it beside the checkout)")),
+]
+
+
+@pytest.fixture(scope="module", params=GOLDEN_SETS)
+def results(request):
+    return {r.name: r for r in parity.run(request.param)}
 
 
 def test_every_golden_check_runs(results):

@@ -29,7 +29,7 @@ class Checkpoint:
     quantization: str = "bf16 (none)"
 
 
-def _find(model_dir: Path, names: tuple[str, ...]) -> Path:
+def find_weights_file(model_dir: Path, names: tuple[str, ...]) -> Path:
     for name in names:
         if (model_dir / name).is_file():
             return model_dir / name
@@ -63,14 +63,14 @@ def load_checkpoint(model_dir: Path, device: torch.device | str = "cpu", dtype: 
     codec_cfg = load_codec_config(model_dir)
     check_consistency(cfg, tok, codec_cfg, model_dir)
 
-    model_path = _find(model_dir, family.MODEL_FILES)
+    model_path = find_weights_file(model_dir, family.MODEL_FILES)
     with torch.device("meta"):
         model = DualAR(cfg, tok.semantic_begin_id, tok.semantic_end_id)
     load_strict(model, family.normalize_model_keys(read_state_dict(model_path)), str(model_path))
     model = model.to(device=device, dtype=dtype).eval()
     model.init_buffers()
 
-    codec_path = _find(model_dir, family.CODEC_FILES)
+    codec_path = find_weights_file(model_dir, family.CODEC_FILES)
     with torch.device("meta"):
         codec = Codec(codec_cfg)
     load_strict(codec, family.normalize_codec_keys(read_state_dict(codec_path)), str(codec_path), codec_buffer_key)

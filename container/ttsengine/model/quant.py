@@ -131,7 +131,7 @@ def resolve_int8_kernel(requested: str | None, device: torch.device) -> str:
     return kind
 
 
-def _eligible(mode: str):
+def quantizable(mode: str):
     def filter_fn(module: nn.Module, fqn: str = "") -> bool:
         if not isinstance(module, nn.Linear):
             return False
@@ -158,7 +158,7 @@ def quantize(model: nn.Module, mode: str, int8_kernel: str | None = None) -> str
     p = next(model.parameters())
     if mode == "int4" and p.device.type != "cuda":
         raise ConfigError("TTS_QUANT=int4 needs a CUDA device")
-    filter_fn = _eligible(mode)
+    filter_fn = quantizable(mode)
     count = sum(filter_fn(m) for m in model.modules())
     if mode == "int8":
         kernel = resolve_int8_kernel(int8_kernel, p.device)
