@@ -15,7 +15,7 @@ python3 -c "import torch, triton; print('torch', torch.__version__, '| triton', 
 for spec in "$@"; do
   label=${spec%%=*} tree=$(cd "${spec#*=}" && pwd)
   echo "## $label ($tree)"
-  ( cd "$tree" && PYTHONPATH=$tree/container:$tree PYTHONUNBUFFERED=1 TTS_CACHE_DIR=/tmp/kc-$label \
+  ( cd "$tree" && PYTHONPATH=$tree/container:$tree${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 TTS_CACHE_DIR=/tmp/kc-$label \
     timeout "${PER_TREE_S:-200}" python3 -m ttsengine bench --random-weights s1-mini --concurrency "$LEVELS" \
     --frames "${FRAMES:-192}" --out "$OUT/$label" ${BENCH_ARGS:-} > "$OUT/$label.log" 2>&1 )
   echo "exit $?"
