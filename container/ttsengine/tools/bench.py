@@ -24,6 +24,7 @@ from ..engine.loader import load
 from ..errors import TTSError
 from ..model.quant import weight_bytes
 from ..synthesis.request import SynthesisRequest
+from . import codec_bench
 from . import report as report_page
 
 FRAME_RATE = 44100 / 2048  # frames per second of audio
@@ -173,7 +174,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--text", default=TEXT)
     ap.add_argument("--out", type=Path, default=Path("bench-out"))
     ap.add_argument("--profile", type=int, metavar="C", help="also profile one run at concurrency C")
+    codec = ap.add_argument_group("--codec-only: the streaming codec alone (streams = --concurrency levels)")
+    codec.add_argument("--codec-only", action="store_true")
+    codec.add_argument("--chunk-frames", type=int, default=8, help="frames per stream per codec call")
+    codec.add_argument("--seconds", type=float, default=4.0, help="audio seconds per stream")
+    codec.add_argument("--codec-modes", default="snake", help=f"comma-separated: {', '.join(codec_bench.MODES)}")
+    codec.add_argument("--no-graphs", action="store_true", help="codec without CUDA graphs")
+    codec.add_argument("--profile-mode", help="top GPU kernels of this mode")
     args = ap.parse_args(argv)
+    if args.codec_only:
+        return _codec_only(args)
     if args.render:
         report = json.loads(args.render.read_text())
         (args.render.parent / "bench.html").write_text(render_html(report))
@@ -217,6 +227,20 @@ def main(argv: list[str] | None = None) -> int:
     (args.out / "bench.json").write_text(json.dumps(report, indent=2))
     (args.out / "bench.html").write_text(render_html(report))
     print_table(report)
+    return 0
+
+
+def _codec_only(args) -> int:
+    config = from_env(model_dir=args.model)
+    ckpt = load(config, args.random_weights)
+    modes = args.codec_modes.split(",")
+    unknown = sorted({m.partition("+")[0] for m in modes} - set(codec_bench.MODES))
+    if unknown:
+        raise TTSError(f"--codec-modes: unknown {', '.join(unknown)} (known: {', '.join(codec_bench.MODES)})")
+    print(f"{torch.cuda.get_device_name() if torch.cuda.is_available() else 'cpu'} | torch {torch.__version__} | "
+          f"codec {ckpt.codec.cfg.decoder_dim} dim, dtype {next(ckpt.codec.parameters()).dtype}", flush=True)
+    codec_bench.run(ckpt.codec, [int(x) for x in args.concurrency.split(",")], args.chunk_frames, args.seconds,
+                    modes, not args.no_graphs, args.profile_mode, args.out)
     return 0
 
 

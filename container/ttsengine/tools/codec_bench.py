@@ -1,0 +1,145 @@
+"""`python -m ttsengine bench --codec-only`: the streaming codec alone, apart from the LLM.
+
+N streams decode `--chunk-frames`-frame chunks of random codes through the engine's own Vocoder (its
+worker thread and CUDA stream, padding, CUDA graphs and compile switches as the engine sets them),
+one batched call per chunk for all streams, for `--seconds` of audio per stream. Per mode: frames/s,
+audio seconds per second, ms per call; `whole` decodes the same chunks without streaming state (the
+ceiling the streaming path is measured against). `--profile` adds the top GPU kernels of one mode.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from pathlib import Path
+
+import torch
+
+from ..engine.vocoder import Vocoder
+from ..model.codec import Codec
+
+MODES = ("eager", "snake", "compile", "whole")  # each may end in "+cudnn": cudnn.benchmark on (kernel autotuning)
+
+
+def random_codes(codec: Codec, streams: int, frames: int, device: torch.device) -> torch.Tensor:
+    """-> int64 [streams, n, frames]: semantic codes < 4096 in row 0, residual codes in the others."""
+    cfg = codec.cfg
+    g = torch.Generator().manual_seed(0)
+    sem = torch.randint(0, cfg.semantic_codebook_size, (streams, 1, frames), generator=g)
+    res = torch.randint(0, cfg.codebook_size, (streams, cfg.num_codebooks - 1, frames), generator=g)
+    return torch.cat([sem, res], dim=1).to(device)
+
+
+def _vocoder(codec: Codec, streams: int, chunk: int, mode: str, graphs: bool) -> Vocoder:
+    buckets = tuple(sorted({1, 2, 4, 8, 16, 32, 64, 128, 256, 512, streams}))
+    voc = Vocoder(codec, streams, 8192, (chunk,), tuple(b for b in buckets if b <= streams), threading.Lock(),
+                  lambda frames, seconds: None, lambda stream: None)
+    if mode == "compile":
+        voc.enable_compile()
+    elif mode == "snake" and voc.device.type == "cuda":
+        voc.use_snake_kernel()
+    if graphs and voc.device.type == "cuda":
+        voc.plan_graphs(streams)
+    return voc
+
+
+def measure(codec: Codec, streams: int, chunk: int, seconds: float, mode: str, graphs: bool = True,
+            profile: bool = False) -> dict:
+    """One mode: warm-up (compile, graph capture), then `seconds` of audio per stream, timed."""
+    base, _, option = mode.partition("+")
+    old = torch.backends.cudnn.benchmark
+    torch.backends.cudnn.benchmark = option == "cudnn"
+    try:
+        return _measure(codec, streams, chunk, seconds, base, graphs, profile) | {"mode": mode}
+    finally:
+        torch.backends.cudnn.benchmark = old
+
+
+def _measure(codec: Codec, streams: int, chunk: int, seconds: float, mode: str, graphs: bool,
+             profile: bool) -> dict:
+    dev = next(codec.parameters()).device
+    calls = max(2, round(seconds * codec.sample_rate / codec.frame_length / chunk))
+    codes = random_codes(codec, streams, chunk * calls, dev)
+    slots = list(range(streams))
+    cuda = dev.type == "cuda"
+    sync = torch.cuda.synchronize if cuda else (lambda: None)
+    if mode == "whole":
+        fn = torch.compile(codec.decode, dynamic=False) if cuda else codec.decode
+
+        def step(i: int) -> torch.Tensor:
+            return fn(codes[:, :, i * chunk:(i + 1) * chunk])
+
+        voc = None
+    else:
+        voc = _vocoder(codec, streams, chunk, mode, graphs)
+
+        def step(i: int) -> torch.Tensor:
+            return voc.decode_padded(slots, codes[:, :, i * chunk:(i + 1) * chunk])
+
+    box: dict = {}
+
+    def timed() -> None:
+        t0 = time.perf_counter()
+        if voc is not None:
+            voc.warm_up()
+            if graphs and cuda:
+                voc.capture()
+        for i in range(2):
+            step(i)
+        sync()
+        box["warm_up_s"] = time.perf_counter() - t0
+        if voc is not None:
+            voc.codec.reset(torch.arange(streams + 1, device=dev))
+        t0 = time.perf_counter()
+        for i in range(calls):
+            step(i)
+        sync()
+        box["elapsed"] = time.perf_counter() - t0
+        if profile and cuda:
+            box["profile"] = _profile(lambda: [step(i) for i in range(min(calls, 4))])
+
+    with torch.inference_mode():
+        if voc is None:
+            timed()
+        else:
+            try:
+                voc.call(timed)
+            finally:
+                voc.close()
+    frames = streams * chunk * calls
+    fps = frames / box["elapsed"]
+    return {"mode": mode, "streams": streams, "chunk_frames": chunk, "calls": calls, "graphs": graphs and cuda,
+            "frames_per_s": round(fps), "audio_s_per_s": round(fps * codec.frame_length / codec.sample_rate, 1),
+            "ms_per_call": round(box["elapsed"] / calls * 1e3, 3), "warm_up_s": round(box["warm_up_s"], 2),
+            "profile": box.get("profile")}
+
+
+def _profile(fn) -> list[dict]:
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    events = sorted(prof.key_averages(), key=lambda e: getattr(e, "self_device_time_total", 0), reverse=True)
+    total = sum(getattr(e, "self_device_time_total", 0) for e in events) or 1
+    return [{"name": e.key[:90], "ms": round(e.self_device_time_total / 1e3, 3), "count": e.count,
+             "pct": round(100 * e.self_device_time_total / total, 1)} for e in events[:14]]
+
+
+def run(codec: Codec, streams: list[int], chunk: int, seconds: float, modes: list[str], graphs: bool,
+        profile_mode: str | None, out: Path | None) -> list[dict]:
+    rows = []
+    for n in streams:
+        for mode in modes:
+            row = measure(codec, n, chunk, seconds, mode, graphs, profile=(mode == profile_mode))
+            rows.append(row)
+            prof = row.pop("profile")
+            print(json.dumps(row), flush=True)
+            for p in prof or []:
+                print(f"    {p['ms']:9.3f} ms {p['pct']:5.1f}%  x{p['count']:<5} {p['name']}", flush=True)
+            row["profile"] = prof
+    if out is not None:
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "codec_bench.json").write_text(json.dumps(rows, indent=2))
+    return rows
