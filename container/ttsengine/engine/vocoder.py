@@ -168,7 +168,7 @@ class Vocoder:
         return audio[:b, : K * self.frame_length]
 
     def _graph_body(self, key: tuple[int, int], index: Tensor, codes: Tensor) -> Tensor:
-        if self.compiled:  # one trace for every batch size
+        if self.compiled and index.shape[0] > 1:  # one trace for every batch size above 1
             from torch import _dynamo
 
             top = max(self.buckets[-1] if self.buckets else 2, 2) + 1
