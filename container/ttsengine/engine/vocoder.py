@@ -18,6 +18,7 @@ import logging
 import queue
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -55,6 +56,7 @@ class Vocoder:
         self.graphs = GraphSet("codec", capture_lock, self._graph_body, self._scratch_inputs,
                                capture_on_current_stream=True)
         self._graph_rows = 0  # the planned graphs' largest batch
+        self.merge_rows = 0  # queued decodes merge into calls of up to this many rows (0: off; set_merge)
         self.on_decoded, self.on_finished = on_decoded, on_finished
         self._q: queue.SimpleQueue = queue.SimpleQueue()
         self._cuda = self.device.type == "cuda"
@@ -83,6 +85,10 @@ class Vocoder:
         pieces of max_rows."""
         self.graphs.plan([(r, s) for r in self.buckets if r <= max_rows for s in self.chunk_sizes])
         self._graph_rows = max((r for r, _ in self.graphs.planned), default=0)
+
+    def set_merge(self, rows: int) -> None:
+        """Queued decodes join into one call of up to `rows` rows while the worker is behind (0: off)."""
+        self.merge_rows = rows
 
     @property
     def pending_rows(self) -> list[int]:
@@ -183,12 +189,15 @@ class Vocoder:
 
     def _run(self) -> None:
         ctx = torch.cuda.stream(self._stream) if self._cuda else contextlib.nullcontext()
+        held: deque = deque()  # a command taken off the queue while merging decodes, run next
         with torch.inference_mode(), ctx:
             while True:
-                cmd = self._q.get()
+                cmd = held.popleft() if held else self._q.get()
                 kind = cmd[0]
                 if kind == "stop":
                     return
+                if kind == "decode" and self.merge_rows:
+                    cmd = self._merge(cmd, held)
                 try:
                     if kind == "decode":
                         self._decode_deliver(*cmd[1:])
@@ -205,6 +214,31 @@ class Vocoder:
                     if kind == "decode":
                         for d in cmd[3]:
                             d.stream.finish(RuntimeError(f"audio decoding failed: {type(e).__name__}: {e}"))
+
+    def _merge(self, cmd: tuple, held: deque) -> tuple:
+        """Joins the decodes queued right behind `cmd` into one batched call while this thread is behind
+        (under load small decodes pile up: streams reach chunk boundaries at different steps). Only
+        decodes of the same chunk length and of other slots join, up to merge_rows rows; the first
+        command that cannot join stops the merge and runs next, so the queue's order holds."""
+        parts = [cmd]
+        rows, size = len(cmd[1]), cmd[2].shape[-1]
+        slots = set(cmd[1])
+        while rows < self.merge_rows:
+            try:
+                nxt = self._q.get_nowait()
+            except queue.Empty:
+                break
+            if (nxt[0] != "decode" or nxt[2].shape[-1] != size or rows + len(nxt[1]) > self.merge_rows
+                    or not slots.isdisjoint(nxt[1])):
+                held.append(nxt)
+                break
+            parts.append(nxt)
+            rows += len(nxt[1])
+            slots.update(nxt[1])
+        if len(parts) == 1:
+            return cmd
+        return ("decode", [s for p in parts for s in p[1]], np.concatenate([p[2] for p in parts]),
+                [d for p in parts for d in p[3]])
 
     def _decode_deliver(self, slots: list[int], codes: np.ndarray, deliveries: list[Delivery]) -> None:
         t0 = time.perf_counter()

@@ -1,0 +1,71 @@
+"""The engine's Vocoder on CPU: decodes queued while its thread is busy merge into one batched call, in
+order (a slot's reset runs after its decodes), with the same audio as one call per decode."""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+
+from ttsengine.engine.vocoder import Delivery, Vocoder
+
+TOL = 5e-5  # fp32: summation order only
+
+
+class Recorder:
+    """Stands in for a Stream: keeps what the vocoder emits."""
+
+    def __init__(self):
+        self.chunks: list[np.ndarray] = []
+        self.error = None
+
+    def emit(self, audio, text_index: int) -> None:
+        self.chunks.append(np.array(audio))
+
+    def finish(self, error=None) -> None:
+        self.error = error
+
+
+def codes(seed: int, frames: int) -> np.ndarray:
+    g = np.random.default_rng(seed)
+    return np.concatenate([g.integers(0, 32, (1, 1, frames)), g.integers(0, 16, (1, 3, frames))], axis=1)
+
+
+def run(codec, merge_rows: int, plan: list[tuple[int, int]]) -> tuple[dict[int, np.ndarray], list[int]]:
+    """plan: (slot, seed) decodes of 4 frames each, queued while the worker is held, then a reset of slot 0
+    and one more decode of slot 0 -> each slot's audio, and the row counts of the calls that ran."""
+    calls: list[int] = []
+    voc = Vocoder(codec, 4, 4096, (4,), (), threading.Lock(), lambda frames, s: calls.append(frames),
+                  lambda stream: None)
+    voc.set_merge(merge_rows)
+    gate = threading.Event()
+    voc.call_async(gate.wait)  # holds the worker so that everything below queues up behind it
+    out = {slot: Recorder() for slot, _ in plan}
+    for slot, seed in plan:
+        voc.decode([slot], codes(seed, 4), [Delivery(out[slot], 0, 4)])
+    voc.reset(0)
+    again = Recorder()
+    voc.decode([0], codes(99, 4), [Delivery(again, 0, 4)])
+    gate.set()
+    voc.call(lambda: None)  # waits until everything queued before it ran
+    voc.close()
+    audio = {slot: np.concatenate(r.chunks, axis=-1) for slot, r in out.items()}
+    audio[-1] = again.chunks[0]
+    return audio, calls
+
+
+@pytest.mark.parametrize("plan", [[(0, 1), (1, 2), (2, 3)], [(0, 1), (1, 2), (0, 3), (2, 4)]])
+def test_queued_decodes_merge_in_order(eager_engine, plan):
+    codec = eager_engine.ckpt.codec
+    merged, calls = run(codec, 8, plan)
+    alone, single = run(codec, 0, plan)
+    assert single == [4] * (len(plan) + 1)  # merging off: one call per decode
+    assert len(calls) < len(single) and sum(calls) == sum(single)
+    assert merged.keys() == alone.keys()
+    for slot in merged:
+        assert merged[slot].shape == alone[slot].shape
+        assert np.abs(merged[slot] - alone[slot]).max() < TOL, slot
+    # a slot that comes back (0 in the second plan) starts a new call: its two chunks stay in order
+    if plan[2][0] == 0:
+        assert calls[0] == 8  # (0, 1) and (1, 2) merged; (0, 3) waits for the next call
