@@ -4,7 +4,7 @@ The public API adapters use: EngineConfig / from_env, Engine, SynthesisRequest, 
 """
 
 from .audio.encode import CONTENT_TYPES, FORMATS, AudioEncoder, EncodedAudio, encode_audio, output_rate
-from .config import DownloadConfig, EngineConfig, RunPodConfig, ServerConfig, from_env
+from .config import DownloadConfig, EngineConfig, RunPodConfig, SageMakerConfig, ServerConfig, from_env
 from .eager import EagerEngine
 from .engine.engine import Engine
 from .errors import (
@@ -17,7 +17,7 @@ from .errors import (
     MediaTypeError,
     TTSError,
 )
-from .serving.delivery import audio_bytes, audio_bytes_sync, audio_record, sse_events, whole, whole_sync
+from .serving.delivery import audio_bytes, audio_record, sse_events, whole
 from .serving.download import ensure_model
 from .serving.voices import Voice, VoiceStore, check_id
 from .synthesis.output import AudioChunk, SynthesisResult
@@ -28,8 +28,7 @@ from .synthesis.stream import Stream
 __all__ = [
     "AudioChunk", "AudioEncoder", "BusyError", "CONTENT_TYPES", "CancelledError", "CheckpointError", "ChunkReport",
     "ConfigError", "DownloadConfig", "DownloadError", "EncodedAudio", "Engine", "EngineConfig", "FORMATS",
-    "InputError", "MediaTypeError", "Reference", "EagerEngine", "RunPodConfig", "ServerConfig", "Stream",
-    "SynthesisRequest", "SynthesisResult", "TTSError", "Voice", "VoiceStore", "audio_bytes", "audio_bytes_sync",
-    "audio_record", "check_id", "encode_audio", "ensure_model", "from_env", "output_rate", "sse_events", "whole",
-    "whole_sync",
+    "InputError", "MediaTypeError", "Reference", "EagerEngine", "RunPodConfig", "SageMakerConfig", "ServerConfig",
+    "Stream", "SynthesisRequest", "SynthesisResult", "TTSError", "Voice", "VoiceStore", "audio_bytes", "audio_record",
+    "check_id", "encode_audio", "ensure_model", "from_env", "output_rate", "sse_events", "whole",
 ]

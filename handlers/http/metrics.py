@@ -1,4 +1,5 @@
-"""Prometheus text for /metrics: request counts by route and status, plus the engine's own stats."""
+"""Prometheus text for /metrics: request counts by route and status (counted by the CountRequests middleware),
+plus the engine's own stats."""
 
 from __future__ import annotations
 
@@ -18,6 +19,25 @@ class RequestCounter:
     def items(self) -> list[tuple[tuple[str, str, int], int]]:
         with self._lock:
             return sorted(self._counts.items())
+
+
+class CountRequests:
+    """ASGI middleware: counts responses by method, route template and status."""
+
+    def __init__(self, app, counter: RequestCounter):
+        self.app, self.counter = app, counter
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+
+        async def counting_send(message):
+            if message["type"] == "http.response.start":
+                route = scope.get("route")
+                self.counter.add(scope["method"], getattr(route, "path", "unmatched"), message["status"])
+            await send(message)
+
+        await self.app(scope, receive, counting_send)
 
 
 def _labels(**kw) -> str:

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import argparse
-import logging
 import sys
 
 from ttsengine import ServerConfig, TTSError, from_env
+from ttsengine.serving.service import setup_logging
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -20,7 +20,7 @@ def main(argv: list[str] | None = None) -> int:
     except TTSError as e:
         print(f"handlers http: {e}", file=sys.stderr)
         return 2
-    logging.basicConfig(level=engine_config.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    setup_logging(engine_config.log_level)
     import uvicorn
 
     from .app import create_app

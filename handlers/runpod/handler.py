@@ -33,7 +33,9 @@ from ttsengine import (
     output_rate,
     whole,
 )
+from ttsengine.serving.failure import failure
 from ttsengine.serving.protocol import SpeechJob, job_from_body
+from ttsengine.serving.service import Service
 
 from .upload import upload
 
@@ -61,14 +63,17 @@ def b64_size(n: int) -> int:
     return 4 * ((n + 2) // 3)
 
 
+ERROR_TYPES = {"input": "invalid_input", "busy": "busy", "server": "server_error"}
+
+
 def error_item(error: BaseException) -> dict:
     """RunPod's own handler-exception layout (error_type, error_message), plus a status code."""
-    status = error.status if isinstance(error, TTSError) else 500
-    kind = {400: "invalid_input", 415: "invalid_input", 503: "busy"}.get(status, "server_error")
-    return {"error": json.dumps({"error_type": kind, "error_message": str(error), "status": status})}
+    f = failure(error)
+    return {"error": json.dumps({"error_type": ERROR_TYPES[f.kind], "error_message": f.message, "status": f.status})}
 
 
 def parse_input(raw: object, voices: VoiceStore | None, cfg: RunPodConfig) -> tuple[SpeechJob, Options]:
+    """A job's `input` -> the speech job and the worker's own options (InputError for anything wrong)."""
     if not isinstance(raw, dict):
         raise InputError("input must be an object with `text` (fish-speech fields) or `input` (OpenAI fields)")
     body = dict(raw)
@@ -85,14 +90,15 @@ def parse_input(raw: object, voices: VoiceStore | None, cfg: RunPodConfig) -> tu
 
 
 class JobHandler:
-    def __init__(self, engine: Engine, voices: VoiceStore | None, cfg: RunPodConfig, progress=None):
+    def __init__(self, engine: Service | Engine, voices: VoiceStore | None, cfg: RunPodConfig, progress=None):
+        """engine: the worker's Service (what it takes of an engine: submit, max_streams), or an Engine."""
         self.engine, self.voices, self.cfg = engine, voices, cfg
         self.progress = progress  # progress(job, dict) or None (RunPod's local test API has nowhere to send it)
 
     def concurrency(self, current: int) -> int:
         """RunPod's concurrency_modifier: take as many jobs as the engine has stream slots, so concurrent
         jobs decode in one batch on the GPU (RUNPOD_CONCURRENCY overrides)."""
-        return self.cfg.concurrency or self.engine.settings.runner.max_slots
+        return self.cfg.concurrency or self.engine.max_streams
 
     async def run(self, job: dict):
         try:
@@ -152,7 +158,7 @@ class JobHandler:
 
     async def _report_progress(self, job: dict, stream) -> None:
         """One update per finished text chunk of a long text."""
-        total, sent = len(stream.plan.texts), 0
+        total, sent = stream.text_chunks, 0
         if total < 2:
             return
         while not stream.done:

@@ -8,35 +8,47 @@ from __future__ import annotations
 
 import logging
 import sys
+from pathlib import Path
 
-from ttsengine import DownloadConfig, Engine, EngineConfig, RunPodConfig, TTSError, VoiceStore, ensure_model, from_env
+from ttsengine import DownloadConfig, EngineConfig, RunPodConfig, TTSError, from_env
+from ttsengine.serving.service import Service, engine_loader, setup_logging
 
 from .handler import JobHandler
 
 log = logging.getLogger("handlers.runpod")
+VOLUME = Path("/runpod-volume")  # where RunPod mounts an endpoint's network volume
 
 
-def build(cfg: RunPodConfig, engine_config: EngineConfig) -> JobHandler:
-    dl = DownloadConfig.from_env()
-    if dl.model_source:  # first start on a fresh network volume: fetch once, keep it there
-        ensure_model(engine_config.model_dir, dl.model_source, dl.hf_token)
-    engine = Engine.load(engine_config)  # returns once warmed up
-    voices = VoiceStore(cfg.data_dir, engine.voice_codes, engine.codec_tag, engine.frame_rate)
+def volume_defaults(volume: Path | None) -> tuple[dict, dict]:
+    """-> (engine, worker) config defaults that put the model, the kernel cache and the voices on a mounted
+    network volume; the TTS_* variables still win."""
+    if volume is None:
+        return {}, {}
+    return ({"model_dir": volume / "models" / "openaudio-s1-mini", "cache_dir": volume / "kernel-cache"},
+            {"data_dir": volume / "voices"})
+
+
+def build(cfg: RunPodConfig, engine_config: EngineConfig, download: DownloadConfig) -> JobHandler:
+    """The warm engine (fetched first from TTS_MODEL_SOURCE onto a fresh volume) behind the job handler."""
+    service = Service(engine_loader(engine_config, download), cfg.data_dir).load()
     progress = None
     if cfg.progress_updates:
         from runpod.serverless import progress_update as progress
-    return JobHandler(engine, voices, cfg, progress)
+    return JobHandler(service, service.voices, cfg, progress)
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    try:
-        cfg = RunPodConfig.from_env()
-        engine_config = from_env(**cfg.engine_defaults())  # read once: logging and the engine
+    volume = VOLUME if VOLUME.is_dir() else None
+    engine_defaults, worker_defaults = volume_defaults(volume)
+    try:  # read once: logging, the engine, the worker
+        cfg = RunPodConfig.from_env(defaults=worker_defaults)
+        engine_config = from_env(defaults=engine_defaults)
+        download = DownloadConfig.from_env()
     except TTSError as e:
         print(f"handlers runpod: {e}", file=sys.stderr)
         return 2
-    logging.basicConfig(level=engine_config.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    setup_logging(engine_config.log_level)
     try:
         import runpod
     except ImportError:
@@ -44,12 +56,12 @@ def main(argv: list[str] | None = None) -> int:
               file=sys.stderr)
         return 2
     try:
-        handler = build(cfg, engine_config)
+        handler = build(cfg, engine_config, download)
     except TTSError as e:
         print(f"handlers runpod: {e}", file=sys.stderr)
         return 1
     log.info("worker ready: concurrency %d, inline limit %d bytes, bucket %s, volume %s",
-             handler.concurrency(0), cfg.max_inline_bytes, cfg.s3_bucket or "-", cfg.volume or "-")
+             handler.concurrency(0), cfg.max_inline_bytes, cfg.s3_bucket or "-", volume or "-")
     sys.argv = [sys.argv[0], *argv]  # RunPod parses its flags (--rp_serve_api, ...) from sys.argv
     try:
         runpod.serverless.start({"handler": handler.run, "return_aggregate_stream": True,

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from ttsengine import (
     CONTENT_TYPES,
-    Engine,
+    EngineConfig,
     InputError,
     SynthesisResult,
     TTSError,
@@ -28,7 +28,9 @@ from ttsengine import (
     encode_audio,
     from_env,
 )
+from ttsengine.serving.failure import failure
 from ttsengine.serving.protocol import SpeechJob, job_from_body, parse_body
+from ttsengine.serving.service import Service, engine_loader
 
 ACCEPT = {"audio/wav": "wav", "audio/x-wav": "wav", "audio/wave": "wav", "audio/mpeg": "mp3", "audio/mp3": "mp3",
           "audio/ogg": "opus", "audio/opus": "opus", "audio/flac": "flac", "audio/aac": "aac", "audio/pcm": "pcm"}
@@ -39,12 +41,6 @@ class AcceptError(InputError):
     """The Accept header names a type this endpoint cannot produce (HTTP 406)."""
 
     status = 406
-
-
-@dataclass
-class Model:
-    engine: Engine
-    voices: VoiceStore | None
 
 
 @dataclass
@@ -73,12 +69,9 @@ def _statuses(fn):
 
 
 @_statuses
-def model_fn(model_dir: str) -> Model:
+def model_fn(model_dir: str) -> Service:
     """Loads the model directory onto the GPU (CPU without one) and warms the engine up."""
-    engine = Engine.load(from_env(model_dir=Path(model_dir)))
-    voices = VoiceStore(Path(model_dir) / "voices", engine.voice_codes, engine.codec_tag, engine.frame_rate) \
-        if _writable(Path(model_dir)) else None
-    return Model(engine, voices)
+    return service_for(from_env(model_dir=Path(model_dir))).load()
 
 
 @_statuses
@@ -92,9 +85,9 @@ def input_fn(input_data: bytes | str, content_type: str | None) -> dict:
 
 
 @_statuses
-def predict_fn(data: dict, model: Model) -> Prediction:
+def predict_fn(data: dict, model: Service) -> Prediction:
     job = job_for(data, model.voices)
-    return Prediction(model.engine.submit(job.request).result(), job)
+    return Prediction(model.submit(job.request).result(), job)
 
 
 @_statuses
@@ -111,6 +104,13 @@ def output_fn(prediction: Prediction, accept: str | None) -> tuple[bytes, str]:
 
 
 # ---- shared pieces (serve uses them for streaming) ------------------------------------------------
+def service_for(config: EngineConfig) -> Service:
+    """The boot of model_fn (which loads it at once) and of `serve` (which loads it in the background): the
+    configured engine, with voices stored beside the model when its directory is writable."""
+    voices = config.model_dir / "voices" if _writable(config.model_dir) else None
+    return Service(engine_loader(config), voices)
+
+
 def job_for(body: dict, voices: VoiceStore | None, check_only: bool = False) -> SpeechJob:
     body = {k: v for k, v in body.items() if k != "stream"}  # `serve`'s streaming switch, not a synthesis field
     return job_from_body(body, voices, check_only)
@@ -139,7 +139,7 @@ def http_status(error: BaseException) -> int:
     """The status an error should produce (serve and the toolkit wrapper share it)."""
     if isinstance(getattr(error, "status_code", None), int):  # already a toolkit error
         return error.status_code
-    return error.status if isinstance(error, TTSError) else 500
+    return failure(error).status
 
 
 def error_message(error: BaseException) -> str:
@@ -154,4 +154,4 @@ def _writable(path: Path) -> bool:
         return False
 
 
-__all__ = ["CONTENT_TYPES", "Model", "Prediction", "input_fn", "model_fn", "output_fn", "predict_fn"]
+__all__ = ["CONTENT_TYPES", "Prediction", "input_fn", "model_fn", "output_fn", "predict_fn"]

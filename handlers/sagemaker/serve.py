@@ -15,18 +15,19 @@ import argparse
 import json
 import logging
 import sys
-import threading
-from pathlib import Path
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
-from ttsengine import ServerConfig, TTSError, audio_bytes, audio_record, from_env, output_rate
+from ttsengine import SageMakerConfig, ServerConfig, TTSError, audio_bytes, audio_record, from_env, output_rate
+from ttsengine.serving.body_limit import BodyLimit
+from ttsengine.serving.service import Service, setup_logging
 
 from . import inference
 
 log = logging.getLogger("handlers.serve")
+BODY_LIMIT = 1 << 30  # asynchronous inference takes payloads up to 1 GB (TTS_MAX_BODY_BYTES still wins)
 ATTRIBUTE_FIELDS = {"format", "seed", "sample_rate", "speed", "temperature", "top_p", "repetition_penalty",
                     "max_new_tokens", "stream"}
 
@@ -66,33 +67,23 @@ def apply_attributes(body: dict, attrs: dict) -> dict:
     return body
 
 
-def create_app(server: ServerConfig, model_dir: Path, loader=inference.model_fn) -> FastAPI:
-    state: dict = {"model": None, "error": None}
-
-    def load() -> None:
-        try:
-            state["model"] = loader(str(model_dir))
-        except Exception as e:  # noqa: BLE001 - reported by /ping and /invocations
-            log.exception("model_fn failed")
-            state["error"] = f"{type(e).__name__}: {e}"
+def create_app(server: ServerConfig, service: Service) -> FastAPI:
+    """service: inference.service_for(config), not started: it loads in the background, so /ping answers
+    at once."""
 
     async def lifespan(app):
-        threading.Thread(target=load, name="model-loader", daemon=True).start()
+        service.start()
         yield
-        if state["model"] is not None:
-            await run_in_threadpool(state["model"].engine.close)
+        await run_in_threadpool(service.close)
 
     app = FastAPI(title="fish-tts-server (SageMaker)", lifespan=lifespan, docs_url=None, redoc_url=None)
-
-    def error(status: int, message: str) -> JSONResponse:
-        headers = {"Retry-After": "5"} if status == 503 else None
-        return JSONResponse({"error": {"message": message, "code": status}}, status_code=status, headers=headers)
+    app.add_middleware(BodyLimit, limit=server.max_body_bytes, reply=lambda e: error_body(e.status, str(e)))
 
     @app.get("/ping")
     async def ping():
-        if state["error"]:
-            return error(500, f"the model failed to load: {state['error']}")
-        if state["model"] is None:
+        if service.error:
+            return error(500, f"the model failed to load: {service.error}")
+        if not service.ready:
             return error(503, "the model is loading")
         return {"status": "ready"}
 
@@ -101,29 +92,23 @@ def create_app(server: ServerConfig, model_dir: Path, loader=inference.model_fn)
     @app.post("/invocations")
     @app.post("/endpoints/{endpoint_name}/invocations", include_in_schema=False)
     async def invocations(request: Request):
-        if state["error"]:
-            return error(500, f"the model failed to load: {state['error']}")
-        model = state["model"]
-        if model is None:
+        if service.error:
+            return error(500, f"the model failed to load: {service.error}")
+        if not service.ready:
             return error(503, "the model is loading; retry shortly")
-        length = request.headers.get("content-length")
-        if length and length.isdigit() and int(length) > server.max_body_bytes:
-            return error(413, f"request body over {server.max_body_bytes} bytes")
         try:
             raw = await request.body()
-            if len(raw) > server.max_body_bytes:
-                return error(413, f"request body over {server.max_body_bytes} bytes")
             attrs = custom_attributes(request.headers.get("x-amzn-sagemaker-custom-attributes"))
             inference.response_format(request.headers.get("accept"), "wav")  # 406 before any work
             body = apply_attributes(await run_in_threadpool(inference.input_fn, raw,
                                                             request.headers.get("content-type")), attrs)
             stream_flag = attrs.get("stream", body.get("stream", False))
             if stream_flag:
-                job = inference.job_for(body, model.voices)
-                stream = await run_in_threadpool(model.engine.submit, job.request)
+                job = inference.job_for(body, service.voices)
+                stream = await run_in_threadpool(service.submit, job.request)
                 return StreamingResponse(_json_lines(stream, job), media_type="application/jsonlines",
                                          headers={"X-Seed": str(stream.seed)})
-            prediction = await run_in_threadpool(inference.predict_fn, body, model)
+            prediction = await run_in_threadpool(inference.predict_fn, body, service)
             data, content_type = await run_in_threadpool(inference.output_fn, prediction,
                                                          request.headers.get("accept"))
             return Response(data, media_type=content_type, headers={"X-Seed": str(prediction.result.seed)})
@@ -138,6 +123,15 @@ def create_app(server: ServerConfig, model_dir: Path, loader=inference.model_fn)
             return error(status, inference.error_message(e))
 
     return app
+
+
+def error_body(status: int, message: str) -> dict:
+    return {"error": {"message": message, "code": status}}
+
+
+def error(status: int, message: str) -> JSONResponse:
+    headers = {"Retry-After": "5"} if status == 503 else None
+    return JSONResponse(error_body(status, message), status_code=status, headers=headers)
 
 
 async def _json_lines(stream, job):
@@ -159,13 +153,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.parse_args(argv)
     try:
         engine_config = from_env()
-        server = ServerConfig.for_sagemaker()
+        # SageMaker's port wins over TTS_PORT; its 1 GB body limit is a default TTS_MAX_BODY_BYTES overrides
+        server = ServerConfig.from_env(defaults={"max_body_bytes": BODY_LIMIT}, port=SageMakerConfig.from_env().port)
+        service = inference.service_for(engine_config)
     except TTSError as e:
         print(f"handlers serve: {e}", file=sys.stderr)
         return 2
-    logging.basicConfig(level=engine_config.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    setup_logging(engine_config.log_level)
     import uvicorn
 
-    uvicorn.run(create_app(server, engine_config.model_dir), host="0.0.0.0", port=server.port,
+    uvicorn.run(create_app(server, service), host="0.0.0.0", port=server.port,
                 log_level=engine_config.log_level.lower(), timeout_graceful_shutdown=10)
     return 0

@@ -338,7 +338,7 @@ def test_ready_is_503_until_the_engine_is_warm(tmp_path):
     finally:
         srv.should_exit = True
         thread.join(timeout=20)
-        app.state.holder.close()
+        app.state.service.close()
 
 
 def test_bad_server_config_is_one_line(tmp_path):

@@ -127,7 +127,7 @@ def test_missing_bucket_fails_the_job_with_the_reason(engine, tmp_path, s3_serve
 
 
 def test_concurrency_follows_the_engine_slots(engine, tmp_path):
-    assert rp.JobHandler(engine, None, RunPodConfig()).concurrency(1) == engine.settings.runner.max_slots == 8
+    assert rp.JobHandler(engine, None, RunPodConfig()).concurrency(1) == engine.max_streams == 8
     assert rp.JobHandler(engine, None, RunPodConfig(concurrency=3)).concurrency(1) == 3
 
 
@@ -143,19 +143,6 @@ def test_a_stopped_job_frees_its_slot(handler, engine):
     while engine.stats()["running"] and time.time() < end:
         time.sleep(0.05)
     assert engine.stats()["running"] == 0
-
-
-def test_config_from_env(tmp_path):
-    cfg = RunPodConfig.from_env({"RUNPOD_CONCURRENCY": "12", "RUNPOD_S3_BUCKET": "b",
-                                 "RUNPOD_MAX_INLINE_BYTES": "5000"}, volume=tmp_path / "absent")
-    assert (cfg.concurrency, cfg.s3_bucket, cfg.max_inline_bytes, cfg.volume) == (12, "b", 5000, None)
-    vol = tmp_path / "vol"
-    vol.mkdir()
-    cfg = RunPodConfig.from_env({}, volume=vol)
-    assert cfg.volume == vol and cfg.data_dir == vol / "voices"
-    assert cfg.engine_defaults({}) == {"model_dir": vol / "models" / "openaudio-s1-mini",
-                                       "cache_dir": vol / "kernel-cache"}
-    assert cfg.engine_defaults({"TTS_MODEL_DIR": "/m"}) == {"cache_dir": vol / "kernel-cache"}
 
 
 # ---- the real worker loop against a fake queue ------------------------------------------------------
@@ -284,13 +271,13 @@ def test_local_test_api_runsync_run_and_status(tmp_path):
 
 # ---- RunPod Hub files ---------------------------------------------------------------------------------
 def test_hub_files_follow_the_conventions_and_their_inputs_are_valid():
-    from ttsengine.config import ENV_VARS, OTHER_ENV_VARS
+    from ttsengine.config import ENV_VARS
     from ttsengine.serving.protocol import job_from_body
 
     hub = json.loads((ROOT / ".runpod" / "hub.json").read_text())
     tests = json.loads((ROOT / ".runpod" / "tests.json").read_text())
     assert hub["type"] == "serverless" and hub["config"]["runsOn"] == "GPU" and hub["title"] and hub["description"]
-    known = set(ENV_VARS) | set(OTHER_ENV_VARS) | {"HF_TOKEN"}
+    known = set(ENV_VARS)
     for env in hub["config"]["env"]:
         assert env["key"] in known, env["key"]
         assert {"name", "type", "description", "default"} <= set(env["input"]), env

@@ -9,7 +9,7 @@ import asyncio
 import base64
 import json
 import logging
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 
 from ..audio.encode import CONTENT_TYPES, AudioEncoder, EncodedAudio
 from ..synthesis.stream import Stream
@@ -74,26 +74,3 @@ async def whole(stream: Stream, job: SpeechJob) -> EncodedAudio:
             stream.cancel()
     return EncodedAudio(b"".join(parts), enc.content_type, enc.rate, enc.seconds)
 
-
-def whole_sync(stream: Stream, job: SpeechJob) -> EncodedAudio:
-    """`whole` for blocking callers (SageMaker's predict_fn, RunPod's sync path)."""
-    enc = encoder_for(job, stream.sample_rate, streaming=False)
-    parts = [enc.encode(chunk.audio) for chunk in stream]
-    parts.append(enc.finish())
-    return EncodedAudio(b"".join(parts), enc.content_type, enc.rate, enc.seconds)
-
-
-def audio_bytes_sync(stream: Stream, job: SpeechJob) -> Iterator[bytes]:
-    """`audio_bytes` for blocking callers."""
-    enc = encoder_for(job, stream.sample_rate)
-    try:
-        for chunk in stream:
-            data = enc.encode(chunk.audio)
-            if data:
-                yield data
-        tail = enc.finish()
-        if tail:
-            yield tail
-    finally:
-        if not stream.done:
-            stream.cancel()

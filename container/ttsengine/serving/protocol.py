@@ -122,8 +122,9 @@ def _voice_reference(voice: str, voices: VoiceStore | None) -> tuple[Reference, 
     return (Reference(text=found.text, codes=found.codes),)
 
 
-def openai_job(body: dict, voices: VoiceStore | None) -> SpeechJob:
-    req = _validate(OpenAISpeechRequest, body)
+def openai_job(body: dict | OpenAISpeechRequest, voices: VoiceStore | None) -> SpeechJob:
+    """A body is validated here, once; a request FastAPI already validated is taken as it is."""
+    req = body if isinstance(body, OpenAISpeechRequest) else _validate(OpenAISpeechRequest, body)
     refs = () if req.voice is None or req.voice in DEFAULT_VOICES else _voice_reference(req.voice, voices)
     synth = SynthesisRequest(text=req.input, references=refs, seed=req.seed, temperature=req.temperature,
                              top_p=req.top_p, repetition_penalty=req.repetition_penalty,
@@ -142,8 +143,8 @@ def _audio_bytes(value: bytes | str, where: str) -> bytes:
         raise InputError(f"{where}: not valid base64") from None
 
 
-def fish_job(body: dict, voices: VoiceStore | None) -> SpeechJob:
-    req = _validate(FishTTSRequest, body)
+def fish_job(body: dict | FishTTSRequest, voices: VoiceStore | None) -> SpeechJob:
+    req = body if isinstance(body, FishTTSRequest) else _validate(FishTTSRequest, body)
     if req.reference_id:  # takes precedence over inline references, as upstream
         refs = _voice_reference(req.reference_id, voices)
     else:

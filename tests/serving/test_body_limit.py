@@ -1,0 +1,79 @@
+"""The ASGI body limit on its own: a stand-in app, messages fed by hand, no server."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+from ttsengine.serving.body_limit import BodyLimit, BodyTooLarge
+
+
+def run(limit: int, chunks: list[bytes], length: int | None = None, app=None) -> tuple[list[dict], list[bytes]]:
+    """-> (the messages the client got, the body chunks the app read)."""
+    sent, read = [], []
+    incoming = [{"type": "http.request", "body": c, "more_body": i < len(chunks) - 1} for i, c in enumerate(chunks)]
+
+    async def receive():
+        return incoming.pop(0)
+
+    async def send(message):
+        sent.append(message)
+
+    async def echo(scope, receive, send):
+        more = True
+        while more:
+            message = await receive()
+            read.append(message["body"])
+            more = message.get("more_body", False)
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"ok"})
+
+    headers = [] if length is None else [(b"content-length", str(length).encode())]
+    scope = {"type": "http", "method": "POST", "path": "/", "headers": headers}
+    limited = BodyLimit(app or echo, limit, reply=lambda e: {"error": {"message": str(e), "code": e.status}})
+    asyncio.run(limited(scope, receive, send))
+    return sent, read
+
+
+def status_and_body(sent: list[dict]) -> tuple[int, dict | bytes]:
+    body = b"".join(m.get("body", b"") for m in sent if m["type"] == "http.response.body")
+    start = next(m for m in sent if m["type"] == "http.response.start")
+    return start["status"], json.loads(body) if start["status"] != 200 else body
+
+
+def test_under_the_limit_passes_through():
+    sent, read = run(10, [b"12345", b"67890"], length=10)
+    assert status_and_body(sent) == (200, b"ok") and read == [b"12345", b"67890"]
+
+
+def test_content_length_over_the_limit_is_refused_before_reading():
+    sent, read = run(10, [b"x" * 11], length=11)
+    assert status_and_body(sent) == (413, {"error": {"message": "request body over 10 bytes", "code": 413}})
+    assert read == []
+
+
+def test_a_body_of_unknown_length_is_cut_off_while_it_arrives():
+    sent, read = run(10, [b"x" * 6, b"x" * 6, b"x" * 6])
+    assert status_and_body(sent)[0] == 413 and read == [b"x" * 6]
+
+
+def test_an_app_that_answers_the_error_itself_is_left_alone():
+    async def answering(scope, receive, send):
+        try:
+            await receive()
+        except BodyTooLarge as e:  # an adapter's error handling turns it into its own 413
+            await send({"type": "http.response.start", "status": e.status, "headers": []})
+            await send({"type": "http.response.body", "body": b'{"own": true}'})
+
+    sent, _ = run(3, [b"toolong"], app=answering)
+    assert status_and_body(sent) == (413, {"own": True}) and len(sent) == 2
+
+
+def test_other_scopes_pass_through():
+    seen = []
+
+    async def app(scope, receive, send):
+        seen.append(scope["type"])
+
+    asyncio.run(BodyLimit(app, 1, reply=dict)({"type": "lifespan"}, None, None))
+    assert seen == ["lifespan"]

@@ -1,0 +1,119 @@
+"""The one boot every adapter shares, with a stand-in engine: background and foreground loading, the
+ready / failed states health checks report, the voices wired to the engine, and what adapters ask of it."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from ttsengine import DownloadConfig, EngineConfig, SynthesisRequest
+from ttsengine.serving import service as service_module
+from ttsengine.serving.failure import ModelFailed, ModelLoading, failure
+from ttsengine.serving.service import Service, engine_loader
+
+
+class FakeEngine:
+    """What the service and the adapters use of an Engine."""
+
+    codec_tag, frame_rate, max_streams = "fake-codec", 21.5, 8
+
+    def __init__(self):
+        self.ready = threading.Event()
+        self.ready.set()
+        self.submitted, self.closed = [], False
+
+    def voice_codes(self, audio: bytes) -> np.ndarray:
+        return np.zeros((4, len(audio)), dtype=np.int64)
+
+    def submit(self, request):
+        self.submitted.append(request)
+        return "a stream"
+
+    def stats(self) -> dict:
+        return {"running": 0}
+
+    def close(self) -> None:
+        self.closed = True
+
+
+def settled(svc: Service, timeout: float = 10) -> Service:
+    end = time.time() + timeout
+    while not (svc.ready or svc.error) and time.time() < end:
+        time.sleep(0.01)
+    return svc
+
+
+def test_foreground_load_wires_the_voices(tmp_path):
+    engine = FakeEngine()
+    svc = Service(lambda: engine, tmp_path / "voices").load()
+    assert svc.ready and svc.engine is engine and svc.error is None and svc.require() is engine
+    voice = svc.voices.add("alice", b"abc", "hello")
+    assert voice.codes.shape == (4, 3) and svc.voices.root == tmp_path / "voices"
+    assert svc.submit(SynthesisRequest(text="hi")) == "a stream" and len(engine.submitted) == 1
+    assert svc.max_streams == 8 and svc.stats() == {"running": 0}
+    svc.close()
+    assert engine.closed
+
+
+def test_no_voices_dir_means_no_voices():
+    assert Service(FakeEngine, None).load().voices is None
+
+
+def test_background_load_is_loading_then_ready(tmp_path):
+    gate, engine = threading.Event(), FakeEngine()
+
+    def slow():
+        gate.wait(10)
+        return engine
+
+    svc = Service(slow, tmp_path).start()
+    assert not svc.ready and svc.stats() is None
+    with pytest.raises(ModelLoading) as e:
+        svc.submit(SynthesisRequest(text="hi"))
+    assert failure(e.value).status == 503 and failure(e.value).retry_after == 5
+    gate.set()
+    assert settled(svc).ready and svc.require() is engine
+
+
+def test_an_engine_that_is_not_warm_yet_is_not_ready(tmp_path):
+    engine = FakeEngine()
+    engine.ready.clear()
+    svc = Service(lambda: engine, None).load()
+    with pytest.raises(ModelLoading):
+        svc.require()
+
+
+def test_a_failed_load_is_reported_not_raised_in_the_background(tmp_path):
+    def broken():
+        raise FileNotFoundError("model directory not found: /nowhere")
+
+    svc = settled(Service(broken, tmp_path).start())
+    assert svc.error == "FileNotFoundError: model directory not found: /nowhere" and not svc.ready
+    with pytest.raises(ModelFailed, match="the model failed to load: FileNotFoundError") as e:
+        svc.require()
+    assert failure(e.value).status == 503
+    svc.close()  # nothing to close
+
+
+def test_a_failed_foreground_load_raises_and_closes_what_it_made(tmp_path):
+    engine = FakeEngine()
+    (tmp_path / "file").write_text("not a directory")
+    svc = Service(lambda: engine, tmp_path / "file" / "voices")
+    with pytest.raises(OSError):
+        svc.load()
+    assert engine.closed and svc.engine is None and svc.error.startswith(("FileExistsError", "NotADirectoryError"))
+
+
+def test_engine_loader_fetches_the_model_first_only_with_a_source(monkeypatch, tmp_path):
+    calls = []
+    monkeypatch.setattr(service_module, "ensure_model", lambda *a: calls.append(("fetch", *a)))
+    monkeypatch.setattr(service_module.Engine, "load", classmethod(lambda cls, config: calls.append(("load",))))
+    config = EngineConfig(model_dir=tmp_path)
+    engine_loader(config)()
+    engine_loader(config, DownloadConfig())()
+    assert calls == [("load",), ("load",)]
+    engine_loader(config, DownloadConfig(hf_token="t", model_source="hf://a/b"))()
+    assert calls[2:] == [("fetch", tmp_path, "hf://a/b", "t"), ("load",)]
