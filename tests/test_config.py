@@ -5,11 +5,21 @@ from __future__ import annotations
 import copy
 import json
 import re
+from dataclasses import fields
 
 import pytest
 from conftest import GOLDEN, MODEL_DIR, ROOT
 
-from ttsengine.config import ENV_VARS, OTHER_ENV_VARS, EngineConfig, from_env
+from ttsengine.config import (
+    ENV_VARS,
+    TABLES,
+    DownloadConfig,
+    EngineConfig,
+    RunPodConfig,
+    SageMakerConfig,
+    ServerConfig,
+    from_env,
+)
 from ttsengine.errors import ConfigError
 from ttsengine.model.codec.config import S1_CODEC, load_codec_config, parse_codec_config
 from ttsengine.model.dual_ar_config import load_dual_ar_config, parse_dual_ar_config
@@ -128,30 +138,137 @@ def test_engine_config_from_env():
     assert (speed.codec_compile, speed.snake_kernel, speed.lazy_graphs) == ("on", "off", False)
     assert (EngineConfig().codec_compile, EngineConfig().snake_kernel, EngineConfig().lazy_graphs) == \
            ("off", "auto", True)  # the defaults: a fast start
+    assert from_env({"TTS_LOG_LEVEL": "debug", "TTS_DTYPE": "BFloat16"}).log_level == "DEBUG"
+
+
+SWITCHES = [v for v in ENV_VARS.values() if v.kind.expected == "auto, on or off"]
+
+
+def test_every_switch_takes_auto_on_off():
+    names = {v.name for v in SWITCHES}
+    assert names == {"TTS_ALLOW_SPECIAL_TOKENS", "TTS_CUDA_GRAPHS", "TTS_LAZY_GRAPHS", "TTS_COMPILE",
+                     "TTS_CODEC_COMPILE", "TTS_SNAKE_KERNEL", "TTS_PRECOMPILE", "TTS_CUDNN_BENCHMARK",
+                     "TTS_CODEC_MERGE"}
+    for var in SWITCHES:
+        for word in ("auto", "on", "off", "AUTO", "On", "1", "0", "true", "false", "yes", "no"):
+            from_env({var.name: word})  # no error
+
+
+@pytest.mark.parametrize("name, field, words", [
+    # word: value; the words 1/0, true/false, yes/no are what the boolean switches took before
+    ("TTS_CUDA_GRAPHS", "cuda_graphs", {"auto": "auto", "on": "on", "off": "off", "1": "on", "false": "off"}),
+    ("TTS_COMPILE", "compile", {"auto": "auto", "yes": "on", "no": "off"}),
+    ("TTS_CODEC_COMPILE", "codec_compile", {"auto": "auto", "on": "on", "off": "off", "true": "on"}),  # auto = off
+    # on = auto where the feature runs only where auto already runs it: `on` never turns it off
+    ("TTS_SNAKE_KERNEL", "snake_kernel", {"auto": "auto", "on": "auto", "1": "auto", "off": "off", "0": "off"}),
+    ("TTS_PRECOMPILE", "precompile", {"auto": "auto", "on": "auto", "off": "off"}),
+    ("TTS_CUDNN_BENCHMARK", "cudnn_benchmark", {"auto": "auto", "on": "on", "0": "off"}),
+    ("TTS_CODEC_MERGE", "codec_merge", {"auto": "auto", "yes": "on", "off": "off"}),
+    ("TTS_LAZY_GRAPHS", "lazy_graphs", {"auto": True, "on": True, "1": True, "off": False, "0": False}),
+    ("TTS_ALLOW_SPECIAL_TOKENS", "allow_special_tokens", {"auto": False, "on": True, "true": True, "no": False}),
+])
+def test_switch_words(name, field, words):
+    for word, value in words.items():
+        assert getattr(from_env({name: word}), field) == value, word
 
 
 @pytest.mark.parametrize("env, pattern", [
-    ({"TTS_CHUNK_LENGTH": "abc"}, r"TTS_CHUNK_LENGTH='abc': expected int"),
+    ({"TTS_CHUNK_LENGTH": "abc"}, r"TTS_CHUNK_LENGTH='abc': expected an integer"),
     ({"TTS_CHUNK_LENGTH": "10"}, r"TTS_CHUNK_LENGTH: 10 is outside 50..1000"),
     ({"TTS_DEVICE": "tpu"}, r"TTS_DEVICE: 'tpu' is not one of"),
     ({"TTS_DTYPE": "int3"}, r"TTS_DTYPE: 'int3' is not one of"),
-    ({"TTS_ALLOW_SPECIAL_TOKENS": "maybe"}, r"TTS_ALLOW_SPECIAL_TOKENS='maybe': expected bool"),
-    ({"TTS_CODEC_COMPILE": "auto"}, r"TTS_CODEC_COMPILE: 'auto' is not one of on, off"),
-    ({"TTS_SNAKE_KERNEL": "on"}, r"TTS_SNAKE_KERNEL: 'on' is not one of auto, off"),
-    ({"TTS_PRECOMPILE": "on"}, r"TTS_PRECOMPILE: 'on' is not one of auto, off"),
-    ({"TTS_LAZY_GRAPHS": "later"}, r"TTS_LAZY_GRAPHS='later': expected bool"),
+    ({"TTS_MAX_BATCH": "-1"}, r"TTS_MAX_BATCH: must be >= 0 \(0 = auto\)"),
+    ({"TTS_MAX_REFERENCE_SECONDS": "0"}, r"TTS_MAX_REFERENCE_SECONDS: must be > 0"),
+    ({"TTS_LOG_LEVEL": "LOUD"}, r"TTS_LOG_LEVEL: 'LOUD' is not one of DEBUG"),
+    ({"TTS_ALLOW_SPECIAL_TOKENS": "maybe"}, r"TTS_ALLOW_SPECIAL_TOKENS='maybe': expected auto, on or off"),
+    ({"TTS_CODEC_COMPILE": "fast"}, r"TTS_CODEC_COMPILE='fast': expected auto, on or off"),
+    ({"TTS_SNAKE_KERNEL": "triton"}, r"TTS_SNAKE_KERNEL='triton': expected auto, on or off"),
+    ({"TTS_LAZY_GRAPHS": "later"}, r"TTS_LAZY_GRAPHS='later': expected auto, on or off"),
+    ({"TTS_QUANT": "int2"}, r"TTS_QUANT: 'int2' is not one of bf16, none, int8, int4"),
 ])
 def test_engine_config_errors(env, pattern):
-    with pytest.raises(ConfigError, match=pattern):
+    with pytest.raises(ConfigError, match=pattern) as e:
         from_env(env)
+    assert "\n" not in str(e.value)
 
 
-def test_readme_lists_every_env_var():
+def test_overrides_are_checked_like_the_environment():
+    with pytest.raises(ConfigError, match="TTS_DEVICE: 'tpu'"):
+        from_env({}, device="tpu")  # e.g. `synth --device tpu`
+    with pytest.raises(ConfigError, match="TTS_SNAKE_KERNEL: 'on' is not one of auto, off"):
+        from_env({}, snake_kernel="on")  # the engine would read it as off
+    with pytest.raises(ConfigError, match="unknown EngineConfig setting"):
+        from_env({}, bogus=1)
+
+
+def test_layers_defaults_then_environment_then_overrides():
+    """A platform's defaults (passed in by its adapter) yield to the environment; CLI overrides win."""
+    assert from_env({}, defaults={"max_batch": 3}).max_batch == 3
+    assert from_env({"TTS_MAX_BATCH": "5"}, defaults={"max_batch": 3}).max_batch == 5
+    assert from_env({"TTS_MAX_BATCH": "5"}, defaults={"max_batch": 3}, max_batch=7).max_batch == 7
+    assert from_env({"TTS_MAX_BATCH": "5"}, max_batch=None).max_batch == 5  # None: the flag was not given
+    assert from_env({"TTS_MAX_BATCH": "  "}).max_batch == 0  # blank: unset
+
+
+def test_server_configs():
+    assert ServerConfig.from_env({}) == ServerConfig()
+    cfg = ServerConfig.from_env({"TTS_PORT": "9000", "TTS_API_KEY": "k", "TTS_DATA_DIR": "/d",
+                                 "TTS_MAX_BODY_BYTES": "4096"}, host="127.0.0.1")
+    assert (cfg.host, cfg.port, cfg.api_key, str(cfg.data_dir), cfg.max_body_bytes) == ("127.0.0.1", 9000, "k", "/d",
+                                                                                         4096)
+    # SageMaker's serve: its port wins over TTS_PORT, its 1 GB body limit yields to TTS_MAX_BODY_BYTES
+    sm = SageMakerConfig.from_env({"SAGEMAKER_BIND_TO_PORT": "8081"})
+    served = ServerConfig.from_env({"TTS_PORT": "9000"}, defaults={"max_body_bytes": 1 << 30}, port=sm.port)
+    assert (served.port, served.max_body_bytes) == (8081, 1 << 30)
+    assert ServerConfig.from_env({}, port=SageMakerConfig.from_env({}).port).port == 8080
+    assert ServerConfig.from_env({"TTS_MAX_BODY_BYTES": "2048"}, defaults={"max_body_bytes": 1 << 30}).max_body_bytes \
+        == 2048
+    assert DownloadConfig.from_env({"HF_TOKEN": "t", "TTS_MODEL_SOURCE": " hf://a/b "}) == \
+        DownloadConfig("t", "hf://a/b")
+
+
+@pytest.mark.parametrize("read, env, pattern", [
+    (ServerConfig.from_env, {"TTS_PORT": "99999"}, r"TTS_PORT: 99999 is outside 1..65535"),
+    (ServerConfig.from_env, {"TTS_PORT": "http"}, r"TTS_PORT='http': expected an integer"),
+    (ServerConfig.from_env, {"TTS_MAX_UPLOAD_BYTES": "10"}, r"TTS_MAX_UPLOAD_BYTES: must be >= 1024"),
+    (SageMakerConfig.from_env, {"SAGEMAKER_BIND_TO_PORT": "0"}, r"SAGEMAKER_BIND_TO_PORT: 0 is outside 1..65535"),
+    (RunPodConfig.from_env, {"RUNPOD_CONCURRENCY": "-1"}, r"RUNPOD_CONCURRENCY: must be >= 0"),
+    (RunPodConfig.from_env, {"RUNPOD_MAX_INLINE_BYTES": "5"}, r"RUNPOD_MAX_INLINE_BYTES: must be >= 1024"),
+    (RunPodConfig.from_env, {"RUNPOD_S3_URL_EXPIRES": "0"}, r"RUNPOD_S3_URL_EXPIRES: must be >= 1"),
+])
+def test_other_config_errors(read, env, pattern):
+    with pytest.raises(ConfigError, match=pattern):
+        read(env)
+
+
+def test_each_dataclass_is_described_by_its_table():
+    for cls, table in zip((EngineConfig, ServerConfig, SageMakerConfig, RunPodConfig, DownloadConfig), TABLES):
+        assert {f.name for f in fields(cls)} == {v.field for v in table}, cls.__name__
+    names = [v.name for table in TABLES for v in table]
+    shared = {n for n in names if names.count(n) > 1}
+    assert shared == {"TTS_DATA_DIR"}  # one Var in two tables: stored voices for the servers and RunPod
+    assert len({id(v) for table in TABLES for v in table if v.name == "TTS_DATA_DIR"}) == 1
+
+
+def test_platform_defaults_are_the_adapters():
+    source = (ROOT / "container" / "ttsengine" / "config.py").read_text()
+    assert "runpod-volume" not in source and "1 << 30" not in source
+
+
+def _readme_rows(section: str | None = None) -> list[str]:
     readme = (ROOT / "README.md").read_text()
-    table = set(re.findall(r"^\|\s*`([A-Z][A-Z0-9_]+)`\s*\|", readme, flags=re.M))
-    names = set(ENV_VARS) | set(OTHER_ENV_VARS)
-    assert names <= table, f"README table lacks {sorted(names - table)}"
-    assert not {n for n in table if n.startswith("TTS_")} - names, "README lists TTS_ vars config.py does not know"
+    if section is not None:
+        readme = readme.split(section, 1)[1].split("\n#", 1)[0]
+    return re.findall(r"^\|\s*`([A-Z][A-Z0-9_]+)`\s*\|", readme, flags=re.M)
+
+
+def test_readme_lists_every_env_var_once():
+    rows = _readme_rows()
+    assert set(ENV_VARS) <= set(rows), f"README table lacks {sorted(set(ENV_VARS) - set(rows))}"
+    assert not {n for n in rows if n.startswith("TTS_")} - set(ENV_VARS), "README lists TTS_ vars config.py lacks"
+    assert sorted(n for n in rows if rows.count(n) > 1) == [], "a variable listed twice"
+    dev = set(_readme_rows("### Developer settings"))
+    assert dev == {n for n, v in ENV_VARS.items() if v.dev}, "the README's developer table and config.py's dev=True"
 
 
 def test_codec_config_lookup_prefers_the_model_dir(tmp_path):
