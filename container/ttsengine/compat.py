@@ -5,7 +5,6 @@ Everything here works by feature detection at call time; importing this module c
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import pickle
 import re
@@ -46,22 +45,6 @@ def load_torch_file(path: Path) -> object:
     except (RuntimeError, EOFError, OSError, ValueError, zipfile.BadZipFile) as e:
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise CheckpointError(f"{path}: not a readable torch checkpoint (truncated or corrupt?): {first}") from None
-
-
-# ---- attention ---------------------------------------------------------------------------------
-def sdpa_supports_gqa() -> bool:
-    """SDPA's `enable_gqa` arrived in torch 2.5."""
-    return torch_version() >= (2, 5)
-
-
-def math_sdpa():
-    """Context forcing SDPA's math backend (exact, any mask): `torch.nn.attention.sdpa_kernel` from
-    2.3, `torch.backends.cuda.sdp_kernel` before (2.2 has no torch.nn.attention)."""
-    try:
-        from torch.nn.attention import SDPBackend, sdpa_kernel
-    except ImportError:
-        return torch.backends.cuda.sdp_kernel(enable_flash=False, enable_mem_efficient=False, enable_math=True)
-    return sdpa_kernel(SDPBackend.MATH)
 
 
 # ---- compile and graphs -------------------------------------------------------------------------
@@ -109,13 +92,6 @@ def precompile_supported() -> bool:
         return "external_data" in inspect.signature(load).parameters
     except (TypeError, ValueError):
         return False
-
-
-def cudagraph_mark_step_begin() -> None:
-    """Marks a new step for torch.compile's own CUDA graphs (2.3+); a no-op where absent."""
-    fn = getattr(getattr(torch, "compiler", None), "cudagraph_mark_step_begin", None)
-    if fn is not None:
-        fn()
 
 
 def cache_artifacts_supported() -> bool:
@@ -197,13 +173,3 @@ def _int4_packing(config_cls) -> str | None:
         return None
     return "tile_packed_to_4d"
 
-
-@contextlib.contextmanager
-def no_tf32():
-    """fp32 matmuls and convs without TF32 (exact comparisons on CUDA)."""
-    old = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
-    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
-    try:
-        yield
-    finally:
-        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = old

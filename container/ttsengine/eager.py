@@ -48,11 +48,10 @@ class EagerEngine:
         return self.planner.plan(request)
 
     def stream(self, request: SynthesisRequest | Plan) -> Iterator[AudioChunk]:
-        plan = request if isinstance(request, Plan) else self.planner.plan(request)
-        return self._chunks(plan)
+        return self._chunks(self.planner.plan(request))
 
     def synthesize(self, request: SynthesisRequest | Plan) -> SynthesisResult:
-        plan = request if isinstance(request, Plan) else self.planner.plan(request)
+        plan = self.planner.plan(request)
         parts = list(self._chunks(plan))
         return SynthesisResult.join(parts, self.sample_rate, plan.seed, plan.reports)
 

@@ -11,9 +11,10 @@ import numpy as np
 import pytest
 import torch
 from conftest import MODEL_DIR
+from torch_helpers import no_tf32
 
 from ttsengine import EagerEngine, Engine, EngineConfig, SynthesisRequest
-from ttsengine.compat import no_tf32, precompile_supported
+from ttsengine.compat import precompile_supported
 
 pytestmark = pytest.mark.gpu
 

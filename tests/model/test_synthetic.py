@@ -99,9 +99,9 @@ def test_init_weights_uses_the_configured_std():
 
 def test_tokenizer_has_the_real_id_layout(preset):
     tok = preset.tokenizer
-    assert tok.token_id("<|begin_of_text|>") == BASE_VOCAB == 151_643
-    assert tok.token_id("<|pad|>") == 151_645 and tok.token_id("<|im_start|>") == 151_646
-    assert tok.im_end_id == 151_647 and tok.interleave_id == 151_654 and tok.token_id("<|audio|>") == 151_657
+    assert tok.specials["<|begin_of_text|>"] == BASE_VOCAB == 151_643
+    assert tok.specials["<|pad|>"] == 151_645 and tok.specials["<|im_start|>"] == 151_646
+    assert tok.im_end_id == 151_647 and tok.interleave_id == 151_654 and tok.specials["<|audio|>"] == 151_657
     assert (tok.semantic_begin_id, tok.semantic_end_id, tok.num_semantic) == (151_658, 155_753, 4096)
     assert len(tok.specials) == 4_111 and tok.n_vocab == 155_754 <= preset.config.vocab_size
     assert preset.config.vocab_size - tok.n_vocab == 22  # the real file pads the table to 155,776 rows

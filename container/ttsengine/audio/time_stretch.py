@@ -83,8 +83,3 @@ class TimeStretch:
         self.done_input = True
         self.target = int(round(self.received / self.speed))
         return self._run()
-
-    @staticmethod
-    def apply(x: np.ndarray, speed: float, rate: int) -> np.ndarray:
-        ts = TimeStretch(speed, rate)
-        return np.concatenate([ts.process(x), ts.flush()])

@@ -12,6 +12,7 @@ import logging
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -19,8 +20,10 @@ import torch
 
 from .. import compat
 from ..config import EngineConfig
-from ..errors import BusyError, InputError, TTSError
+from ..errors import BusyError, TTSError
 from ..model.checkpoint import Checkpoint
+from ..model.dual_ar import DualAR
+from ..model.kernels.triton_support import triton_available
 from ..synthesis.output import SynthesisResult
 from ..synthesis.plan import ChunkReport, Plan, Planner
 from ..synthesis.request import SynthesisRequest
@@ -29,7 +32,7 @@ from .compile.kernel_cache import KernelCache
 from .cuda_graphs import GraphSet
 from .loader import load
 from .metrics import EngineMetrics
-from .runner import PrefillItem, Runner
+from .runner import PrefillItem, Runner, RunnerConfig
 from .scheduler import Job, Scheduler
 from .settings import BatchSettings
 from .vocoder import Delivery, Vocoder
@@ -45,6 +48,7 @@ class Task:
     """One text chunk of a stream, in flight."""
 
     stream: Stream
+    plan: Plan  # the stream's request, its text chunks and their reports
     index: int  # text chunk
     prompt: torch.Tensor  # int64 [n+1, T]
     context_dropped: bool
@@ -61,10 +65,12 @@ class Task:
 
 
 class Engine:
-    def __init__(self, checkpoint: Checkpoint, config: EngineConfig):
+    def __init__(self, checkpoint: Checkpoint, config: EngineConfig,
+                 runner: Callable[[DualAR, RunnerConfig], Runner] = Runner):
+        """runner: makes the device side (tests pass a scripted stand-in with Runner's methods)."""
         self.ckpt, self.config = checkpoint, config
-        self.planner = Planner(checkpoint, config)
         self.settings = s = BatchSettings.resolve(config, checkpoint)
+        self.planner = Planner(checkpoint, config, self.kv_positions)
         self.kernel_cache = KernelCache(config.cache_dir, {
             "model": repr(checkpoint.config), "codec": repr(checkpoint.codec_config),
             "dtype": str(checkpoint.model.norm.weight.dtype), "quant": checkpoint.quantization,
@@ -72,7 +78,7 @@ class Engine:
             "codec_compile": s.codec_compile, "snake_kernel": s.snake_kernel})
         if s.compile or s.cuda_graphs:
             self.kernel_cache.setup()
-        self.runner = Runner(checkpoint.model, s.runner)
+        self.runner = runner(checkpoint.model, s.runner)
         self.scheduler = Scheduler(s.runner.max_slots, s.max_queue, s.runner.num_pages - 1, s.runner.page_size,
                                    s.prefill_tokens)
         self.metrics = EngineMetrics()
@@ -87,6 +93,9 @@ class Engine:
             self.vocoder.enable_compile()
         if s.snake_kernel:
             self.vocoder.use_snake_kernel()
+        self.vocoder.set_merge(s.codec_merge_rows)
+        if s.cudnn_benchmark:  # process-wide: cuDNN picks each conv shape's fastest algorithm at its first call
+            torch.backends.cudnn.benchmark = True
         self.graphs = self._step_graphs() if s.cuda_graphs else None
         self.eos = checkpoint.tokenizer.im_end_id
         self._free_voc = list(range(s.runner.max_slots - 1, -1, -1))
@@ -170,16 +179,11 @@ class Engine:
     # ---- requests -----------------------------------------------------------------------------
     def submit(self, request: SynthesisRequest | Plan, *, ignore_stop: bool = False) -> Stream:
         """Validates and queues a request; raises InputError (bad request) or BusyError (full) at once."""
-        plan = request if isinstance(request, Plan) else self.planner.plan(request)
+        plan = self.planner.plan(request)  # the capacity guard: every chunk fits this engine's cache
         plan.ignore_stop = plan.ignore_stop or ignore_stop
         stream = Stream(plan, self.sample_rate)
         prompt, _ = self.planner.chunk_prompt(plan, 0, None)
-        capacity = self.scheduler.total_pages * self.scheduler.page_size
-        longest = max(self.planner.prompt(t, plan.references).shape[1] for t in plan.texts)
-        if longest + self.planner.budget(prompt, plan) > capacity:
-            raise InputError(f"the request needs up to {longest + self.planner.budget(prompt, plan)} KV positions; "
-                             f"this engine's cache holds {capacity} (lower max_new_tokens)")
-        task = Task(stream, 0, prompt, False, 0)
+        task = Task(stream, plan, 0, prompt, False, 0)
         with self._cv:
             if self._stop:
                 raise TTSError("the engine is shutting down")
@@ -267,7 +271,7 @@ class Engine:
                 for bb in self.settings.buckets[:1] if self.graphs is not None else self.settings.buckets:
                     self.runner.decode_step(bb)
             finally:
-                codec_done()
+                self._codec_warmed(codec_done)
             self._capture()
         except Exception as e:  # noqa: BLE001 - compile problems must not take the service down
             if not self.runner.compiled:
@@ -280,6 +284,22 @@ class Engine:
             if self.graphs is not None:
                 self.graphs = self._step_graphs()
                 self._capture()
+
+    def _codec_warmed(self, wait) -> None:
+        """Waits for the codec's warm-up; a compiled codec that fails falls back to the eager one alone (the
+        decode step keeps its compile)."""
+        try:
+            wait()
+        except Exception as e:  # noqa: BLE001 - the codec's compile is optional
+            if not self.vocoder.compiled:
+                raise
+            log.warning("torch.compile of the codec failed (%s: %s); the codec runs eager", type(e).__name__,
+                        str(e).splitlines()[0] if str(e) else "")
+            self.vocoder.disable_compile()
+            self.compile_error = f"codec: {type(e).__name__}: {e}"
+            if self.vocoder.device.type == "cuda" and triton_available() and self.config.snake_kernel != "off":
+                self.vocoder.use_snake_kernel()
+            self.vocoder.call(self.vocoder.warm_up)
 
     def _step_graphs(self) -> GraphSet:
         """The decode step's CUDA graphs, one per batch bucket (its state lives in the runner's buffers)."""
@@ -337,8 +357,8 @@ class Engine:
             self._enqueue(task, front=False)
 
     def _enqueue(self, task: Task, front: bool) -> None:
-        budget = self.planner.budget(task.prompt, task.stream.plan)
-        job = Job(task.prompt.shape[1], budget, owner=task, stop_on_eos=not task.stream.plan.ignore_stop)
+        budget = self.planner.budget(task.prompt, task.plan)
+        job = Job(task.prompt.shape[1], budget, owner=task, stop_on_eos=not task.plan.ignore_stop)
         task.job = job
         try:
             self.scheduler.submit(job, front=front)
@@ -362,7 +382,7 @@ class Engine:
         items = []
         for job in jobs:
             task: Task = job.owner
-            req = task.stream.plan.request
+            req = task.plan.request
             items.append(PrefillItem(job.slot, task.prompt, (req.temperature, req.top_p, req.repetition_penalty,
                                                              req.seed), task.frame_offset))
             task.voc_slot = self._free_voc.pop()
@@ -404,7 +424,7 @@ class Engine:
 
     def _close(self, task: Task, reason: str) -> None:
         """Reports a finished text chunk; starts the next one or ends the stream."""
-        stream, plan = task.stream, task.stream.plan
+        stream, plan = task.stream, task.plan
         if task.voc_slot >= 0:
             self.vocoder.reset(task.voc_slot)  # queued after the slot's last decode
             self._free_voc.append(task.voc_slot)
@@ -420,7 +440,7 @@ class Engine:
             codes = torch.from_numpy(np.stack(task.frames[:kept], axis=1)[1:]) if kept else \
                 torch.zeros(self.ckpt.config.num_codebooks, 0, dtype=torch.int64)
             prompt, dropped = self.planner.chunk_prompt(plan, task.index + 1, (plan.texts[task.index], codes))
-            nxt = Task(stream, task.index + 1, prompt, dropped, task.frame_offset + len(task.frames))
+            nxt = Task(stream, plan, task.index + 1, prompt, dropped, task.frame_offset + len(task.frames))
             self._enqueue(nxt, front=True)
             return
         self._end(stream, completed=True)

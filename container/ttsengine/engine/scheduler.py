@@ -39,12 +39,6 @@ class Job:
         return self.prompt_len + self.max_frames
 
 
-@dataclass
-class Admission:
-    jobs: list[Job]
-    moves: list[tuple[int, int]]  # (from slot, to slot) after releases, applied before admission
-
-
 class Scheduler:
     def __init__(self, max_slots: int, max_queue: int, total_pages: int, page_size: int,
                  prefill_tokens: int):
@@ -60,9 +54,9 @@ class Scheduler:
         return -(-job.max_len // self.page_size)
 
     def submit(self, job: Job, front: bool = False) -> None:
-        if self.pages_for(job) > self.total_pages:
-            raise BusyError(f"the request needs {job.max_len} KV positions; this engine holds "
-                            f"{self.total_pages * self.page_size} (lower max_new_tokens)")
+        if self.pages_for(job) > self.total_pages:  # the planner's capacity guard lets no such request in
+            raise ValueError(f"a job of {job.max_len} KV positions can never be admitted: the cache holds "
+                             f"{self.total_pages * self.page_size}")
         if front:
             self.waiting.appendleft(job)
             return

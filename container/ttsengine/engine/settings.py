@@ -30,6 +30,8 @@ class BatchSettings:
     compile: bool  # torch.compile the decode step's units
     codec_compile: bool  # torch.compile the streaming codec
     snake_kernel: bool  # the eager codec's Snake as one Triton kernel
+    cudnn_benchmark: bool  # cuDNN autotunes its convolutions (the codec) per shape
+    codec_merge_rows: int  # queued codec decodes join into calls of up to this many rows (0: off)
     buckets: tuple[int, ...]  # batch sizes a decode step is captured for
 
     def bucket(self, batch: int) -> int:
@@ -65,6 +67,7 @@ class BatchSettings:
         compile_ = compile_ and compile_supported()
         codec_compile = compile_ and config.codec_compile == "on"
         snake_kernel = cuda and triton_available() and config.snake_kernel == "auto" and not codec_compile
+        cudnn_benchmark = {"on": True, "off": False}.get(config.cudnn_benchmark, cuda)
         buckets = []
         b = 2 if compile_ and max_batch > 1 else 1  # compiled graphs are dynamic from 2 (size 1 specialises)
         while b < max_batch:
@@ -79,5 +82,6 @@ class BatchSettings:
                              prefill_tokens=config.prefill_tokens, first_chunk_frames=config.first_chunk_frames,
                              stream_chunk_frames=config.stream_chunk_frames, cuda_graphs=graphs,
                              lazy_graphs=config.lazy_graphs, compile=compile_, codec_compile=codec_compile,
-                             snake_kernel=snake_kernel,
+                             snake_kernel=snake_kernel, cudnn_benchmark=cudnn_benchmark,
+                             codec_merge_rows=0 if config.codec_merge == "off" else max_batch,
                              buckets=tuple(buckets))

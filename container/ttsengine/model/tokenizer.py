@@ -73,9 +73,6 @@ class Tokenizer:
     def decode(self, ids: list[int]) -> str:
         return self._enc.decode(ids)
 
-    def token_id(self, token: str) -> int:
-        return self.specials[token]
-
 
 def read_tiktoken_ranks(path: Path) -> dict[bytes, int]:
     try:

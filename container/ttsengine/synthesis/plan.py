@@ -1,6 +1,8 @@
 """Turning a request into work: validate it, encode its references, split its text, build prompts.
 
-Shared by the batched engine and the eager reference engine, so both generate from the same prompts.
+Shared by the batched engine and the eager engine, so both generate from the same prompts. Each text
+part is tokenized once per request (the Plan keeps the ids) and every request passes one capacity
+guard (capacity.py) before any audio.
 """
 
 from __future__ import annotations
@@ -12,12 +14,13 @@ import torch
 from torch import Tensor
 
 from ..config import EngineConfig
-from ..errors import InputError
 from ..model.checkpoint import Checkpoint
 from ..model.generation import frame_budget
 from ..model.prompt import check_codes
+from .capacity import Capacity
 from .request import ResolvedRequest, SynthesisRequest, resolve
 from .text_chunks import split_text
+from .text_tokens import TextTokens
 from .voice_encoder import VoiceEncoder
 
 
@@ -35,6 +38,8 @@ class Plan:
     request: ResolvedRequest
     references: list[tuple[str, Tensor]]  # (transcript, codes [n, F])
     texts: list[str]
+    tokens: TextTokens  # every text part of this request's prompts, tokenized once
+    prompt_lengths: list[int]  # each text chunk's prompt without the previous chunk as context
     reports: list[ChunkReport] = field(default_factory=list)
     ignore_stop: bool = False  # benchmarks only: generate exactly max_new_tokens frames
 
@@ -44,27 +49,33 @@ class Plan:
 
 
 class Planner:
-    def __init__(self, ckpt: Checkpoint, config: EngineConfig):
+    def __init__(self, ckpt: Checkpoint, config: EngineConfig, kv_positions: int | None = None):
+        """kv_positions: what one sequence may hold in the engine's KV cache (None: the model's context)."""
         self.ckpt, self.config = ckpt, config
         self.rules = ckpt.family.RULES
         self.voice_encoder = VoiceEncoder(ckpt.codec, config.max_reference_seconds, config.reference_cache_size)
+        max_seq_len = ckpt.config.max_seq_len
+        self.capacity = Capacity(max_seq_len - self.rules.prompt_reserve, max_seq_len,
+                                 min(kv_positions or max_seq_len, max_seq_len))
 
     @property
     def prompt_limit(self) -> int:
-        return self.ckpt.config.max_seq_len - self.rules.prompt_reserve
+        return self.capacity.prompt_limit
 
-    def plan(self, request: SynthesisRequest) -> Plan:
-        """Raises InputError before any audio: bad fields, unreadable references, a chunk that cannot fit."""
+    def plan(self, request: SynthesisRequest | Plan) -> Plan:
+        """Raises InputError before any audio: bad fields, unreadable references, a chunk that cannot fit.
+        A Plan made elsewhere (e.g. by an engine with a larger cache) is checked against this capacity."""
+        if isinstance(request, Plan):
+            self.capacity.check(request.prompt_lengths, request.request.max_new_tokens)
+            return request
         req = resolve(request, self.rules, self.config.max_text_length, self.config.chunk_length,
                       self.ckpt.config.max_seq_len, self.config.default_max_new_tokens)
         refs = self.prepare_references(req)
         texts = split_text(req.text, req.chunk_length)
-        for text in texts:
-            needed = self.prompt(text, refs).shape[1]
-            if needed > self.prompt_limit:
-                raise InputError(f"a text chunk with its references needs {needed} prompt tokens; the limit is "
-                                 f"{self.prompt_limit} (use shorter or fewer references, or a smaller chunk_length)")
-        return Plan(req, refs, texts)
+        tokens = TextTokens(self.ckpt.tokenizer)
+        lengths = [self.prompt(text, refs, tokens).shape[1] for text in texts]
+        self.capacity.check(lengths, req.max_new_tokens)
+        return Plan(req, refs, texts, tokens, lengths)
 
     def prepare_references(self, req: ResolvedRequest) -> list[tuple[str, Tensor]]:
         cfg = self.ckpt.config
@@ -79,21 +90,22 @@ class Planner:
             out.append((ref.text, codes))
         return out
 
-    def prompt(self, text: str, context: list[tuple[str, Tensor]]) -> Tensor:
-        """-> int64 [n+1, T]."""
-        return self.ckpt.family.build_prompt(self.ckpt.tokenizer, self.ckpt.config.num_codebooks, text, context,
+    def prompt(self, text: str, context: list[tuple[str, Tensor]], tokens: TextTokens | None = None) -> Tensor:
+        """tokens: a request's memo of tokenized parts (None: tokenize afresh). -> int64 [n+1, T]."""
+        tokenizer = self.ckpt.tokenizer if tokens is None else tokens
+        return self.ckpt.family.build_prompt(tokenizer, self.ckpt.config.num_codebooks, text, context,
                                              self.config.allow_special_tokens)
 
     def chunk_prompt(self, plan: Plan, index: int, previous: tuple[str, Tensor] | None) -> tuple[Tensor, bool]:
-        """Prompt of text chunk `index`: references + the previous chunk (text, codes) when it fits.
-        -> (prompt [n+1, T], whether the previous chunk had to be left out)."""
+        """Prompt of text chunk `index`: references + the previous chunk (text, codes) where it fits (the
+        capacity guard passed the chunk without it). -> (prompt [n+1, T], whether the previous chunk was left out)."""
         text = plan.texts[index]
         if previous is not None:
-            prompt = self.prompt(text, plan.references + [previous])
-            if prompt.shape[1] <= self.prompt_limit:
+            prompt = self.prompt(text, plan.references + [previous], plan.tokens)
+            if self.capacity.fits(prompt.shape[1], plan.request.max_new_tokens):
                 return prompt, False
-            return self.prompt(text, plan.references), True
-        return self.prompt(text, plan.references), False
+            return self.prompt(text, plan.references, plan.tokens), True
+        return self.prompt(text, plan.references, plan.tokens), False
 
     def budget(self, prompt: Tensor, plan: Plan) -> int:
         return frame_budget(prompt.shape[1], plan.request.max_new_tokens, self.ckpt.config.max_seq_len)

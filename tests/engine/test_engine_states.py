@@ -1,0 +1,306 @@
+"""The engine's state machine with a scripted runner: the real Engine (scheduler, planner, vocoder on the tiny
+codec) around a host-side stand-in for engine/runner.py that emits known frames at once, so each test can stop
+the loop at a chosen step and check what happens to every stream: cancel while queued or running, a long text
+continued with the previous chunk as context, slots moving when a stream in the middle finishes, one failing
+step failing every request, backpressure. Equality with the eager engine on the real runner is test_batch_engine.py.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+from dataclasses import dataclass, field
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+from conftest import MODEL_DIR
+
+from ttsengine import BusyError, CancelledError, Engine, EngineConfig, InputError, SynthesisRequest, TTSError
+from ttsengine.engine.loader import load
+from ttsengine.engine.runner import PrefillItem, RunnerConfig
+
+AUDIO_TOL = 5e-5  # streaming vs whole decode, fp32
+
+
+@dataclass
+class Script:
+    """The frame a request makes at RNG counter `index` depends only on its seed and that index; a chunk ends
+    with <|im_end|> as its `stops[seed]`-th frame (no entry: it runs to its frame budget)."""
+
+    eos: int
+    semantic_begin: int
+    num_semantic: int
+    residual_size: int  # the codec's residual codebooks
+    stops: dict[int, int] = field(default_factory=dict)
+
+    def codes(self, seed: int, start: int, count: int) -> torch.Tensor:
+        """Frames start..start+count-1 without token 0 -> int64 [n, count] (n = 4, the tiny model's)."""
+        i = torch.arange(start, start + count)
+        return torch.stack([(seed * 5 + i) % self.num_semantic, torch.full_like(i, seed % self.residual_size),
+                            i % self.residual_size, (i // self.residual_size) % self.residual_size])
+
+    def frame(self, seed: int, index: int, last: bool) -> torch.Tensor:
+        """-> int64 [n+1]: token 0, then the codes."""
+        codes = self.codes(seed, index, 1)[:, 0]
+        token = self.eos if last else self.semantic_begin + int(codes[0])
+        return torch.cat([torch.tensor([token]), codes])
+
+
+class ScriptedRunner:
+    """engine/runner.py's interface on the host. Each armed row emits its script's frames; page accounting is
+    the real runner's, so a slot that runs out of pages fails here as it would on the device. A gate lets the
+    test stop the loop inside a decode step: pause(), allow(k) more steps, resume()."""
+
+    def __init__(self, cfg: RunnerConfig, script: Script):
+        self.cfg, self.script = cfg, script
+        self.device = torch.device("cpu")
+        self.compiled = False
+        self.ops = SimpleNamespace(precompiled=lambda: None)
+        self.rows: list[tuple[int, int, int] | None] = [None] * cfg.max_slots  # (seed, frame index, chunk frames)
+        self.out = torch.zeros(cfg.max_slots, 5, dtype=torch.int64)
+        self.slot_pages: list[list[int]] = [[] for _ in range(cfg.max_slots)]
+        self.free_pages = list(range(cfg.num_pages - 1, 0, -1))
+        self.prefills: list[PrefillItem] = []
+        self.moves: list[tuple[int, int]] = []
+        self.resets: list[list[int]] = []
+        self.steps = 0
+        self._fail: Exception | None = None
+        self._gate = threading.Condition()
+        self._allowed: int | None = None  # decode steps that may still run; None: any number
+        self._blocked = False
+
+    # ---- Runner's methods, as Engine calls them ----------------------------------------------
+    def prefill(self, items: list[PrefillItem]) -> None:
+        self.ensure_pages([(it.slot, it.prompt.shape[1] - 1) for it in items])
+        for it in items:
+            self.prefills.append(it)
+            self.rows[it.slot] = (it.params[3], it.frame_offset, 0)
+
+    def decode_step(self, bb: int) -> torch.Tensor:
+        with self._gate:
+            while self._allowed == 0:
+                self._blocked = True
+                self._gate.notify_all()
+                if not self._gate.wait(timeout=30):
+                    raise TimeoutError("the test never let the step run")
+            if self._allowed is not None:
+                self._allowed -= 1
+            fail, self._fail = self._fail, None
+        self.steps += 1
+        if fail is not None:
+            raise fail
+        for r in range(bb):
+            if self.rows[r] is not None:
+                seed, index, made = self.rows[r]
+                self.out[r] = self.script.frame(seed, index, last=made + 1 == self.script.stops.get(seed))
+                self.rows[r] = (seed, index + 1, made + 1)
+        return self.out[:bb]
+
+    def ensure_pages(self, needs: list[tuple[int, int]]) -> None:
+        for slot, last_pos in needs:
+            held = self.slot_pages[slot]
+            while len(held) <= last_pos // self.cfg.page_size:
+                assert self.free_pages, "out of KV pages: the scheduler reserved too few"
+                held.append(self.free_pages.pop())
+
+    def release_pages(self, slot: int) -> None:
+        self.free_pages.extend(self.slot_pages[slot])
+        self.slot_pages[slot] = []
+
+    def move_slot(self, src: int, dst: int) -> None:
+        assert not self.slot_pages[dst], "moved onto a slot whose pages were not released"
+        self.rows[dst], self.rows[src] = self.rows[src], None
+        self.slot_pages[dst], self.slot_pages[src] = self.slot_pages[src], []
+        self.moves.append((src, dst))
+
+    def reset_slots(self, slots) -> None:
+        slots = list(slots)
+        for s in slots:
+            self.rows[s] = None
+        self.resets.append(slots)
+
+    # ---- the test's controls -----------------------------------------------------------------
+    def pause(self) -> None:
+        """The next decode step waits."""
+        with self._gate:
+            self._allowed = 0
+
+    def allow(self, steps: int) -> None:
+        """`steps` more decode steps run, then the loop waits again."""
+        with self._gate:
+            self._allowed += steps
+            self._blocked = False
+            self._gate.notify_all()
+
+    def resume(self) -> None:
+        with self._gate:
+            self._allowed, self._blocked = None, False
+            self._gate.notify_all()
+
+    def wait_blocked(self) -> bool:
+        """Waits until the loop stands inside a decode step, held by the gate."""
+        with self._gate:
+            return self._gate.wait_for(lambda: self._blocked, timeout=30)
+
+    def fail_next_step(self, error: Exception) -> None:
+        with self._gate:
+            self._fail = error
+
+    @property
+    def idle(self) -> bool:
+        return all(r is None for r in self.rows) and len(self.free_pages) == self.cfg.num_pages - 1
+
+
+@pytest.fixture(scope="module")
+def ckpt():
+    return load(EngineConfig(model_dir=MODEL_DIR, device="cpu"))
+
+
+@contextlib.contextmanager
+def scripted_engine(ckpt, stops: dict[int, int] | None = None, **config):
+    tok = ckpt.tokenizer
+    script = Script(tok.im_end_id, tok.semantic_begin_id, tok.num_semantic, ckpt.codec_config.codebook_size,
+                    stops or {})
+    eng = Engine(ckpt, EngineConfig(model_dir=MODEL_DIR, device="cpu", **config),
+                 runner=lambda model, cfg: ScriptedRunner(cfg, script))
+    eng.start()
+    try:
+        yield eng, eng.runner, script
+    finally:
+        eng.close()
+
+
+def audio_of(ckpt, *codes: torch.Tensor) -> np.ndarray:
+    """The whole-chunk decode of each text chunk's codes [n, F], joined: what the stream must deliver."""
+    with torch.inference_mode():
+        return np.concatenate([ckpt.codec.decode(c[None])[0, 0].numpy() for c in codes])
+
+
+def test_cancel_while_queued_never_reaches_the_runner(ckpt):
+    with scripted_engine(ckpt, max_batch=1) as (eng, runner, _):
+        runner.pause()
+        running = eng.submit(SynthesisRequest(text="Running.", seed=1, max_new_tokens=500), ignore_stop=True)
+        assert runner.wait_blocked()
+        queued = eng.submit(SynthesisRequest(text="Queued.", seed=2, max_new_tokens=500))
+        queued.cancel()
+        runner.allow(1)  # the step in flight; the next iteration takes the request in and drops it
+        with pytest.raises(CancelledError):
+            queued.result()
+        assert [(r.finish_reason, r.frames) for r in queued.reports] == [("cancelled", 0)]
+        assert runner.wait_blocked() and not running.done
+        running.cancel()
+        runner.resume()
+        list(running)  # ends once the engine let go of it: its slot and pages are free by then
+        assert runner.idle
+        assert [it.params[3] for it in runner.prefills] == [1]  # the cancelled request was never prefilled
+        assert eng.stats()["cancelled"] == 2
+
+
+def test_cancel_while_running_frees_the_slot_after_the_step_in_flight(ckpt):
+    with scripted_engine(ckpt, max_batch=2) as (eng, runner, script):
+        runner.pause()
+        stream = eng.submit(SynthesisRequest(text="Long one.", seed=3, max_new_tokens=500), ignore_stop=True)
+        runner.allow(20)
+        assert runner.wait_blocked()  # 20 frames made, the 21st step waits
+        stream.cancel()
+        runner.resume()
+        audio = np.concatenate([c.audio for c in stream])  # ends once the engine let go of the stream
+        assert runner.idle and runner.steps == 21  # the step in flight, none after it
+        report = stream.reports[-1]
+        assert report.finish_reason == "cancelled" and report.frames == 20  # what was delivered as audio
+        assert np.abs(audio - audio_of(ckpt, script.codes(3, 0, 20))).max() < AUDIO_TOL
+        assert runner.resets == [[0]]
+        nxt = eng.submit(SynthesisRequest(text="Next.", seed=4, max_new_tokens=5)).result()
+        assert nxt.frames == 4 and runner.prefills[-1].slot == 0
+
+
+def test_long_text_continues_with_the_previous_chunk_as_context(ckpt):
+    text = "First part of a long text. " * 5 + "And the end."
+    with scripted_engine(ckpt, stops={7: 6}, max_batch=1) as (eng, runner, script):
+        runner.pause()
+        long = eng.submit(SynthesisRequest(text=text, seed=7, max_new_tokens=50, chunk_length=60))
+        assert runner.wait_blocked()
+        behind = eng.submit(SynthesisRequest(text="Waiting behind.", seed=8, max_new_tokens=3))
+        runner.resume()
+        result, _ = long.result(), behind.result()
+    n = len(result.chunks)
+    assert n > 2 and all((c.finish_reason, c.frames, c.context_dropped) == ("stop", 5, False) for c in result.chunks)
+    # each chunk generated 6 frames (5 kept + <|im_end|>); its continuation went ahead of the waiting request
+    assert [(it.params[3], it.frame_offset) for it in runner.prefills] == [(7, 6 * i) for i in range(n)] + [(8, 0)]
+    texts = [c.text for c in result.chunks]
+    codes = [script.codes(7, 6 * i, 5) for i in range(n)]
+    assert torch.equal(runner.prefills[0].prompt, eng.planner.prompt(texts[0], []))
+    for i in range(1, n):
+        assert torch.equal(runner.prefills[i].prompt, eng.planner.prompt(texts[i], [(texts[i - 1], codes[i - 1])]))
+        assert result.chunks[i].prompt_tokens == runner.prefills[i].prompt.shape[1]
+    assert np.abs(result.audio - audio_of(ckpt, *codes)).max() < AUDIO_TOL
+
+
+def test_a_stream_in_the_middle_finishing_moves_the_last_one_into_its_slot(ckpt):
+    with scripted_engine(ckpt, stops={1: 40, 2: 6, 3: 40}, max_batch=4) as (eng, runner, script):
+        runner.pause()
+        a = eng.submit(SynthesisRequest(text="First.", seed=1, max_new_tokens=60))
+        assert runner.wait_blocked()  # a in slot 0
+        b = eng.submit(SynthesisRequest(text="Second.", seed=2, max_new_tokens=60))
+        c = eng.submit(SynthesisRequest(text="Third.", seed=3, max_new_tokens=60))
+        runner.resume()  # b and c join together: slots 1 and 2
+        results = [s.result() for s in (a, b, c)]
+        assert [it.slot for it in runner.prefills] == [0, 1, 2]
+        # b leaves first: c moves 2 -> 1; a leaves next (one step ahead of c): c moves 1 -> 0
+        assert runner.moves == [(2, 1), (1, 0)] and runner.resets == [[2], [1], [0]]
+        assert runner.idle
+    for seed, result in zip((1, 2, 3), results):
+        kept = script.stops[seed] - 1
+        assert [(r.finish_reason, r.frames) for r in result.chunks] == [("stop", kept)]
+        assert np.abs(result.audio - audio_of(ckpt, script.codes(seed, 0, kept))).max() < AUDIO_TOL
+
+
+def test_a_failing_step_fails_every_request_and_the_engine_serves_on(ckpt):
+    with scripted_engine(ckpt, max_batch=2) as (eng, runner, _):
+        runner.pause()
+        streams = [eng.submit(SynthesisRequest(text="Running.", seed=1, max_new_tokens=500), ignore_stop=True)]
+        assert runner.wait_blocked()
+        streams += [eng.submit(SynthesisRequest(text=f"Joins {i}.", seed=2 + i, max_new_tokens=500),
+                               ignore_stop=True) for i in range(2)]
+        runner.allow(2)  # the first stream's step; then the second joins, the third waits for a slot
+        assert runner.wait_blocked()
+        assert len(eng.scheduler.running) == 2 and eng.scheduler.queue_depth == 1
+        streams.append(eng.submit(SynthesisRequest(text="Just arrived.", seed=9, max_new_tokens=5)))
+        runner.fail_next_step(RuntimeError("scripted failure"))
+        runner.resume()
+        for stream in streams:  # running, waiting, and not yet taken in
+            with pytest.raises(TTSError, match="internal engine error: RuntimeError: scripted failure"):
+                stream.result()
+        assert runner.idle  # released before the streams were failed
+        assert eng.submit(SynthesisRequest(text="After.", seed=5, max_new_tokens=5)).result().frames == 4
+
+
+def test_a_full_engine_answers_busy_at_once(ckpt):
+    with scripted_engine(ckpt, max_batch=1, max_queue=1) as (eng, runner, _):
+        runner.pause()
+        long = SynthesisRequest(text="Long.", seed=1, max_new_tokens=4000)
+        running = eng.submit(long, ignore_stop=True)
+        assert runner.wait_blocked()
+        waiting = eng.submit(long, ignore_stop=True)  # waits for the slot
+        t0 = time.perf_counter()
+        with pytest.raises(BusyError, match="busy"):
+            eng.submit(long)
+        assert time.perf_counter() - t0 < 0.5 and eng.stats()["rejected"] == 1
+        running.cancel()
+        waiting.cancel()
+        runner.resume()
+        assert list(running) == [] and list(waiting) == []
+        assert runner.idle and len(runner.prefills) == 1
+
+
+def test_capacity_guard_uses_the_engines_kv_cache(ckpt):
+    with scripted_engine(ckpt, kv_cache_tokens=128) as (eng, runner, _):
+        assert eng.kv_positions == 128
+        with pytest.raises(InputError, match=r"needs up to \d+ KV positions; this engine's cache holds 128 "
+                                             r"\(max_new_tokens=\d+ or less fits\)"):
+            eng.submit(SynthesisRequest(text="Too long to fit.", seed=1, max_new_tokens=500))
+        assert eng.submit(SynthesisRequest(text="Fits.", seed=1, max_new_tokens=20)).result().frames == 19
+        assert [it.params[3] for it in runner.prefills] == [1]

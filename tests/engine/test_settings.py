@@ -1,0 +1,32 @@
+"""BatchSettings.resolve: 'auto' values decided once from the config and the device (CPU here)."""
+
+from __future__ import annotations
+
+import pytest
+from conftest import MODEL_DIR
+
+from ttsengine import EngineConfig
+from ttsengine.engine.loader import load
+from ttsengine.engine.settings import BatchSettings
+
+
+@pytest.fixture(scope="module")
+def ckpt():
+    return load(EngineConfig(model_dir=MODEL_DIR, device="cpu"))
+
+
+@pytest.mark.parametrize("merge, rows", [("auto", 8), ("on", 8), ("off", 0)])
+def test_codec_merge_follows_the_switch(ckpt, merge, rows):
+    s = BatchSettings.resolve(EngineConfig(model_dir=MODEL_DIR, device="cpu", max_batch=8, codec_merge=merge), ckpt)
+    assert s.codec_merge_rows == rows
+
+
+@pytest.mark.parametrize("value, want", [("auto", False), ("on", True), ("off", False)])
+def test_cudnn_benchmark_is_on_by_default_only_on_cuda(ckpt, value, want):
+    s = BatchSettings.resolve(EngineConfig(model_dir=MODEL_DIR, device="cpu", cudnn_benchmark=value), ckpt)
+    assert s.cudnn_benchmark is want
+
+
+def test_cpu_defaults(ckpt):
+    s = BatchSettings.resolve(EngineConfig(model_dir=MODEL_DIR, device="cpu"), ckpt)
+    assert not s.cuda_graphs and not s.compile and not s.snake_kernel and s.buckets[-1] == 8
