@@ -11,7 +11,6 @@ import contextlib
 import threading
 import time
 from dataclasses import dataclass, field
-from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -58,7 +57,6 @@ class ScriptedRunner:
         self.cfg, self.script = cfg, script
         self.device = torch.device("cpu")
         self.compiled = False
-        self.ops = SimpleNamespace(precompiled=lambda: None)
         self.rows: list[tuple[int, int, int] | None] = [None] * cfg.max_slots  # (seed, frame index, chunk frames)
         self.out = torch.zeros(cfg.max_slots, 5, dtype=torch.int64)
         self.slot_pages: list[list[int]] = [[] for _ in range(cfg.max_slots)]
@@ -71,6 +69,9 @@ class ScriptedRunner:
         self._gate = threading.Condition()
         self._allowed: int | None = None  # decode steps that may still run; None: any number
         self._blocked = False
+
+    def precompiled(self) -> None:
+        return None  # not a compiled runner
 
     # ---- Runner's methods, as Engine calls them ----------------------------------------------
     def prefill(self, items: list[PrefillItem]) -> None:

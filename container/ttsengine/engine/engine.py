@@ -13,7 +13,6 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -28,6 +27,7 @@ from ..synthesis.output import SynthesisResult
 from ..synthesis.plan import ChunkReport, Plan, Planner
 from ..synthesis.request import SynthesisRequest
 from ..synthesis.stream import Stream
+from .audio_feed import Task, codec_calls, ready_for_audio
 from .compile.kernel_cache import KernelCache
 from .cuda_graphs import GraphSet
 from .loader import load
@@ -41,27 +41,6 @@ IDLE_BEFORE_CAPTURE = 0.25  # s the loop waits idle before capturing a lazy grap
 VOCODER_GRAPH_ROWS = 64  # largest codec batch captured as a CUDA graph (bounds the graph pool)
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(eq=False)
-class Task:
-    """One text chunk of a stream, in flight."""
-
-    stream: Stream
-    plan: Plan  # the stream's request, its text chunks and their reports
-    index: int  # text chunk
-    prompt: torch.Tensor  # int64 [n+1, T]
-    context_dropped: bool
-    frame_offset: int
-    frames: list[np.ndarray] = field(default_factory=list)  # every generated frame [n+1], on the host
-    decoded: int = 0  # kept frames already turned into audio
-    voc_slot: int = -1
-    job: Job | None = None
-
-    @property
-    def kept(self) -> int:
-        """Frames that are audio for sure: the last generated one may still be dropped."""
-        return max(0, len(self.frames) - 1)
 
 
 class Engine:
@@ -121,7 +100,7 @@ class Engine:
     @property
     def max_streams(self) -> int:
         """Streams decoded together at most (the slots of the batch)."""
-        return self.settings.runner.max_slots
+        return self.settings.max_slots
 
     @property
     def compiled(self) -> bool:
@@ -131,7 +110,7 @@ class Engine:
     @property
     def kv_positions(self) -> int:
         """KV cache positions shared by all streams (the scratch page excluded)."""
-        return (self.settings.runner.num_pages - 1) * self.settings.runner.page_size
+        return self.settings.kv_positions
 
     @property
     def sample_rate(self) -> int:
@@ -211,7 +190,7 @@ class Engine:
     def precompiled(self) -> str:
         """The decode step's precompiled units (engine/compile/precompiled.py): "off", or variants loaded from
         the cache / traced by this process."""
-        counts = self.runner.ops.precompiled()
+        counts = self.runner.precompiled()
         return "off" if counts is None else f"{counts['loaded']} loaded, {counts['compiled']} traced"
 
     # ---- the loop -----------------------------------------------------------------------------
@@ -229,9 +208,10 @@ class Engine:
             self._failed = e
             self.ready.set()
             return
+        s = self.settings
         log.info("engine ready: %d slots, %d KV pages of %d, graphs %s, compile %s, quantization %s, kernel cache %s, "
-                 "precompiled %s, warm-up %.1f s", self.settings.runner.max_slots, self.settings.runner.num_pages,
-                 self.settings.runner.page_size, "on" if self.graphs else "off",
+                 "precompiled %s, warm-up %.1f s", s.max_slots, s.runner.num_pages, s.runner.page_size,
+                 "on" if self.graphs else "off",
                  "on" if self.runner.compiled else "off", self.ckpt.quantization, self.kernel_cache.status,
                  self.precompiled, self.warmup_seconds)
         self.ready.set()
@@ -461,7 +441,7 @@ class Engine:
         with self._cv:
             streams, self._streams = list(self._streams), set()
             self._inbox.clear()
-        self._free_voc = list(range(self.settings.runner.max_slots - 1, -1, -1))
+        self._free_voc = list(range(self.settings.max_slots - 1, -1, -1))
         for slot in self._free_voc:
             self.vocoder.reset(slot)
         for stream in streams:
@@ -469,34 +449,16 @@ class Engine:
 
     # ---- audio --------------------------------------------------------------------------------
     def _vocode(self) -> None:
-        ready = []
-        for job in self.scheduler.running:
-            task: Task = job.owner
-            need = self.settings.first_chunk_frames if task.decoded == 0 else self.settings.stream_chunk_frames
-            if task.kept - task.decoded >= need:
-                ready.append(task)
+        ready = ready_for_audio([job.owner for job in self.scheduler.running], self.settings.first_chunk_frames,
+                                self.settings.stream_chunk_frames)
         if ready:
             self._vocode_tasks(ready, final=False)
 
     def _vocode_tasks(self, tasks: list[Task], final: bool) -> None:
-        """Queues codec decodes of pending frames: whole chunks while running, everything left when
-        final (the last piece padded by the vocoder). Tasks with the same chunk size share a call;
-        rounds keep each task's pieces in order."""
-        largest = max(self.settings.first_chunk_frames, self.settings.stream_chunk_frames)
-        while True:
-            groups: dict[int, list[Task]] = {}
-            for task in tasks:
-                pending = task.kept - task.decoded
-                if not final:
-                    size = self.settings.first_chunk_frames if task.decoded == 0 else self.settings.stream_chunk_frames
-                    pending = pending - pending % size
-                if pending > 0:
-                    groups.setdefault(min(pending, largest), []).append(task)
-            if not groups:
-                return
-            for count, group in groups.items():
-                codes = np.stack([np.stack(t.frames[t.decoded:t.decoded + count], axis=1)[1:] for t in group])
-                self.vocoder.decode([t.voc_slot for t in group], codes,
-                                   [Delivery(t.stream, t.index, count) for t in group])
-                for task in group:
-                    task.decoded += count
+        """Queues codec decodes of pending frames (see audio_feed.codec_calls)."""
+        for count, group in codec_calls(tasks, final, self.settings.first_chunk_frames,
+                                        self.settings.stream_chunk_frames):
+            codes = np.stack([np.stack(t.frames[t.decoded:t.decoded + count], axis=1)[1:] for t in group])
+            self.vocoder.decode([t.voc_slot for t in group], codes, [Delivery(t.stream, t.index, count) for t in group])
+            for task in group:
+                task.decoded += count

@@ -161,6 +161,10 @@ class Runner:
         self.ops = StepOps.compiled(self._attend, self.cfg.triton_attention, self.cfg.max_slots, store)
         self.compiled = True
 
+    def precompiled(self) -> dict[str, int] | None:
+        """Precompiled-unit counts ({'loaded', 'compiled'}), or None when the units are not precompiled."""
+        return self.ops.precompiled()
+
     def disable_compile(self) -> None:
         self.ops = StepOps.eager(self._attend, self.cfg.triton_attention)
         self.compiled = False

@@ -34,6 +34,15 @@ class BatchSettings:
     codec_merge_rows: int  # queued codec decodes join into calls of up to this many rows (0: off)
     buckets: tuple[int, ...]  # batch sizes a decode step is captured for
 
+    @property
+    def max_slots(self) -> int:
+        return self.runner.max_slots
+
+    @property
+    def kv_positions(self) -> int:
+        """KV cache positions shared by all streams (the scratch page excluded)."""
+        return (self.runner.num_pages - 1) * self.runner.page_size
+
     def bucket(self, batch: int) -> int:
         """The smallest bucket that holds `batch` running streams."""
         return next(b for b in self.buckets if b >= batch)
