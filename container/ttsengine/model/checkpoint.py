@@ -51,8 +51,20 @@ def check_consistency(cfg: DualARConfig, tok: Tokenizer, codec_cfg: CodecConfig,
                           f"entries but the tokenizer has {tok.num_semantic} semantic tokens")
 
 
-def load_checkpoint(model_dir: Path, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32,
-                    codec_dtype: torch.dtype = torch.float32) -> Checkpoint:
+@dataclass(frozen=True)
+class ModelFiles:
+    """A model directory's configs and tokenizer, checked against each other, and where its weights are."""
+
+    family: ModuleType
+    config: DualARConfig
+    tokenizer: Tokenizer
+    codec_config: CodecConfig
+    model_path: Path
+    codec_path: Path
+
+
+def read_model_dir(model_dir: Path) -> ModelFiles:
+    """Everything load_checkpoint checks before it reads a weight (info runs the same checks on shapes)."""
     model_dir = Path(model_dir)
     family = detect(model_dir)
     for name in family.REQUIRED_FILES:
@@ -62,15 +74,21 @@ def load_checkpoint(model_dir: Path, device: torch.device | str = "cpu", dtype: 
     tok = family.load_tokenizer(model_dir)
     codec_cfg = load_codec_config(model_dir)
     check_consistency(cfg, tok, codec_cfg, model_dir)
+    return ModelFiles(family, cfg, tok, codec_cfg, find_weights_file(model_dir, family.MODEL_FILES),
+                      find_weights_file(model_dir, family.CODEC_FILES))
 
-    model_path = find_weights_file(model_dir, family.MODEL_FILES)
+
+def load_checkpoint(model_dir: Path, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32,
+                    codec_dtype: torch.dtype = torch.float32) -> Checkpoint:
+    model_dir = Path(model_dir)
+    files = read_model_dir(model_dir)
+    family, cfg, tok, codec_cfg = files.family, files.config, files.tokenizer, files.codec_config
+    model_path, codec_path = files.model_path, files.codec_path
     with torch.device("meta"):
         model = DualAR(cfg, tok.semantic_begin_id, tok.semantic_end_id)
     load_strict(model, family.normalize_model_keys(read_state_dict(model_path)), str(model_path))
     model = model.to(device=device, dtype=dtype).eval()
     model.init_buffers()
-
-    codec_path = find_weights_file(model_dir, family.CODEC_FILES)
     with torch.device("meta"):
         codec = Codec(codec_cfg)
     load_strict(codec, family.normalize_codec_keys(read_state_dict(codec_path)), str(codec_path), codec_buffer_key)

@@ -26,11 +26,11 @@ import torch
 from torch import nn
 
 from ..errors import CheckpointError, ConfigError
-from ..model.checkpoint import check_consistency, find_weights_file
-from ..model.codec import Codec, CodecConfig, codec_buffer_key, load_codec_config
+from ..model.checkpoint import read_model_dir
+from ..model.codec import Codec, CodecConfig, codec_buffer_key
 from ..model.dual_ar import DualAR
 from ..model.dual_ar_config import DualARConfig
-from ..model.families import detect, s1
+from ..model.families import s1
 from ..model.quant import quantizable
 from ..model.synthetic import load_preset
 from ..model.tokenizer import Tokenizer
@@ -90,16 +90,9 @@ def from_preset(name: str) -> Described:
 def from_model_dir(model_dir: Path) -> Described:
     """The checks load_checkpoint makes, in its order, with shapes instead of tensors."""
     model_dir = Path(model_dir)
-    family = detect(model_dir)
-    for name in family.REQUIRED_FILES:
-        if not (model_dir / name).is_file():
-            raise CheckpointError(f"{model_dir}: required file {name} is missing")
-    cfg = family.load_config(model_dir)
-    tok = family.load_tokenizer(model_dir)
-    codec_cfg = load_codec_config(model_dir)
-    check_consistency(cfg, tok, codec_cfg, model_dir)
-    model_path = find_weights_file(model_dir, family.MODEL_FILES)
-    codec_path = find_weights_file(model_dir, family.CODEC_FILES)
+    files = read_model_dir(model_dir)
+    family, cfg, tok, codec_cfg = files.family, files.config, files.tokenizer, files.codec_config
+    model_path, codec_path = files.model_path, files.codec_path
     with torch.device("meta"):
         dual_ar = DualAR(cfg, tok.semantic_begin_id, tok.semantic_end_id)
         codec = Codec(codec_cfg)
