@@ -159,7 +159,7 @@ class EngineConfig:
     compile: str = "auto"  # torch.compile of the decode step: auto (on with CUDA, torch >= 2.6) | on | off
     codec_compile: str = "off"  # torch.compile the streaming codec too: on | off, auto = off (~18 s per start)
     snake_kernel: str = "auto"  # Snake as one Triton kernel in the eager codec: auto (on CUDA with Triton) | off
-    cudnn_benchmark: str = "auto"  # cuDNN times its conv algorithms per shape: auto (= on on CUDA) | on | off
+    cudnn_benchmark: str = "auto"  # cuDNN times its conv algorithms per shape: on | off, auto = off
     codec_merge: str = "auto"  # queued codec decodes join into one batched call: auto (= on) | on | off
     cache_dir: Path | None = None  # torch.compile kernel cache (Inductor + Triton); None = torch's default
     precompile: str = "auto"  # keep the step's traced units in cache_dir: auto (torch >= 2.10 with a cache dir) | off
@@ -211,8 +211,9 @@ ENGINE_VARS = (
         "auto (= on) | off: the codec's Snake activation as one Triton kernel (on CUDA when the codec is not "
         "compiled)", dev=True),
     Var("TTS_CUDNN_BENCHMARK", "cudnn_benchmark", switch(),
-        "auto (= on on CUDA) | on | off: cuDNN times its convolution algorithms at each new shape and keeps the "
-        "fastest (the codec: +28% at 64 streams on an H100; the first call of a shape takes longer)", dev=True),
+        "on | off (auto = off): cuDNN times its convolution algorithms at each new shape (the codec alone: +28% at "
+        "64 streams on an H100), but its timing syncs the GPU and fails a CUDA graph capture running meanwhile "
+        "(lazy graphs: TTS_LAZY_GRAPHS=off with it)", dev=True),
     Var("TTS_CODEC_MERGE", "codec_merge", switch(),
         "auto (= on) | on | off: codec decodes queued behind a busy codec thread join into one batched call",
         dev=True),

@@ -76,7 +76,9 @@ class BatchSettings:
         compile_ = compile_ and compile_supported()
         codec_compile = compile_ and config.codec_compile == "on"
         snake_kernel = cuda and triton_available() and config.snake_kernel == "auto" and not codec_compile
-        cudnn_benchmark = {"on": True, "off": False}.get(config.cudnn_benchmark, cuda)
+        # auto = off: cuDNN's autotuning synchronizes, which fails a CUDA graph capture running on the other
+        # thread (the engine and the codec capture lazily while serving; voice encoding runs any time)
+        cudnn_benchmark = config.cudnn_benchmark == "on" and cuda
         buckets = []
         b = 2 if compile_ and max_batch > 1 else 1  # compiled graphs are dynamic from 2 (size 1 specialises)
         while b < max_batch:
