@@ -80,7 +80,7 @@ def test_triton_kernel_equals_reference_on_gpu():
 @pytest.mark.parametrize("lazy", [True, False])
 def test_graphs_equal_eager_tokens_bf16(lazy):
     # lazy: only batch 1 is captured before ready; the 4 requests need batch 4 at once, which is then
-    # run for real and recorded at first use (graphs.py), later buckets while idle or on first use
+    # run for real and recorded at first use (cuda_graphs.py), later buckets while idle or on first use
     graphed = tokens(cfg(cuda_graphs="on", compile="off", lazy_graphs=lazy))
     eager = tokens(cfg(cuda_graphs="off", compile="off"))
     for g, e in zip(graphed, eager):

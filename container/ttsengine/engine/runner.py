@@ -1,6 +1,6 @@
 """The device side of the batched engine: per-slot state, the paged KV cache, prefill and the decode
 step. Everything the step reads or writes lives in fixed buffers of `max_slots` rows, so a batch
-bucket's step can be captured once in a CUDA graph (engine/graphs.py) and replayed while requests
+bucket's step can be captured once in a CUDA graph (engine/cuda_graphs.py) and replayed while requests
 come and go. The step has no host sync; the host reads its output with one copy per step.
 """
 

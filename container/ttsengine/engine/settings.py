@@ -26,7 +26,7 @@ class BatchSettings:
     first_chunk_frames: int
     stream_chunk_frames: int
     cuda_graphs: bool
-    lazy_graphs: bool  # capture the smallest bucket before ready, the rest later (graphs.py)
+    lazy_graphs: bool  # capture the smallest bucket before ready, the rest later (cuda_graphs.py)
     compile: bool  # torch.compile the decode step's units
     codec_compile: bool  # torch.compile the streaming codec
     snake_kernel: bool  # the eager codec's Snake as one Triton kernel
