@@ -187,6 +187,41 @@ def test_upload_limits_and_bad_audio(server):
     assert "junk" not in httpx.get(server + "/v1/references/list").json()["reference_ids"]
 
 
+def silence_flac(seconds: int, rate: int = 44100, hide_length: bool = False) -> bytes:
+    """A decompression bomb: minutes of silence in a few hundred kB of FLAC (written 10 s at a time).
+    hide_length: STREAMINFO's total samples set to 0 (unknown), so only decoding finds the length."""
+    buf = io.BytesIO()
+    with sf.SoundFile(buf, "w", rate, 1, format="FLAC") as f:
+        for _ in range(seconds // 10):
+            f.write(np.zeros(rate * 10, np.float32))
+    data = bytearray(buf.getvalue())
+    if hide_length:
+        data[21] &= 0xF0
+        data[22:26] = bytes(4)
+    return bytes(data)
+
+
+@pytest.mark.parametrize("hide_length, words", [
+    (False, "references[0].audio: 1200.0 s is longer than the limit of 60 s"),
+    (True, "is longer than the limit of 60 s (decoding stopped at"),
+])
+def test_a_decompression_bomb_is_a_400_and_the_server_lives(server, hide_length, words):
+    bomb = silence_flac(1200, hide_length=hide_length)  # 20 minutes, 212 MB as float32
+    assert len(bomb) < 300_000  # under this server's upload limit
+    r = httpx.post(server + "/v1/references/add", data={"id": "bomb", "text": "t"}, timeout=60,
+                   files={"audio": ("b.flac", bomb, "audio/flac")})
+    assert r.status_code == 400, r.text
+    error = r.json()["error"]
+    assert "longer than the limit of 60 s" in error["message"] and "\n" not in error["message"], error
+    assert "bomb" not in httpx.get(server + "/v1/references/list").json()["reference_ids"]
+    r = httpx.post(server + "/v1/tts", timeout=60, json={
+        "text": "hi", "references": [{"audio": base64.b64encode(bomb).decode(), "text": "t"}]})
+    assert r.status_code == 400, r.text
+    assert words in r.json()["error"]["message"] and set(r.json()["error"]) >= {"message", "type"}
+    assert httpx.get(server + "/health").json() == {"status": "ok"}
+    assert speech(server, response_format="pcm").status_code == 200
+
+
 @pytest.mark.parametrize("send, status, words", [
     (dict(json={"input": ""}), 400, "text is empty"),
     (dict(json={"input": "x" * 1_000_000}), 400, "text has 1000000 characters; the limit is 20000"),
@@ -360,3 +395,17 @@ def test_loadtest_against_the_server(server, tmp_path):
     assert all(lv["audio_s_per_s"] > 0 and lv["first_audio_p50_ms"] > 0 for lv in report["levels"])
     assert (out / "loadtest.html").stat().st_size > 10_000
     assert "first_audio_p95_ms" in proc.stdout
+
+
+@pytest.mark.parametrize("raw, words", [
+    (b"[" * 100_000, "body is nested too deeply"),
+    (b'{"text": "hi", "seed": ' + b"9" * 5000 + b"}", "integer with too many digits"),
+    (b'{"reference_id": ' + b"1" * 4400 + b"}", "integer with too many digits"),
+])
+def test_hostile_json_is_a_400_not_a_traceback(server, raw, words):
+    for method, path in [("POST", "/v1/tts"), ("DELETE", "/v1/references/delete")]:
+        r = httpx.request(method, server + path, content=raw, headers={"content-type": "application/json"},
+                          timeout=60)
+        assert r.status_code == 400, (path, r.status_code, r.text[:300])
+        assert words in r.json()["error"]["message"] and "Traceback" not in r.text
+    assert httpx.get(server + "/health").json() == {"status": "ok"}

@@ -34,6 +34,14 @@ class Voices:
         return ["alice"]
 
 
+def nest(levels: int) -> list:
+    """[[...[1]...]]: `levels` lists deep (a body holding it is one level more)."""
+    value: object = 1
+    for _ in range(levels):
+        value = [value]
+    return value
+
+
 # ---- bodies -------------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("raw, ctype, body", [
     (b'{"text": "hi"}', "application/json", {"text": "hi"}),
@@ -48,6 +56,14 @@ def test_parse_body(raw, ctype, body):
     assert parse_body(raw, ctype) == body
 
 
+def test_parse_body_limits_are_not_too_tight():
+    deep = json.dumps({"a": nest(31)})  # 32 levels
+    assert parse_body(deep.encode(), None)["a"][0][0][0][0][0]
+    body = {"seed": 2**64 - 1, "low": -(2**63), "many": list(range(10_000))}
+    assert parse_body(json.dumps(body).encode(), None) == body
+    assert parse_body(msgpack.packb(body), "application/msgpack") == body
+
+
 @pytest.mark.parametrize("raw, ctype, error, words", [
     (b"a,b", "text/csv", MediaTypeError, "unsupported content type 'text/csv'"),
     (b"{bad", "application/json", InputError, "body is not valid JSON"),
@@ -56,6 +72,16 @@ def test_parse_body(raw, ctype, body):
     (b"", "application/json", InputError, "body must be an object"),  # empty: null
     (b"[1, 2]", "application/json", InputError, "body must be an object"),
     (msgpack.packb("text"), "application/msgpack", InputError, "body must be an object"),
+    (b"[" * 100_000, "application/json", InputError, r"body is nested too deeply \(the limit is 32 levels\)"),
+    (b'{"a":' * 100_000, "application/json", InputError, "body is nested too deeply"),
+    (b'{"a":' * 33 + b"1" + b"}" * 33, "application/json", InputError, "body is nested too deeply"),
+    (b"\x91" * 100_000, "application/msgpack", InputError, "body is not valid msgpack: StackError"),
+    (msgpack.packb({"a": nest(32)}), "application/msgpack",
+     InputError, "body is nested too deeply"),
+    (b'{"text": "hi", "seed": ' + b"9" * 5000 + b"}", "application/json", InputError,
+     r"body has an integer with too many digits \(the limit is 64 bits\)"),
+    (b'{"text": "hi", "seed": -' + b"9" * 4000 + b"}", "application/json", InputError, "integer with too many"),
+    (json.dumps({"text": "hi", "seed": 2**64}).encode(), "application/json", InputError, "integer with too many"),
 ])
 def test_parse_body_errors(raw, ctype, error, words):
     with pytest.raises(error, match=words) as e:

@@ -66,3 +66,60 @@ def test_a_plan_from_a_larger_engine_is_checked_again(eager_engine):
     with pytest.raises(InputError, match=r"KV positions; this engine's cache holds \d+ \(max_new_tokens=5 or less"):
         small.plan(plan)
     assert eager_engine.planner.plan(plan) is plan
+
+
+def _wav(seconds: float, rate: int) -> bytes:
+    import io
+
+    import soundfile as sf
+
+    buf = io.BytesIO()
+    sf.write(buf, np.zeros(int(seconds * rate), np.float32), rate, format="WAV")
+    return buf.getvalue()
+
+
+def _no_decoding(planner: Planner, monkeypatch) -> None:
+    import soxr
+
+    import ttsengine.synthesis.voice_encoder as ve
+
+    monkeypatch.setattr(ve, "load_mono", lambda *a, **k: pytest.fail("decoded a reference"))
+    monkeypatch.setattr(planner.voice_encoder, "codes_from_samples", lambda *a: pytest.fail("encoded a reference"))
+    monkeypatch.setattr(soxr, "resample", lambda *a, **k: pytest.fail("resampled"))
+
+
+def test_references_over_the_prompt_budget_are_rejected_from_their_headers(eager_engine, monkeypatch):
+    """Many long references: their header lengths (21.5 code frames a second) against the prompt limit, before
+    any is decoded or encoded (20 x 59 s once took 79 s of CPU before the 400)."""
+    planner = eager_engine.planner
+    _no_decoding(planner, monkeypatch)
+    ref = _wav(59, 16000)  # 59 s -> 1270 frames; the tiny model's prompt limit is a few thousand
+    refs = tuple(Reference(text="r", audio=ref) for _ in range(20))
+    with pytest.raises(InputError, match=r"the references need at least 25400 prompt tokens \(1179\.6 s of audio\); "
+                                         rf"the limit is {planner.prompt_limit} \(use shorter or fewer references\)"):
+        planner.plan(SynthesisRequest(text="hi", references=refs))
+    # stored codes count too: one long audio reference beside codes that fill the budget
+    codes = Reference(text="c", codes=np.ones((4, planner.prompt_limit - 100), dtype=np.int64))
+    with pytest.raises(InputError, match="the references need at least"):
+        planner.plan(SynthesisRequest(text="hi", references=(codes, Reference(text="r", audio=ref))))
+
+
+@pytest.mark.parametrize("seconds, rate, words", [
+    (50, 8, r"references\[1\]\.audio: sample rate 8 Hz is outside 8000\.\.384000 Hz"),  # once 6.3 s of soxr
+    (61, 8000, r"references\[1\]\.audio: 61\.0 s is longer than the limit of 60 s"),
+])
+def test_every_reference_header_is_checked_before_any_is_encoded(eager_engine, monkeypatch, seconds, rate, words):
+    planner = eager_engine.planner
+    _no_decoding(planner, monkeypatch)
+    good = Reference(text="fine", audio=_wav(1, 22050))
+    with pytest.raises(InputError, match=f"^{words}$"):
+        planner.plan(SynthesisRequest(text="hi", references=(good, Reference(text="bad", audio=_wav(seconds, rate)))))
+
+
+def test_header_frames_match_the_encoding(eager_engine):
+    encoder = eager_engine.voice_encoder
+    for seconds, rate in [(1.0, 44100), (0.7, 22050), (2.3, 48000), (0.5, 8000)]:
+        data = _wav(seconds, rate)
+        estimate = encoder.frames_from_header(data)
+        assert estimate <= encoder.codes_from_bytes(data).shape[1] <= estimate + 1
+        assert encoder.frames_from_header(data) == encoder.cached(data).shape[1]  # cached: the exact count

@@ -108,3 +108,49 @@ def test_stored_codes_are_checked(eager_engine):
         eager_engine.start(SynthesisRequest(text="hi", references=(Reference(text="a", codes=bad),)))
     with pytest.raises(InputError, match=r"must have shape \[4, frames\]"):
         eager_engine.start(SynthesisRequest(text="hi", references=(Reference(text="a", codes=np.zeros((2, 3))),)))
+
+
+def _silence_flac(seconds: int, rate: int = 44100) -> bytes:
+    buf = io.BytesIO()
+    with sf.SoundFile(buf, "w", rate, 1, format="FLAC") as f:
+        for _ in range(seconds // 10):
+            f.write(np.zeros(rate * 10, np.float32))
+    return buf.getvalue()
+
+
+def test_a_decompression_bomb_is_rejected_before_decoding(eager_engine, monkeypatch):
+    import ttsengine.synthesis.voice_encoder as ve
+
+    bomb = _silence_flac(3600)  # ~0.5 MB, 635 MB as float32
+    monkeypatch.setattr(ve, "load_mono", lambda *a, **k: pytest.fail("decoded"))
+    with pytest.raises(InputError, match=r"^references\[0\]\.audio: 3600\.0 s is longer than the limit of 60 s$"):
+        eager_engine.start(SynthesisRequest(text="hi", references=(Reference(text="a", audio=bomb),)))
+
+
+def test_at_most_two_references_are_decoded_and_encoded_at_once(eager_engine, monkeypatch):
+    import threading
+    import time
+
+    import ttsengine.synthesis.voice_encoder as ve
+
+    encoder, lock, state = eager_engine.voice_encoder, threading.Lock(), {"now": 0, "most": 0}
+    encode = encoder.codes_from_samples
+
+    def slow(samples):
+        with lock:
+            state["now"] += 1
+            state["most"] = max(state["most"], state["now"])
+        time.sleep(0.2)
+        with lock:
+            state["now"] -= 1
+        return encode(samples)
+
+    monkeypatch.setattr(encoder, "codes_from_samples", slow)
+    datas = [_audio(_tone(0.2, 44100) * (0.1 + 0.1 * i), 44100, "WAV") for i in range(6)]
+    threads = [threading.Thread(target=encoder.codes_from_bytes, args=(d,)) for d in datas]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert state["most"] == ve.DECODE_SLOTS == 2, state
+    assert all(encoder.cached(d) is not None for d in datas)

@@ -82,26 +82,51 @@ class SpeechJob:
     characters: int = 0
 
 
+MAX_DEPTH = 32  # nesting a body may have (ours nest 3 deep: body -> references -> reference)
+MAX_INT = 2**64  # no field takes a larger integer (seeds are 64-bit)
+
+
 def parse_body(raw: bytes, content_type: str | None) -> dict:
-    """JSON or msgpack (by content type; JSON when none is given) -> dict."""
+    """JSON or msgpack (by content type; JSON when none is given) -> dict. Guarded: nesting deeper than
+    MAX_DEPTH and integers of 64 bits or more are an InputError (one line), never a RecursionError or the
+    interpreter's 4300-digit ValueError."""
     ctype = (content_type or "application/json").split(";")[0].strip().lower()
     if ctype in ("application/msgpack", "application/x-msgpack", "application/vnd.msgpack"):
         import msgpack
 
         try:
             body = msgpack.unpackb(raw, raw=False)
-        except Exception as e:  # msgpack raises several types for bad input
+        except Exception as e:  # msgpack raises several types for bad input (StackError: nested too deep)
             raise InputError(f"body is not valid msgpack: {type(e).__name__}") from None
     elif ctype in ("application/json", "text/json"):
         try:
             body = json.loads(raw or b"null")
         except (UnicodeDecodeError, json.JSONDecodeError) as e:
             raise InputError(f"body is not valid JSON: {e}") from None
+        except RecursionError:
+            raise InputError(f"body is nested too deeply (the limit is {MAX_DEPTH} levels)") from None
+        except ValueError:  # the interpreter's limit on integer digits (sys.get_int_max_str_digits)
+            raise InputError("body has an integer with too many digits (the limit is 64 bits)") from None
     else:
         raise MediaTypeError(f"unsupported content type {ctype!r}: use application/json or application/msgpack")
     if not isinstance(body, dict):
         raise InputError("body must be an object")
+    _check_shape(body)
     return body
+
+
+def _check_shape(body: dict) -> None:
+    """Iteratively (no recursion): depth <= MAX_DEPTH, every integer within +-MAX_INT."""
+    stack: list[tuple[object, int]] = [(body, 1)]
+    while stack:
+        value, depth = stack.pop()
+        if isinstance(value, (dict, list, tuple)):
+            if depth > MAX_DEPTH:
+                raise InputError(f"body is nested too deeply (the limit is {MAX_DEPTH} levels)")
+            items = list(value.keys()) + list(value.values()) if isinstance(value, dict) else value
+            stack.extend((item, depth + 1) for item in items)
+        elif isinstance(value, int) and not -MAX_INT < value < MAX_INT:
+            raise InputError("body has an integer with too many digits (the limit is 64 bits)")
 
 
 def _validate(model: type[BaseModel], body: dict) -> BaseModel:

@@ -28,6 +28,14 @@ class Capacity:
     def fits(self, prompt_len: int, max_new_tokens: int) -> bool:
         return prompt_len <= self.prompt_limit and self.positions(prompt_len, max_new_tokens) <= self.kv_positions
 
+    def check_references(self, frames: list[int], frame_rate: float) -> None:
+        """frames: each reference's code frames (from its codes, or its audio header), one prompt token each:
+        a lower bound of every chunk's prompt, checked before any reference is encoded."""
+        total = sum(frames)
+        if total > self.prompt_limit:
+            raise InputError(f"the references need at least {total} prompt tokens ({total / frame_rate:.1f} s of "
+                             f"audio); the limit is {self.prompt_limit} (use shorter or fewer references)")
+
     def check(self, prompt_lengths: list[int], max_new_tokens: int) -> None:
         """prompt_lengths: each text chunk's prompt without context. Raises InputError naming the limit."""
         longest = max(prompt_lengths)

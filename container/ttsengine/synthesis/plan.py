@@ -1,5 +1,8 @@
 """Turning a request into work: validate it, encode its references, split its text, build prompts.
 
+Cheap checks come first: the references' lengths from their headers against the prompt limit before any
+reference is decoded or encoded.
+
 Shared by the batched engine and the eager engine, so both generate from the same prompts. Each text
 part is tokenized once per request (the Plan keeps the ids) and every request passes one capacity
 guard (capacity.py) before any audio.
@@ -70,12 +73,26 @@ class Planner:
             return request
         req = resolve(request, self.rules, self.config.max_text_length, self.config.chunk_length,
                       self.ckpt.config.max_seq_len, self.config.default_max_new_tokens)
+        self.check_reference_lengths(req)  # headers only: before any reference is decoded or encoded
         refs = self.prepare_references(req)
         texts = split_text(req.text, req.chunk_length)
         tokens = TextTokens(self.ckpt.tokenizer)
         lengths = [self.prompt(text, refs, tokens).shape[1] for text in texts]
         self.capacity.check(lengths, req.max_new_tokens)
         return Plan(req, refs, texts, tokens, lengths)
+
+    def check_reference_lengths(self, req: ResolvedRequest) -> None:
+        """The cheap checks, before any decode or encode: every reference's header is readable, its rate in
+        range and its declared length within the limit, and their code frames together (each is one prompt
+        token; 21.5 per second of S1 audio) fit the prompt limit."""
+        frames = []
+        for i, ref in enumerate(req.references):
+            if ref.codes is not None:
+                shape = np.shape(ref.codes)
+                frames.append(int(shape[-1]) if len(shape) == 2 else 0)  # check_codes names a bad shape
+            else:
+                frames.append(self.voice_encoder.frames_from_header(ref.audio, what=f"references[{i}].audio"))
+        self.capacity.check_references(frames, self.ckpt.codec.sample_rate / self.ckpt.codec.frame_length)
 
     def prepare_references(self, req: ResolvedRequest) -> list[tuple[str, Tensor]]:
         cfg = self.ckpt.config

@@ -1,9 +1,15 @@
-"""Reference voices: audio bytes -> codec codes, cached by content hash (LRU)."""
+"""Reference voices: audio bytes -> codec codes, cached by content hash (LRU).
+
+Decoding and encoding a reference holds up to max_seconds of audio and the codec's activations for it, so at
+most DECODE_SLOTS references are decoded and encoded at once in the process (parallel requests queue), and
+`frames_from_header` gives a reference's length in code frames from its header alone, for the planner's
+cheap checks before any of that work."""
 
 from __future__ import annotations
 
 import hashlib
 import logging
+import math
 import threading
 from collections import OrderedDict
 
@@ -11,10 +17,13 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from ..audio.decode import load_mono
+from ..audio.decode import load_mono, read_header
 from ..model.codec import Codec
 
 log = logging.getLogger(__name__)
+
+DECODE_SLOTS = 2  # references decoded + encoded at once, process-wide (each up to max_seconds of audio)
+_decoding = threading.BoundedSemaphore(DECODE_SLOTS)
 
 
 class VoiceEncoder:
@@ -33,16 +42,39 @@ class VoiceEncoder:
         with torch.inference_mode():
             return self.codec.encode(x)[0].cpu()
 
-    def codes_from_bytes(self, data: bytes, what: str = "reference audio") -> Tensor:
-        key = hashlib.sha256(data).hexdigest()
+    def cached(self, data: bytes, key: str | None = None) -> Tensor | None:
+        key = key or hashlib.sha256(data).hexdigest()
         with self._lock:
             if key in self._cache:
                 self._cache.move_to_end(key)
                 return self._cache[key]
-        samples = load_mono(data, self.codec.sample_rate, what, self.max_seconds)
-        if float(np.abs(samples).max()) < 1e-4:
-            log.warning("%s is silent; the cloned voice will be poor", what)
-        codes = self.codes_from_samples(samples)
+        return None
+
+    def frames_from_header(self, data: bytes, what: str = "reference audio") -> int:
+        """Code frames this audio will encode to, from its header (no samples decoded; 0 where the container
+        does not give its length). Raises InputError for unreadable headers, rates out of range and audio
+        whose header says it is longer than max_seconds."""
+        codes = self.cached(data)
+        if codes is not None:
+            return int(codes.shape[1])
+        header = read_header(data, what, self.max_seconds)
+        if header.frames is None:
+            return 0
+        # the resampled length, rounded down, so this never overstates what encoding gives
+        return math.floor(header.frames * self.codec.sample_rate / header.sample_rate / self.codec.frame_length)
+
+    def codes_from_bytes(self, data: bytes, what: str = "reference audio") -> Tensor:
+        key = hashlib.sha256(data).hexdigest()
+        codes = self.cached(data, key)
+        if codes is not None:
+            return codes
+        read_header(data, what, self.max_seconds)  # cheap rejections without waiting for a slot
+        with _decoding:
+            samples = load_mono(data, self.codec.sample_rate, what, self.max_seconds)
+            if float(np.abs(samples).max()) < 1e-4:
+                log.warning("%s is silent; the cloned voice will be poor", what)
+            codes = self.codes_from_samples(samples)
+            del samples
         with self._lock:
             self._cache[key] = codes
             while len(self._cache) > self.cache_size:
