@@ -52,6 +52,7 @@ router = APIRouter()
 
 # ---- health -------------------------------------------------------------------------------------------------
 @router.get("/health", tags=["health"])
+@router.get("/v1/health", tags=["health"])  # fish-speech's server has it
 async def health(svc: Svc):
     if svc.error:
         return JSONResponse({"status": "failed", "error": svc.error}, status_code=500)

@@ -281,6 +281,7 @@ def test_disconnect_mid_stream_frees_the_engine(server):
 
 def test_metrics_and_health(server):
     assert httpx.get(server + "/health").json() == {"status": "ok"}
+    assert httpx.get(server + "/v1/health").json() == {"status": "ok"}  # fish-speech's route
     assert httpx.get(server + "/ready").json()["status"] == "ready"
     text = httpx.get(server + "/metrics").text
     for name in ("tts_http_requests_total{", "tts_http_errors_total{", "tts_queue_depth", "tts_active_streams",

@@ -164,6 +164,7 @@ WAV = b"RIFF....WAVEfmt "
     ({"text": "Hi.", "references": [{"audio": WAV}]}, dict(refs=1)),  # msgpack: raw bytes, text optional
     ({"text": "Hi.", "reference_id": "alice", "references": [{"audio": WAV}]}, dict(refs=1)),  # the id wins
     ({"text": "Hi.", "use_memory_cache": "on", "normalize": False}, dict(format="wav")),  # accepted, unused
+    ({"text": "Hi.", "latency": "balanced"}, dict(format="wav")),  # fish-speech's client always sends it
 ])
 def test_fish_job(body, want):
     job = fish_job(body, Voices())
@@ -189,6 +190,7 @@ def test_fish_references_keep_their_bytes_and_order():
     ({"text": "hi", "reference_id": "nobody"}, "unknown voice 'nobody'"),
     ({"text": "hi", "reference_id": "../etc"}, "invalid voice id"),
     ({"text": "hi", "use_memory_cache": "maybe"}, "use_memory_cache: Input should be 'on' or 'off'"),
+    ({"text": "hi", "latency": "fast"}, "latency: Input should be 'normal' or 'balanced'"),
     ({"text": "hi", "sample_rate": 96000}, "sample_rate: Input should be less than or equal to 48000"),
     ({"text": "hi", "input": "both"}, "input: Extra inputs are not permitted"),
 ])

@@ -62,6 +62,7 @@ class FishTTSRequest(BaseModel):
     seed: int | None = None
     use_memory_cache: Literal["on", "off"] = "off"  # accepted; encoded references are always cached by content
     normalize: bool = True  # accepted; unused in S1 (as upstream)
+    latency: Literal["normal", "balanced"] = "normal"  # fish-speech's client always sends it; accepted, ignored
     streaming: bool = False
     # None: the server's defaults, which are upstream's (1024 frames, 0.8, 1.1, 0.8) unless configured
     max_new_tokens: int | None = None
