@@ -57,7 +57,8 @@ class GraphSet:
 
     def capture(self, keys: list | None = None) -> int:
         """Captures `keys` (default: all pending) -> how many. Nothing else may touch the work's state."""
-        todo = sorted((k for k in (self.pending if keys is None else keys) if k in self.pending), reverse=True)
+        pending = self.pending
+        todo = sorted((k for k in (pending if keys is None else keys) if k in pending), reverse=True)
         if not todo:  # largest first: the smaller graphs reuse its memory pool
             return 0
         t0 = time.perf_counter()
@@ -101,14 +102,13 @@ class GraphSet:
         t0 = time.perf_counter()
         with self.lock:  # a first run may autotune or allocate: never while the other thread captures
             out = self.body(key, *inputs)
-        try:
-            with self.lock:
+            try:
                 self.graphs[key] = self._record(key)
-        except Exception as e:  # noqa: BLE001 - the work itself ran; only its replay is lost
-            log.warning("capturing the %s graph %s failed (%s: %s); it runs uncaptured", self.kind, key,
-                        type(e).__name__, e)
-            self.failed.add(key)
-            return out
+            except Exception as e:  # noqa: BLE001 - the work itself ran; only its replay is lost
+                log.warning("capturing the %s graph %s failed (%s: %s); it runs uncaptured", self.kind, key,
+                            type(e).__name__, e)
+                self.failed.add(key)
+                return out
         log.info("captured the %s graph %s at first use in %.2f s", self.kind, key, time.perf_counter() - t0)
         return out
 

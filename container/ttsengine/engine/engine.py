@@ -22,7 +22,6 @@ from ..config import EngineConfig
 from ..errors import BusyError, TTSError
 from ..model.checkpoint import Checkpoint
 from ..model.dual_ar import DualAR
-from ..model.kernels.triton_support import triton_available
 from ..synthesis.output import SynthesisResult
 from ..synthesis.plan import ChunkReport, Plan, Planner
 from ..synthesis.request import SynthesisRequest
@@ -34,7 +33,7 @@ from .loader import load
 from .metrics import EngineMetrics
 from .runner import PrefillItem, Runner, RunnerConfig
 from .scheduler import Job, Scheduler
-from .settings import BatchSettings
+from .settings import BatchSettings, snake_kernel_usable
 from .vocoder import Delivery, Vocoder
 
 IDLE_BEFORE_CAPTURE = 0.25  # s the loop waits idle before capturing a lazy graph (~0.25 s each on an H100)
@@ -277,7 +276,7 @@ class Engine:
                         str(e).splitlines()[0] if str(e) else "")
             self.vocoder.disable_compile()
             self.compile_error = f"codec: {type(e).__name__}: {e}"
-            if self.vocoder.device.type == "cuda" and triton_available() and self.config.snake_kernel != "off":
+            if snake_kernel_usable(self.config, self.vocoder.device.type == "cuda"):
                 self.vocoder.use_snake_kernel()
             self.vocoder.call(self.vocoder.warm_up)
 

@@ -13,7 +13,7 @@ from ..model.checkpoint import Checkpoint, load_checkpoint
 from ..model.quant import quantize
 
 log = logging.getLogger(__name__)
-_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 
 
 def resolve_device(name: str) -> torch.device:
@@ -29,7 +29,7 @@ def resolve_dtype(name: str, device: torch.device, on_cuda: torch.dtype) -> torc
     """auto: `on_cuda` on CUDA, float32 on CPU (the reference precision)."""
     if name == "auto":
         return on_cuda if device.type == "cuda" else torch.float32
-    return _DTYPES[name]
+    return DTYPES[name]
 
 
 def apply_quantization(ckpt: Checkpoint, mode: str, int8_kernel: str = "auto") -> str:

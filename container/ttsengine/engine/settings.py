@@ -18,6 +18,11 @@ PAGE_SIZE = 64  # KV positions per page
 CUDA_RESERVE = 3 << 30  # bytes kept free for activations, graphs and the codec
 
 
+def snake_kernel_usable(config: EngineConfig, cuda: bool) -> bool:
+    """The eager codec may run Snake as one Triton kernel: on CUDA, with Triton, unless switched off."""
+    return cuda and triton_available() and config.snake_kernel == "auto"
+
+
 @dataclass(frozen=True)
 class BatchSettings:
     runner: RunnerConfig
@@ -75,7 +80,7 @@ class BatchSettings:
         compile_ = {"on": True, "off": False}.get(config.compile, cuda)
         compile_ = compile_ and compile_supported()
         codec_compile = compile_ and config.codec_compile == "on"
-        snake_kernel = cuda and triton_available() and config.snake_kernel == "auto" and not codec_compile
+        snake_kernel = snake_kernel_usable(config, cuda) and not codec_compile
         # auto = off: cuDNN's autotuning synchronizes, which fails a CUDA graph capture running on the other
         # thread (the engine and the codec capture lazily while serving; voice encoding runs any time)
         cudnn_benchmark = config.cudnn_benchmark == "on" and cuda

@@ -141,12 +141,12 @@ class Vocoder:
     def capture(self, rows: list[int] | None = None) -> None:
         """Captures the planned graphs of `rows` (default: all pending). Nothing may be decoding."""
         self.graphs.capture([k for k in self.graphs.pending if rows is None or k[0] in rows])
-        self.codec.reset(torch.tensor([self.scratch], device=self.device))
+        self._reset_scratch()
 
     def capture_next(self) -> None:
         """Captures the smallest pending row count's graphs (lazy start-up)."""
         self.graphs.capture_next([k for k in self.graphs.pending if k[0] == self.pending_rows[0]])
-        self.codec.reset(torch.tensor([self.scratch], device=self.device))
+        self._reset_scratch()
 
     def warm_up(self) -> None:
         """Compiles (when enabled) every chunk size with a padding-only batch."""
@@ -154,8 +154,12 @@ class Vocoder:
         for size in self.chunk_sizes:
             zeros = torch.zeros(1, self.codec.num_codebooks, size, dtype=torch.int64, device=self.device)
             self.decode_padded([self.scratch], zeros)
-        self.codec.reset(torch.tensor([self.scratch], device=self.device))
+        self._reset_scratch()
         log.info("codec warm-up (%s) in %.2f s", "compiled" if self.compiled else "eager", time.perf_counter() - t0)
+
+    def _reset_scratch(self) -> None:
+        """Warm-ups and captures ran on the scratch row: it starts the next padding clean."""
+        self.codec.reset(torch.tensor([self.scratch], device=self.device))
 
     def decode_padded(self, slots: list[int], codes: Tensor) -> Tensor:
         """slots: distinct stream slots; codes: int64 [b, n, K] with K <= max(chunk_sizes)

@@ -25,6 +25,7 @@ from types import ModuleType
 import torch
 from torch import nn
 
+from ..engine.loader import DTYPES
 from ..errors import CheckpointError, ConfigError
 from ..model.checkpoint import read_model_dir
 from ..model.codec import Codec, CodecConfig, codec_buffer_key
@@ -37,7 +38,6 @@ from ..model.tokenizer import Tokenizer
 from ..model.weights import StateDict, load_strict, read_state_dict
 
 GIB = 1 << 30
-DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 QUANTS = ("none", "int8", "int4")
 INT4_GROUP = 128  # input channels per int4 scale/zero pair (quant.py's torchao group size)
 # DualAR top-level module -> the part it is counted in
