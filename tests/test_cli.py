@@ -61,3 +61,27 @@ def test_cli_errors_are_one_line(tmp_path):
     assert "TTS_DEVICE" in _one_line_error(
         run_cli("ttsengine", "synth", "--model", str(MODEL_DIR), "--text", "hi", "--out", out,
                 env={"TTS_DEVICE": "quantum"}))
+
+
+def test_bench_with_a_stored_voice_and_poisson_arrivals(tmp_path):
+    # the sweep's two load shapes on the tiny model: every stream clones one 2 s voice (its codes are in
+    # every prompt), and requests arrive at 40 per second instead of all at once
+    import json
+
+    proc = run_cli("ttsengine", "bench", "--model", str(MODEL_DIR), "--concurrency", "1,3", "--frames", "6",
+                   "--voice", "2", "--arrivals", "poisson:40", "--out", str(tmp_path))
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads((tmp_path / "bench.json").read_text())
+    assert report["voice_seconds"] == 2 and report["voice_prompt_tokens"] == 44  # ceil(2 s * 44100 / 2048)
+    assert report["arrivals"] == "poisson:40" and report["memory_preset"]["name"] == "cpu"
+    for level in report["levels"]:
+        assert level["arrival_rate"] == 40 and level["rejected"] == 0
+        assert level["prefill_tokens_per_request"] > 44  # the voice's codes, then the transcript and text
+    assert [lv["concurrency"] for lv in report["levels"]] == [1, 3]
+    assert "memory preset" in proc.stdout and "poisson:40" in proc.stdout
+
+
+def test_bench_rejects_a_bad_arrival_spec():
+    for spec in ("uniform:3", "poisson:", "poisson:-1"):
+        proc = run_cli("ttsengine", "bench", "--model", str(MODEL_DIR), "--arrivals", spec)
+        assert "--arrivals" in _one_line_error(proc)

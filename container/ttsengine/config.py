@@ -47,6 +47,15 @@ def positive_number() -> Kind:
     return Kind(float, "a number", lambda value: None if value > 0 else "must be > 0")
 
 
+# the memory presets' names (engine/presets.py NAMES; a test keeps the two lists equal)
+_PRESET_WORDS = ("auto", "h200", "h100", "a100-80gb", "a100-40gb", "l40s", "rtx-5090", "rtx-4090", "a10g", "l4",
+                 "gpu-100gb", "gpu-60gb", "gpu-36gb", "gpu-20gb", "gpu-small", "cpu")
+
+
+def fraction() -> Kind:
+    return Kind(float, "a number", lambda value: None if 0 <= value <= 1 else f"{value} is outside 0..1")
+
+
 def choice(*allowed: str, case: Callable[[str], str] = str.lower) -> Kind:
     """One word of `allowed`, read in any letter case."""
     def check(value) -> str | None:
@@ -148,9 +157,11 @@ class EngineConfig:
     allow_special_tokens: bool = False  # honour <|...|> control tokens inside request text
     log_level: str = "INFO"
     # batching engine
-    max_batch: int = 0  # concurrent streams on the device; 0 = auto (256 on CUDA, 8 on CPU)
+    memory_preset: str = "auto"  # engine/presets.py: auto (from the GPU's name and memory) | a preset's name
+    max_batch: int = 0  # concurrent streams on the device; 0 = the preset's
     max_queue: int = 0  # requests waiting for a slot before new ones get "busy"; 0 = auto (2 x max_batch)
-    kv_cache_tokens: int = 0  # KV positions in the paged cache; 0 = auto (from free GPU memory)
+    kv_cache_tokens: int = 0  # KV positions in the paged cache; 0 = the preset's, within the memory share
+    gpu_memory_utilization: float = 0.0  # the engine's share of the GPU's memory (vLLM's meaning); 0 = the preset's
     prefill_tokens: int = 4096  # prompt tokens prefilled per engine step (keeps running streams moving)
     first_chunk_frames: int = 4  # frames before a stream's first audio chunk (21.5 frames = 1 s)
     stream_chunk_frames: int = 8  # frames per later audio chunk
@@ -159,7 +170,7 @@ class EngineConfig:
     compile: str = "auto"  # torch.compile of the decode step: auto (on with CUDA, torch >= 2.6) | on | off
     codec_compile: str = "off"  # torch.compile the streaming codec too: on | off, auto = off (~18 s per start)
     snake_kernel: str = "auto"  # Snake as one Triton kernel in the eager codec: auto (on CUDA with Triton) | off
-    cudnn_benchmark: str = "auto"  # cuDNN times its conv algorithms per shape: on | off, auto = off
+    cudnn_benchmark: str = "auto"  # cuDNN autotuning: auto = codec graph captures only | on | off
     codec_merge: str = "auto"  # queued codec decodes join into one batched call: auto (= on) | on | off
     cache_dir: Path | None = None  # torch.compile kernel cache (Inductor + Triton); None = torch's default
     precompile: str = "auto"  # keep the step's traced units in cache_dir: auto (torch >= 2.10 with a cache dir) | off
@@ -187,12 +198,18 @@ ENGINE_VARS = (
         "on = honour <|...|> control tokens in request text (auto = off)"),
     Var("TTS_LOG_LEVEL", "log_level", choice("DEBUG", "INFO", "WARNING", "ERROR", case=str.upper),
         "DEBUG | INFO | WARNING | ERROR"),
+    Var("TTS_MEMORY_PRESET", "memory_preset", choice(*_PRESET_WORDS),
+        "auto (from the GPU's name and memory) | a preset's name (README, 'Memory presets')"),
     Var("TTS_MAX_BATCH", "max_batch", integer(0, note=" (0 = auto)"),
-        "concurrent streams per GPU; 0 = auto (256 on CUDA, 8 on CPU)"),
+        "concurrent streams per GPU; 0 = the memory preset's (H100: 256, CPU: 8)"),
     Var("TTS_MAX_QUEUE", "max_queue", integer(0, note=" (0 = auto)"),
         "requests allowed to wait for a slot before new ones get 'busy'; 0 = 2 x max batch"),
     Var("TTS_KV_CACHE_TOKENS", "kv_cache_tokens", integer(0, note=" (0 = auto)"),
-        "KV-cache positions shared by all streams; 0 = auto from free memory"),
+        "KV-cache positions shared by all streams; 0 = the preset's positions per stream x max batch, within the "
+        "GPU memory share"),
+    Var("TTS_GPU_MEMORY_UTILIZATION", "gpu_memory_utilization", fraction(),
+        "fraction of the GPU's memory the engine may use, weights included (vLLM's meaning); 0 = the preset's "
+        "(0.85)"),
     Var("TTS_PREFILL_TOKENS", "prefill_tokens", integer(1), "prompt tokens prefilled per engine step", dev=True),
     Var("TTS_FIRST_CHUNK_FRAMES", "first_chunk_frames", integer(1),
         "frames (1/21.5 s each) before a stream's first audio chunk", dev=True),
@@ -211,9 +228,9 @@ ENGINE_VARS = (
         "auto (= on) | off: the codec's Snake activation as one Triton kernel (on CUDA when the codec is not "
         "compiled)", dev=True),
     Var("TTS_CUDNN_BENCHMARK", "cudnn_benchmark", switch(),
-        "on | off (auto = off): cuDNN times its convolution algorithms at each new shape (the codec alone: +28% at "
-        "64 streams on an H100), but its timing syncs the GPU and fails a CUDA graph capture running meanwhile "
-        "(lazy graphs: TTS_LAZY_GRAPHS=off with it)", dev=True),
+        "auto: cuDNN times its convolution algorithms only while the codec's CUDA graphs are captured (the graphs "
+        "keep the fastest; voice encoding waits for those windows) | on: everywhere, every new shape (its timing "
+        "syncs the GPU and can fail a capture on the other thread) | off: cuDNN's heuristics", dev=True),
     Var("TTS_CODEC_MERGE", "codec_merge", switch(),
         "auto (= on) | on | off: codec decodes queued behind a busy codec thread join into one batched call",
         dev=True),

@@ -65,6 +65,8 @@ def render(counter: RequestCounter, stats: dict | None, ready: bool) -> str:
             "tts_warmup_seconds": ("warmup_seconds", "engine warm-up (compile, graph capture) at start"),
             "tts_gpu_memory_allocated_bytes": ("gpu_memory_allocated_bytes", "GPU memory allocated by torch"),
             "tts_gpu_memory_reserved_bytes": ("gpu_memory_reserved_bytes", "GPU memory reserved by torch"),
+            "tts_max_streams": ("max_streams", "streams decoded together at most (the memory preset's batch)"),
+            "tts_kv_cache_positions": ("kv_positions", "positions in the paged KV cache"),
         }
         for name, (key, help_) in gauges.items():
             if stats.get(key) is not None:
@@ -73,13 +75,16 @@ def render(counter: RequestCounter, stats: dict | None, ready: bool) -> str:
                     "tts_requests_cancelled_total": "cancelled", "tts_requests_rejected_total": "rejected"}
         for name, key in counters.items():
             lines += [f"# TYPE {name} counter", f"{name} {stats.get(key, 0)}"]
-        lines += ["# HELP tts_engine_info Quantization, kernel cache, precompiled units, compile and CUDA graphs.",
+        lines += ["# HELP tts_engine_info Quantization, kernel cache, precompiled units, compile, CUDA graphs, memory "
+                  "preset.",
                   "# TYPE tts_engine_info gauge",
                   "tts_engine_info" + _labels(quantization=stats.get("quantization", ""),
                                               kernel_cache=stats.get("kernel_cache", ""),
                                               precompiled=stats.get("precompiled", ""),
                                               compiled=stats.get("compiled", ""),
-                                              cuda_graphs=stats.get("cuda_graphs", "")) + " 1"]
+                                              cuda_graphs=stats.get("cuda_graphs", ""),
+                                              memory_preset=(stats.get("memory_preset") or {}).get("name", ""))
+                  + " 1"]
         lines += ["# HELP tts_time_to_first_audio_seconds Submit to first audio chunk.",
                   "# TYPE tts_time_to_first_audio_seconds histogram"]
         total = 0

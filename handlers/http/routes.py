@@ -67,7 +67,8 @@ async def ready(svc: Svc):
         return JSONResponse({"status": "loading"}, status_code=503)
     stats = svc.stats()
     return {"status": "ready", "warmup_seconds": stats["warmup_seconds"], "quantization": stats["quantization"],
-            "kernel_cache": stats["kernel_cache"]}
+            "kernel_cache": stats["kernel_cache"], "memory_preset": stats.get("memory_preset"),
+            "max_streams": stats.get("max_streams"), "kv_positions": stats.get("kv_positions")}
 
 
 @router.get("/metrics", tags=["health"], response_class=PlainTextResponse)

@@ -144,9 +144,11 @@ def test_batched_gpu_engine_equals_reference_engine_fp32(exact_fp32):
 def test_lazy_start_fills_in_codec_graphs_and_matches_eager(exact_fp32):
     # lazy start-up: the codec's smallest batch is captured before ready, the others while idle (or at
     # first use); then a concurrent batch through every graph equals the graph-free engine's audio
+    # with the default TTS_CUDNN_BENCHMARK=auto: cuDNN autotunes inside the codec's capture windows only
     config = cfg(cuda_graphs="on", compile="off", dtype="float32", codec_dtype="float32")
     eng = Engine.load(config)
     try:
+        assert eng.settings.cudnn_autotune == "graphs" and not torch.backends.cudnn.benchmark
         planned = {(r, s) for r in (1, 2, 4, 8) for s in (4, 8)}
         assert set(eng.vocoder.graphs.graphs) <= {(1, 4), (1, 8)} or not eng.settings.lazy_graphs
         assert eng.settle(timeout=60) and set(eng.vocoder.graphs.graphs) == planned and not eng.graphs.pending
@@ -160,6 +162,42 @@ def test_lazy_start_fills_in_codec_graphs_and_matches_eager(exact_fp32):
         plain.close()
     for g, w in zip(got, want):
         assert g.audio.shape == w.audio.shape and np.abs(g.audio - w.audio).max() < 1e-3
+
+
+def test_compiled_codec_graphs_equal_eager_codec_fp32(exact_fp32):
+    # TTS_CODEC_COMPILE=on: one static-shape compile per (rows, chunk) key, replayed in graphs; slots join
+    # and leave between chunks, so state rows move through compiled gathers and scatters
+    import threading
+
+    from ttsengine.engine.loader import load
+    from ttsengine.engine.vocoder import Vocoder
+
+    codec = load(cfg(dtype="float32", codec_dtype="float32")).codec
+    g = torch.Generator(device="cpu").manual_seed(3)
+    codes = torch.cat([torch.randint(0, 32, (4, 1, 24), generator=g), torch.randint(0, 16, (4, 3, 24), generator=g)],
+                      dim=1).cuda()
+    schedule = [([0, 1, 2], 0), ([0, 2, 3], 8), ([1, 3], 16)]  # (slots, first frame) per chunk of 8
+
+    def run(compiled: bool) -> list:
+        voc = Vocoder(codec, 4, 4096, (8,), (1, 4), threading.Lock(), lambda f, s: None, lambda s: None)
+        if compiled:
+            voc.enable_compile()
+        voc.plan_graphs(4)
+        out: list = []
+
+        def body():
+            for slots, f in schedule:
+                out.append(voc.decode_padded(slots, codes[slots, :, f:f + 8]).clone())
+        try:
+            with torch.inference_mode():
+                voc.call(body)
+            return out
+        finally:
+            voc.close()
+
+    got, want = run(True), run(False)
+    for a, b in zip(got, want):
+        assert a.shape == b.shape and (a - b).abs().max().item() < 1e-4
 
 
 def test_streaming_decode_bf16_adds_no_error_beyond_bf16():

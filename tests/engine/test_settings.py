@@ -7,7 +7,7 @@ from conftest import MODEL_DIR
 
 from ttsengine import EngineConfig
 from ttsengine.engine.loader import load
-from ttsengine.engine.settings import BatchSettings
+from ttsengine.engine.settings import BatchSettings, cudnn_autotune_mode
 
 
 @pytest.fixture(scope="module")
@@ -21,10 +21,18 @@ def test_codec_merge_follows_the_switch(ckpt, merge, rows):
     assert s.codec_merge_rows == rows
 
 
-@pytest.mark.parametrize("value, want", [("auto", False), ("on", False), ("off", False)])  # on: CUDA only
-def test_cudnn_benchmark_is_off_unless_asked_for_on_cuda(ckpt, value, want):
+@pytest.mark.parametrize("value", ["auto", "on", "off"])
+def test_cudnn_autotune_is_off_on_cpu(ckpt, value):
     s = BatchSettings.resolve(EngineConfig(model_dir=MODEL_DIR, device="cpu", cudnn_benchmark=value), ckpt)
-    assert s.cudnn_benchmark is want
+    assert s.cudnn_autotune == "off"
+
+
+@pytest.mark.parametrize("switch, graphs, want", [
+    ("auto", True, "graphs"),  # the default: only inside the codec's capture windows
+    ("auto", False, "off"),  # no graphs: no window that keeps the tuned algorithms
+    ("on", True, "process"), ("on", False, "process"), ("off", True, "off")])
+def test_cudnn_autotune_mode_on_cuda(switch, graphs, want):
+    assert cudnn_autotune_mode(switch, cuda=True, graphs=graphs) == want
 
 
 def test_cpu_defaults(ckpt):

@@ -282,11 +282,18 @@ def test_disconnect_mid_stream_frees_the_engine(server):
 def test_metrics_and_health(server):
     assert httpx.get(server + "/health").json() == {"status": "ok"}
     assert httpx.get(server + "/v1/health").json() == {"status": "ok"}  # fish-speech's route
-    assert httpx.get(server + "/ready").json()["status"] == "ready"
+    ready = httpx.get(server + "/ready").json()
+    assert ready["status"] == "ready"
+    # the server's engine runs on the CPU: the cpu preset, with TTS_MAX_BATCH's override applied
+    assert ready["memory_preset"]["name"] == "cpu" and ready["memory_preset"]["max_batch"] == ready["max_streams"]
+    assert ready["kv_positions"] > 0
     text = httpx.get(server + "/metrics").text
     for name in ("tts_http_requests_total{", "tts_http_errors_total{", "tts_queue_depth", "tts_active_streams",
                  "tts_frames_per_second", "tts_time_to_first_audio_seconds_bucket", "tts_engine_info{"):
         assert name in text
+    assert 'memory_preset="cpu"' in text
+    assert _metric(server, "tts_max_streams") == ready["max_streams"]
+    assert _metric(server, "tts_kv_cache_positions") == ready["kv_positions"]
     assert 'route="/v1/audio/speech",code="200"' in text and 'code="400"' in text
 
 

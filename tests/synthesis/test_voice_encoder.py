@@ -8,6 +8,7 @@ import math
 import numpy as np
 import pytest
 import soundfile as sf
+import torch
 
 from ttsengine import InputError, Reference, SynthesisRequest
 from ttsengine.audio.decode import load_mono
@@ -154,3 +155,23 @@ def test_at_most_two_references_are_decoded_and_encoded_at_once(eager_engine, mo
         t.join()
     assert state["most"] == ve.DECODE_SLOTS == 2, state
     assert all(encoder.cached(d) is not None for d in datas)
+
+
+def test_encoding_waits_for_the_gpu_lock(eager_engine):
+    # the engine passes its capture lock while the codec's graphs are captured with cuDNN autotuning on
+    import threading
+
+    from ttsengine.synthesis.voice_encoder import VoiceEncoder
+
+    lock = threading.Lock()
+    enc = VoiceEncoder(eager_engine.ckpt.codec, 30.0, 4, gpu_lock=lock)
+    samples = _tone(0.2, 44100)
+    box: list = []
+    with lock:
+        worker = threading.Thread(target=lambda: box.append(enc.codes_from_samples(samples)))
+        worker.start()
+        worker.join(timeout=0.5)
+        assert worker.is_alive() and not box  # blocked while the lock is held
+    worker.join(timeout=30)
+    assert not worker.is_alive() and box[0].shape[0] == eager_engine.ckpt.config.num_codebooks
+    assert torch.equal(box[0], eager_engine.voice_encoder.codes_from_samples(samples))

@@ -13,10 +13,12 @@ that only one capture runs at a time (they come from two threads).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
 from collections.abc import Callable, Hashable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 
 import torch
@@ -35,11 +37,14 @@ class Captured:
 class GraphSet:
     def __init__(self, kind: str, lock: threading.Lock, body: Callable[..., Tensor],
                  static_inputs: Callable[[Hashable], tuple[Tensor, ...]] = lambda key: (),
-                 capture_on_current_stream: bool = False):
+                 capture_on_current_stream: bool = False,
+                 tune: Callable[[], AbstractContextManager] = contextlib.nullcontext):
         """body(key, *inputs) -> output does the work; static_inputs(key) makes inputs that are safe to run
         on (scratch rows) and become the graph's static inputs. capture_on_current_stream: record on the
-        caller's stream (a worker thread's own stream) instead of torch's capture stream."""
+        caller's stream (a worker thread's own stream) instead of torch's capture stream. tune(): a context
+        around every first run and recording, inside the lock (the codec's cuDNN autotuning)."""
         self.kind, self.lock, self.body, self.static_inputs = kind, lock, body, static_inputs
+        self.tune = tune
         self.current_stream = capture_on_current_stream
         self.planned: list[Hashable] = []
         self.graphs: dict[Hashable, Captured] = {}
@@ -62,7 +67,7 @@ class GraphSet:
         if not todo:  # largest first: the smaller graphs reuse its memory pool
             return 0
         t0 = time.perf_counter()
-        with self.lock:
+        with self.lock, self.tune():
             side = torch.cuda.Stream()
             side.wait_stream(torch.cuda.current_stream())
             with torch.cuda.stream(side):
@@ -100,7 +105,7 @@ class GraphSet:
         if key not in self.planned or key in self.failed:
             return self.body(key, *inputs)
         t0 = time.perf_counter()
-        with self.lock:  # a first run may autotune or allocate: never while the other thread captures
+        with self.lock, self.tune():  # a first run may autotune or allocate: never while the other thread captures
             out = self.body(key, *inputs)
             try:
                 self.graphs[key] = self._record(key)

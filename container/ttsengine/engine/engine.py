@@ -48,7 +48,10 @@ class Engine:
         """runner: makes the device side (tests pass a scripted stand-in with Runner's methods)."""
         self.ckpt, self.config = checkpoint, config
         self.settings = s = BatchSettings.resolve(config, checkpoint)
-        self.planner = Planner(checkpoint, config, self.kv_positions)
+        self._capture_lock = threading.Lock()  # one CUDA graph capture at a time: decode step or codec
+        # voice encoding's convolutions wait for the codec's autotuned capture windows (cudnn_autotune_mode)
+        self.planner = Planner(checkpoint, config, self.kv_positions,
+                               encode_lock=self._capture_lock if s.cudnn_autotune == "graphs" else None)
         self.kernel_cache = KernelCache(config.cache_dir, {
             "model": repr(checkpoint.config), "codec": repr(checkpoint.codec_config),
             "dtype": str(checkpoint.model.norm.weight.dtype), "quant": checkpoint.quantization,
@@ -60,7 +63,6 @@ class Engine:
         self.scheduler = Scheduler(s.runner.max_slots, s.max_queue, s.runner.num_pages - 1, s.runner.page_size,
                                    s.prefill_tokens)
         self.metrics = EngineMetrics()
-        self._capture_lock = threading.Lock()  # one CUDA graph capture at a time: decode step or codec
         self.vocoder = Vocoder(checkpoint.codec, s.runner.max_slots, checkpoint.config.max_seq_len,
                                (s.first_chunk_frames, s.stream_chunk_frames), s.buckets, self._capture_lock,
                                self.metrics.vocoded, self.metrics.completed)
@@ -72,8 +74,10 @@ class Engine:
         if s.snake_kernel:
             self.vocoder.use_snake_kernel()
         self.vocoder.set_merge(s.codec_merge_rows)
-        if s.cudnn_benchmark:  # process-wide: cuDNN picks each conv shape's fastest algorithm at its first call
+        if s.cudnn_autotune == "process":  # cuDNN picks each conv shape's fastest algorithm at its first call
             torch.backends.cudnn.benchmark = True
+        elif s.cudnn_autotune == "graphs":
+            self.vocoder.autotune_captures()
         self.graphs = self._step_graphs() if s.cuda_graphs else None
         self.eos = checkpoint.tokenizer.im_end_id
         self._free_voc = list(range(s.runner.max_slots - 1, -1, -1))
@@ -183,7 +187,8 @@ class Engine:
                                         device=self.runner.device),
                 "quantization": self.ckpt.quantization, "kernel_cache": self.kernel_cache.status,
                 "precompiled": self.precompiled, "compiled": self.compiled,
-                "cuda_graphs": self.graphs is not None}
+                "cuda_graphs": self.graphs is not None, "max_streams": self.max_streams,
+                "kv_positions": self.kv_positions, "memory_preset": self.settings.preset.as_dict()}
 
     @property
     def precompiled(self) -> str:

@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
 from ..compat import compile_supported
 from ..config import EngineConfig
+from ..errors import ConfigError
 from ..model.checkpoint import Checkpoint
 from ..model.kernels.triton_support import triton_available
+from .presets import Preset, by_name, choose, kv_bytes
 from .runner import RunnerConfig
 
 log = logging.getLogger(__name__)
@@ -21,6 +23,28 @@ CUDA_RESERVE = 3 << 30  # bytes kept free for activations, graphs and the codec
 def snake_kernel_usable(config: EngineConfig, cuda: bool) -> bool:
     """The eager codec may run Snake as one Triton kernel: on CUDA, with Triton, unless switched off."""
     return cuda and triton_available() and config.snake_kernel == "auto"
+
+
+def cudnn_autotune_mode(switch: str, cuda: bool, graphs: bool) -> str:
+    """TTS_CUDNN_BENCHMARK -> "off" | "graphs" | "process". cuDNN's autotuning times every algorithm at a
+    conv shape's first call and keeps the fastest (the codec: +28% at 64 streams on an H100), but the
+    timing synchronizes the GPU, which fails a CUDA graph capture running on another thread. "graphs"
+    (auto with CUDA graphs) turns it on only inside the codec's capture windows, which hold the capture
+    lock (so no other capture runs) and which voice encoding waits for; a captured graph keeps the tuned
+    algorithms. "process" (on) leaves it on everywhere: every new shape is timed, also voice encodings'."""
+    if not cuda or switch == "off":
+        return "off"
+    if switch == "on":
+        return "process"
+    return "graphs" if graphs else "off"
+
+
+def choose_preset(config: EngineConfig, device: torch.device) -> Preset:
+    if config.memory_preset != "auto":
+        return by_name(config.memory_preset)
+    if device.type != "cuda":
+        return choose(None, 0)
+    return choose(torch.cuda.get_device_name(device), torch.cuda.get_device_properties(device).total_memory)
 
 
 @dataclass(frozen=True)
@@ -35,9 +59,10 @@ class BatchSettings:
     compile: bool  # torch.compile the decode step's units
     codec_compile: bool  # torch.compile the streaming codec
     snake_kernel: bool  # the eager codec's Snake as one Triton kernel
-    cudnn_benchmark: bool  # cuDNN autotunes its convolutions (the codec) per shape
+    cudnn_autotune: str  # "off" | "graphs": while the codec's graphs are captured | "process": everywhere
     codec_merge_rows: int  # queued codec decodes join into calls of up to this many rows (0: off)
     buckets: tuple[int, ...]  # batch sizes a decode step is captured for
+    preset: Preset  # the memory preset, with the values in effect (env overrides applied)
 
     @property
     def max_slots(self) -> int:
@@ -57,22 +82,31 @@ class BatchSettings:
         model = ckpt.model
         device = model.norm.weight.device
         cuda = device.type == "cuda"
-        max_batch = config.max_batch or (256 if cuda else 8)
+        preset = choose_preset(config, device)
+        max_batch = config.max_batch or preset.max_batch
+        utilization = config.gpu_memory_utilization or preset.memory_utilization
         mc = model.cfg
         bytes_per_token = (mc.slow.n_layer * 2 * mc.slow.n_local_heads * mc.slow.head_dim
                            * model.norm.weight.element_size())
         tokens = config.kv_cache_tokens
         if not tokens:
-            want = max(max_batch * 2048, mc.cache_len)  # room for at least one full-length stream
+            want = max(max_batch * preset.positions_per_stream, mc.cache_len)  # room for one full-length stream
             if cuda:
-                free, _ = torch.cuda.mem_get_info(device)
-                tokens = min(want, int(max(free - CUDA_RESERVE, 0) * 0.6) // bytes_per_token)
+                free, total = torch.cuda.mem_get_info(device)
+                room = kv_bytes(total, free, torch.cuda.memory_reserved(device), CUDA_RESERVE, utilization)
+                tokens = min(want, room // bytes_per_token)
+                if tokens < mc.cache_len:
+                    raise ConfigError(
+                        f"TTS_GPU_MEMORY_UTILIZATION={utilization:g} of {total / 1e9:.1f} GB leaves room for "
+                        f"{tokens} KV positions ({free / 1e9:.1f} GB free, {CUDA_RESERVE / 1e9:.1f} GB reserved); one "
+                        f"stream needs {mc.cache_len}: raise it, or set TTS_KV_CACHE_TOKENS")
             else:
                 tokens = min(want, (2 << 30) // bytes_per_token)
         tokens = max(tokens, PAGE_SIZE)
         num_pages = -(-tokens // PAGE_SIZE) + 1  # + the scratch page
-        log.info("KV cache: %d positions in %d pages, %.2f GB", (num_pages - 1) * PAGE_SIZE, num_pages,
-                 num_pages * PAGE_SIZE * bytes_per_token / 1e9)
+        log.info("memory preset %s: %d streams, KV cache %d positions in %d pages, %.2f GB (memory share %g)",
+                 preset.name, max_batch, (num_pages - 1) * PAGE_SIZE, num_pages,
+                 num_pages * PAGE_SIZE * bytes_per_token / 1e9, utilization)
         graphs = {"on": True, "off": False}.get(config.cuda_graphs, cuda)
         if graphs and not cuda:
             log.warning("TTS_CUDA_GRAPHS=on ignored: no CUDA device")
@@ -81,9 +115,7 @@ class BatchSettings:
         compile_ = compile_ and compile_supported()
         codec_compile = compile_ and config.codec_compile == "on"
         snake_kernel = snake_kernel_usable(config, cuda) and not codec_compile
-        # auto = off: cuDNN's autotuning synchronizes, which fails a CUDA graph capture running on the other
-        # thread (the engine and the codec capture lazily while serving; voice encoding runs any time)
-        cudnn_benchmark = config.cudnn_benchmark == "on" and cuda
+        cudnn_autotune = cudnn_autotune_mode(config.cudnn_benchmark, cuda, graphs)
         buckets = []
         b = 2 if compile_ and max_batch > 1 else 1  # compiled graphs are dynamic from 2 (size 1 specialises)
         while b < max_batch:
@@ -98,6 +130,7 @@ class BatchSettings:
                              prefill_tokens=config.prefill_tokens, first_chunk_frames=config.first_chunk_frames,
                              stream_chunk_frames=config.stream_chunk_frames, cuda_graphs=graphs,
                              lazy_graphs=config.lazy_graphs, compile=compile_, codec_compile=codec_compile,
-                             snake_kernel=snake_kernel, cudnn_benchmark=cudnn_benchmark,
+                             snake_kernel=snake_kernel, cudnn_autotune=cudnn_autotune,
                              codec_merge_rows=0 if config.codec_merge == "off" else max_batch,
-                             buckets=tuple(buckets))
+                             buckets=tuple(buckets),
+                             preset=replace(preset, max_batch=max_batch, memory_utilization=utilization))

@@ -34,6 +34,18 @@ from .cuda_graphs import GraphSet
 log = logging.getLogger(__name__)
 
 
+@contextlib.contextmanager
+def cudnn_autotuned():
+    """cuDNN autotuning on inside the block. The flag is process-wide: the caller holds the capture lock, which
+    keeps other captures out and which voice encoding waits for (engine/settings.py cudnn_autotune_mode)."""
+    old = torch.backends.cudnn.benchmark
+    torch.backends.cudnn.benchmark = True
+    try:
+        yield
+    finally:
+        torch.backends.cudnn.benchmark = old
+
+
 @dataclass
 class Delivery:
     stream: Stream
@@ -66,13 +78,21 @@ class Vocoder:
 
     # ---- settings (before start, or on the worker thread) ------------------------------------------
     def enable_compile(self) -> None:
-        """torch.compile the chunk decode (batch dynamic; one compile per chunk size): fuses Snake and
-        the other elementwise chains between convolutions."""
-        self._decode, self.compiled = torch.compile(self.codec.codes_to_audio, dynamic=None), True
+        """torch.compile the chunk decode, one static-shape compile per (rows, chunk) key (a dynamic batch
+        fails in Inductor on torch 2.11): fuses Snake and the other elementwise chains between convolutions."""
+        from torch import _dynamo
+
+        keys = len(self.buckets) * len(self.chunk_sizes) + 4
+        _dynamo.config.cache_size_limit = max(_dynamo.config.cache_size_limit, keys)
+        self._decode, self.compiled = torch.compile(self.codec.codes_to_audio, dynamic=False), True
 
     def disable_compile(self) -> None:
         self._decode, self.compiled = self.codec.codes_to_audio, False
         self.plan_graphs(0)
+
+    def autotune_captures(self) -> None:
+        """cuDNN times its algorithms while each codec graph is first run and recorded; the graph keeps them."""
+        self.graphs.tune = cudnn_autotuned
 
     def use_snake_kernel(self) -> None:
         """Snake as one Triton kernel (model/kernels/snake.py): the eager codec's fused pass."""
@@ -178,12 +198,6 @@ class Vocoder:
         return audio[:b, : K * self.frame_length]
 
     def _graph_body(self, key: tuple[int, int], index: Tensor, codes: Tensor) -> Tensor:
-        if self.compiled and index.shape[0] > 1:  # one trace for every batch size above 1
-            from torch import _dynamo
-
-            top = max(self.buckets[-1] if self.buckets else 2, 2) + 1
-            _dynamo.mark_dynamic(index, 0, min=2, max=top)
-            _dynamo.mark_dynamic(codes, 0, min=2, max=top)
         return self._decode(index, codes)
 
     def _scratch_inputs(self, key: tuple[int, int]) -> tuple[Tensor, Tensor]:

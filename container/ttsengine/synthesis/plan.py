@@ -10,6 +10,7 @@ guard (capacity.py) before any audio.
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -52,11 +53,14 @@ class Plan:
 
 
 class Planner:
-    def __init__(self, ckpt: Checkpoint, config: EngineConfig, kv_positions: int | None = None):
-        """kv_positions: what one sequence may hold in the engine's KV cache (None: the model's context)."""
+    def __init__(self, ckpt: Checkpoint, config: EngineConfig, kv_positions: int | None = None,
+                 encode_lock: threading.Lock | None = None):
+        """kv_positions: what one sequence may hold in the engine's KV cache (None: the model's context);
+        encode_lock: held while a reference runs through the codec's encoder (see VoiceEncoder)."""
         self.ckpt, self.config = ckpt, config
         self.rules = ckpt.family.RULES
-        self.voice_encoder = VoiceEncoder(ckpt.codec, config.max_reference_seconds, config.reference_cache_size)
+        self.voice_encoder = VoiceEncoder(ckpt.codec, config.max_reference_seconds, config.reference_cache_size,
+                                          encode_lock)
         max_seq_len = ckpt.config.max_seq_len
         self.capacity = Capacity(max_seq_len - self.rules.prompt_reserve, max_seq_len,
                                  min(kv_positions or max_seq_len, max_seq_len))

@@ -7,6 +7,7 @@ cheap checks before any of that work."""
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import logging
 import math
@@ -27,8 +28,11 @@ _decoding = threading.BoundedSemaphore(DECODE_SLOTS)
 
 
 class VoiceEncoder:
-    def __init__(self, codec: Codec, max_seconds: float, cache_size: int):
+    def __init__(self, codec: Codec, max_seconds: float, cache_size: int, gpu_lock: threading.Lock | None = None):
+        """gpu_lock: held around the encoder's GPU work (the engine's capture lock while the codec's graphs are
+        captured with cuDNN autotuning on, a process-wide flag that must not reach an encoding)."""
         self.codec = codec
+        self.gpu_lock = gpu_lock
         self.max_seconds = max_seconds
         self.cache_size = cache_size
         self._cache: OrderedDict[str, Tensor] = OrderedDict()
@@ -39,7 +43,7 @@ class VoiceEncoder:
         Encoding runs in the codec's dtype without autocast (upstream encodes references in fp32)."""
         p = next(self.codec.parameters())
         x = torch.from_numpy(np.ascontiguousarray(samples)).to(device=p.device, dtype=p.dtype)[None, None]
-        with torch.inference_mode():
+        with torch.inference_mode(), (self.gpu_lock or contextlib.nullcontext()):
             return self.codec.encode(x)[0].cpu()
 
     def cached(self, data: bytes, key: str | None = None) -> Tensor | None:

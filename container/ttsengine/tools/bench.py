@@ -16,14 +16,15 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from ..config import from_env
 from ..engine.engine import Engine
 from ..engine.loader import load
-from ..errors import TTSError
+from ..errors import BusyError, TTSError
 from ..model.quant import weight_bytes
-from ..synthesis.request import SynthesisRequest
+from ..synthesis.request import Reference, SynthesisRequest
 from . import codec_bench
 from . import report as report_page
 
@@ -53,6 +54,9 @@ class Level:
     time_prefill_s: float
     time_vocoder_s: float
     steps: int
+    prefill_tokens_per_request: float
+    arrival_rate: float | None  # requests per second (Poisson), None: all submitted at once
+    rejected: int  # requests refused as busy (queue full)
 
 
 class NvmlSampler(threading.Thread):
@@ -89,19 +93,62 @@ def _pct(xs: list[float], p: float) -> float:
     return xs[min(len(xs) - 1, int(round(p / 100 * (len(xs) - 1))))]
 
 
-def run_level(engine: Engine, concurrency: int, frames: int, text: str, progress) -> Level:
+@dataclass(frozen=True)
+class Load:
+    """How a level's requests are made and sent."""
+
+    frames: int  # frames generated per stream (stop token ignored)
+    text: str
+    reference: Reference | None = None  # --voice: the same stored voice on every stream
+    arrival_rate: float | None = None  # --arrivals poisson:RATE: requests per second (None: all at once)
+
+    def request(self, i: int) -> SynthesisRequest:
+        refs = (self.reference,) if self.reference is not None else ()
+        return SynthesisRequest(text=self.text, seed=i, max_new_tokens=self.frames, references=refs)
+
+    def arrival_times(self, n: int) -> list[float]:
+        """Seconds after the level's start at which each request is sent (Poisson: exponential gaps, seeded)."""
+        if not self.arrival_rate:
+            return [0.0] * n
+        gaps = np.random.default_rng(0).exponential(1.0 / self.arrival_rate, n)
+        return list(np.cumsum(gaps) - gaps[0])
+
+
+def random_voice(engine: Engine, seconds: float) -> Reference:
+    """A stored voice of `seconds` of random speech-like audio (tones with a wandering pitch, plus noise),
+    encoded once, as the voice store keeps it (codes), with a transcript of ~2.5 words per second."""
+    rate = engine.ckpt.codec.sample_rate
+    rng = np.random.default_rng(1)
+    t = np.arange(int(seconds * rate)) / rate
+    pitch = 140 + 40 * np.sin(2 * np.pi * 0.7 * t)
+    audio = 0.3 * np.sin(2 * np.pi * np.cumsum(pitch) / rate) * (0.6 + 0.4 * np.sin(2 * np.pi * 3 * t))
+    audio = (audio + 0.02 * rng.standard_normal(len(t))).astype(np.float32)
+    codes = engine.planner.voice_encoder.codes_from_samples(audio)
+    words = " ".join(TEXT.rstrip(".").split()[i % 20] for i in range(max(1, round(seconds * 2.5))))
+    return Reference(text=words + ".", codes=codes.numpy())
+
+
+def run_level(engine: Engine, concurrency: int, load: Load, progress) -> Level:
     cuda = engine.runner.device.type == "cuda"
     if cuda:
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
     base = torch.cuda.memory_allocated() if cuda else 0
     m = engine.metrics
-    before = (m.step_seconds, m.prefill_seconds, m.vocoder_seconds, m.steps)
+    before = (m.step_seconds, m.prefill_seconds, m.vocoder_seconds, m.steps, m.prefill_tokens)
     sampler = NvmlSampler()
     sampler.start()
     t0 = time.perf_counter()
-    streams = [engine.submit(SynthesisRequest(text=text, seed=i, max_new_tokens=frames), ignore_stop=True)
-               for i in range(concurrency)]
+    streams, rejected = [], 0
+    for i, at in enumerate(load.arrival_times(concurrency)):
+        delay = t0 + at - time.perf_counter()
+        if delay > 0:
+            time.sleep(delay)
+        try:
+            streams.append(engine.submit(load.request(i), ignore_stop=True))
+        except BusyError:
+            rejected += 1
+            progress.update(1)
     results = []
     for s in streams:
         results.append(s.result())
@@ -113,16 +160,17 @@ def run_level(engine: Engine, concurrency: int, frames: int, text: str, progress
     fps = [k / sp for k, sp in zip(kept, spans)]
     ttfa = [s.ttfa * 1000 for s in streams if s.ttfa is not None]
     audio_s = sum(kept) / FRAME_RATE
-    after = (m.step_seconds, m.prefill_seconds, m.vocoder_seconds, m.steps)
+    after = (m.step_seconds, m.prefill_seconds, m.vocoder_seconds, m.steps, m.prefill_tokens)
     return Level(
-        concurrency=concurrency, frames_per_stream=frames - 1, wall_s=wall, aggregate_fps=sum(kept) / wall,
+        concurrency=concurrency, frames_per_stream=load.frames - 1, wall_s=wall, aggregate_fps=sum(kept) / wall,
         stream_fps_min=min(fps), stream_fps_p50=statistics.median(fps),
         rtf_max=max(sp / (k / FRAME_RATE) for k, sp in zip(kept, spans)), realtime_x_min=min(fps) / FRAME_RATE,
         ttfa_p50_ms=_pct(ttfa, 50), ttfa_p95_ms=_pct(ttfa, 95),
         vram_baseline_gb=base / 1e9, vram_peak_gb=(torch.cuda.max_memory_allocated() if cuda else 0) / 1e9,
         gpu_util_pct=util, power_w=power, audio_hours_per_gpu_hour=audio_s / wall,
         time_step_s=after[0] - before[0], time_prefill_s=after[1] - before[1], time_vocoder_s=after[2] - before[2],
-        steps=after[3] - before[3],
+        steps=after[3] - before[3], prefill_tokens_per_request=(after[4] - before[4]) / max(1, len(streams)),
+        arrival_rate=load.arrival_rate, rejected=rejected,
     )
 
 
@@ -147,12 +195,11 @@ def render_html(report: dict) -> str:
                             extra=f"<h2>profile (top kernels, ms)</h2><table border=1>{prof}</table>" if prof else "")
 
 
-def profile_level(engine: Engine, concurrency: int, frames: int, text: str) -> list[dict]:
+def profile_level(engine: Engine, concurrency: int, load: Load) -> list[dict]:
     from torch.profiler import ProfilerActivity, profile
 
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-        streams = [engine.submit(SynthesisRequest(text=text, seed=i, max_new_tokens=frames), ignore_stop=True)
-                   for i in range(concurrency)]
+        streams = [engine.submit(load.request(i), ignore_stop=True) for i in range(concurrency)]
         for s in streams:
             s.result()
     events = prof.key_averages()
@@ -174,6 +221,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--text", default=TEXT)
     ap.add_argument("--out", type=Path, default=Path("bench-out"))
     ap.add_argument("--profile", type=int, metavar="C", help="also profile one run at concurrency C")
+    ap.add_argument("--voice", type=float, metavar="SECONDS",
+                    help="every stream uses one stored voice of this many seconds of random audio")
+    ap.add_argument("--arrivals", metavar="poisson:RATE",
+                    help="open-loop arrivals: each level's requests sent at RATE per second (Poisson), not all at once")
     codec = ap.add_argument_group("--codec-only: the streaming codec alone (streams = --concurrency levels)")
     codec.add_argument("--codec-only", action="store_true")
     codec.add_argument("--chunk-frames", type=int, default=8, help="frames per stream per codec call")
@@ -182,6 +233,9 @@ def main(argv: list[str] | None = None) -> int:
     codec.add_argument("--no-graphs", action="store_true", help="codec without CUDA graphs")
     codec.add_argument("--profile-mode", help="top GPU kernels of this mode")
     args = ap.parse_args(argv)
+    rate = _arrival_rate(args.arrivals) if args.arrivals else None
+    if args.voice is not None and not 0 < args.voice <= 60:
+        raise TTSError(f"--voice {args.voice:g}: give seconds in (0, 60]")
     if args.codec_only:
         return _codec_only(args)
     if args.render:
@@ -200,12 +254,15 @@ def main(argv: list[str] | None = None) -> int:
     engine.start()
     engine.settle()  # steady state: the lazily captured graphs first (a server captures them while idle)
     try:
-        engine.submit(SynthesisRequest(text=args.text, seed=0, max_new_tokens=24), ignore_stop=True).result()
+        reference = random_voice(engine, args.voice) if args.voice else None
+        load_ = Load(args.frames, args.text, reference, rate)
+        engine.submit(Load(24, args.text, reference).request(0), ignore_stop=True).result()
         results = []
         with tqdm(total=sum(levels), desc="streams", unit="stream") as bar:
             for c in levels:
-                results.append(run_level(engine, c, args.frames, args.text, bar))
-        profile = profile_level(engine, args.profile, min(args.frames, 64), args.text) if args.profile else None
+                results.append(run_level(engine, c, load_, bar))
+        profile = profile_level(engine, args.profile, Load(min(args.frames, 64), args.text, reference)) \
+            if args.profile else None
     finally:
         engine.close()
     ok = [lv.concurrency for lv in results if lv.realtime_x_min >= 1.2]
@@ -219,7 +276,9 @@ def main(argv: list[str] | None = None) -> int:
         "weights_gb": round((weight_bytes(ckpt.model) + weight_bytes(ckpt.codec)) / 1e9, 3),
         "first_chunk_frames": engine.settings.first_chunk_frames,
         "stream_chunk_frames": engine.settings.stream_chunk_frames,
-        "kv_positions": engine.kv_positions,
+        "kv_positions": engine.kv_positions, "memory_preset": engine.settings.preset.as_dict(),
+        "voice_seconds": args.voice, "voice_prompt_tokens": int(reference.codes.shape[1]) if reference else 0,
+        "arrivals": args.arrivals,
         "max_concurrency_at_1.2x_realtime": max(ok) if ok else None,
         "levels": [asdict(lv) for lv in results], "profile": profile,
     }
@@ -227,7 +286,19 @@ def main(argv: list[str] | None = None) -> int:
     (args.out / "bench.json").write_text(json.dumps(report, indent=2))
     (args.out / "bench.html").write_text(render_html(report))
     print_table(report)
+    print(f"wrote {args.out / 'bench.json'} and {args.out / 'bench.html'}")
     return 0
+
+
+def _arrival_rate(spec: str) -> float:
+    kind, _, value = spec.partition(":")
+    try:
+        rate = float(value)
+    except ValueError:
+        rate = 0.0
+    if kind != "poisson" or not rate > 0:
+        raise TTSError(f"--arrivals {spec!r}: expected poisson:RATE with RATE > 0 requests per second")
+    return rate
 
 
 def _codec_only(args) -> int:
@@ -248,9 +319,12 @@ def print_table(report: dict) -> None:
     print(f"\n{report['device']} | torch {report['torch']} | {report['model']} | {report['dtype']} | "
           f"compile {report['compile']} | graphs {report['cuda_graphs']} | warm-up {report['warmup_s']} s | "
           f"cache {report['kernel_cache']} | quant {report['quantization']} | weights {report['weights_gb']} GB")
+    print(f"memory preset {report.get('memory_preset')} | KV positions {report.get('kv_positions')} | voice "
+          f"{report.get('voice_seconds') or 'none'} s ({report.get('voice_prompt_tokens')} tokens) | arrivals "
+          f"{report.get('arrivals') or 'all at once'}")
     cols = ("concurrency", "aggregate_fps", "stream_fps_min", "realtime_x_min", "ttfa_p50_ms", "ttfa_p95_ms",
             "vram_peak_gb", "gpu_util_pct", "power_w", "audio_hours_per_gpu_hour", "time_step_s", "time_prefill_s",
-            "time_vocoder_s")
+            "time_vocoder_s", "prefill_tokens_per_request", "rejected")
     print(" | ".join(cols))
     for lv in report["levels"]:
         print(" | ".join(report_page.fmt(lv[c]) for c in cols))

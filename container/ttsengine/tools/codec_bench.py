@@ -19,7 +19,9 @@ import torch
 from ..engine.vocoder import Vocoder
 from ..model.codec import Codec
 
-MODES = ("eager", "snake", "compile", "whole")  # each may end in "+cudnn": cudnn.benchmark on (kernel autotuning)
+# each mode may end in "+cudnn" (cudnn.benchmark on for the whole run) or "+tuned" (on only while the codec's
+# graphs are first run and recorded: the engine's default, TTS_CUDNN_BENCHMARK=auto)
+MODES = ("eager", "snake", "compile", "whole")
 
 
 def random_codes(codec: Codec, streams: int, frames: int, device: torch.device) -> torch.Tensor:
@@ -31,8 +33,10 @@ def random_codes(codec: Codec, streams: int, frames: int, device: torch.device) 
     return torch.cat([sem, res], dim=1).to(device)
 
 
-def _vocoder(codec: Codec, streams: int, chunk: int, mode: str, graphs: bool) -> Vocoder:
+def _vocoder(codec: Codec, streams: int, chunk: int, mode: str, graphs: bool, tuned: bool) -> Vocoder:
     buckets = tuple(sorted({1, 2, 4, 8, 16, 32, 64, 128, 256, 512, streams}))
+    if mode == "compile":  # one compile per row count: only the two the measurement runs
+        buckets = (1, streams)
     voc = Vocoder(codec, streams, 8192, (chunk,), tuple(b for b in buckets if b <= streams), threading.Lock(),
                   lambda frames, seconds: None, lambda stream: None)
     if mode == "compile":
@@ -41,6 +45,8 @@ def _vocoder(codec: Codec, streams: int, chunk: int, mode: str, graphs: bool) ->
         voc.use_snake_kernel()
     if graphs and voc.device.type == "cuda":
         voc.plan_graphs(streams)
+        if tuned:
+            voc.autotune_captures()
     return voc
 
 
@@ -51,13 +57,13 @@ def measure(codec: Codec, streams: int, chunk: int, seconds: float, mode: str, g
     old = torch.backends.cudnn.benchmark
     torch.backends.cudnn.benchmark = option == "cudnn"
     try:
-        return _measure(codec, streams, chunk, seconds, base, graphs, profile) | {"mode": mode}
+        return _measure(codec, streams, chunk, seconds, base, graphs, profile, option == "tuned") | {"mode": mode}
     finally:
         torch.backends.cudnn.benchmark = old
 
 
 def _measure(codec: Codec, streams: int, chunk: int, seconds: float, mode: str, graphs: bool,
-             profile: bool) -> dict:
+             profile: bool, tuned: bool) -> dict:
     dev = next(codec.parameters()).device
     calls = max(2, round(seconds * codec.sample_rate / codec.frame_length / chunk))
     codes = random_codes(codec, streams, chunk * calls, dev)
@@ -72,7 +78,7 @@ def _measure(codec: Codec, streams: int, chunk: int, seconds: float, mode: str, 
 
         voc = None
     else:
-        voc = _vocoder(codec, streams, chunk, mode, graphs)
+        voc = _vocoder(codec, streams, chunk, mode, graphs, tuned)
 
         def step(i: int) -> torch.Tensor:
             return voc.decode_padded(slots, codes[:, :, i * chunk:(i + 1) * chunk])
