@@ -148,7 +148,7 @@ def test_every_switch_takes_auto_on_off():
     names = {v.name for v in SWITCHES}
     assert names == {"TTS_ALLOW_SPECIAL_TOKENS", "TTS_CUDA_GRAPHS", "TTS_LAZY_GRAPHS", "TTS_COMPILE",
                      "TTS_CODEC_COMPILE", "TTS_SNAKE_KERNEL", "TTS_PRECOMPILE", "TTS_CUDNN_BENCHMARK",
-                     "TTS_CODEC_MERGE"}
+                     "TTS_CODEC_MERGE", "TTS_PREFILL_GRAPHS"}
     for var in SWITCHES:
         for word in ("auto", "on", "off", "AUTO", "On", "1", "0", "true", "false", "yes", "no"):
             from_env({var.name: word})  # no error
@@ -162,6 +162,7 @@ def test_every_switch_takes_auto_on_off():
     # on = auto where the feature runs only where auto already runs it: `on` never turns it off
     ("TTS_SNAKE_KERNEL", "snake_kernel", {"auto": "auto", "on": "auto", "1": "auto", "off": "off", "0": "off"}),
     ("TTS_PRECOMPILE", "precompile", {"auto": "auto", "on": "auto", "off": "off"}),
+    ("TTS_PREFILL_GRAPHS", "prefill_graphs", {"auto": "auto", "on": "auto", "no": "off"}),
     ("TTS_CUDNN_BENCHMARK", "cudnn_benchmark", {"auto": "auto", "on": "on", "0": "off"}),
     ("TTS_CODEC_MERGE", "codec_merge", {"auto": "auto", "yes": "on", "off": "off"}),
     ("TTS_LAZY_GRAPHS", "lazy_graphs", {"auto": True, "on": True, "1": True, "off": False, "0": False}),

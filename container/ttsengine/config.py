@@ -167,6 +167,7 @@ class EngineConfig:
     stream_chunk_frames: int = 8  # frames per later audio chunk
     cuda_graphs: str = "auto"  # auto (on with CUDA) | on | off
     lazy_graphs: bool = True  # capture only the smallest bucket before ready, the others when idle or first used
+    prefill_graphs: str = "auto"  # the prefill as CUDA graphs per padded shape: auto (= on with graphs) | off
     compile: str = "auto"  # torch.compile of the decode step: auto (on with CUDA, torch >= 2.6) | on | off
     codec_compile: str = "off"  # torch.compile the streaming codec too: on | off, auto = off (~18 s per start)
     snake_kernel: str = "auto"  # Snake as one Triton kernel in the eager codec: auto (on CUDA with Triton) | off
@@ -220,6 +221,9 @@ ENGINE_VARS = (
     Var("TTS_LAZY_GRAPHS", "lazy_graphs", toggle(auto=True),
         "auto | on: capture the smallest batch's graph before ready and the others while idle or at first use; "
         "off: all before ready", dev=True),
+    Var("TTS_PREFILL_GRAPHS", "prefill_graphs", switch(forceable=False),
+        "auto (= on with CUDA graphs) | off: each new request's prefill replays a CUDA graph of its padded shape "
+        "(rows 1-8, positions 64-2048) instead of ~2,000 eager kernel launches", dev=True),
     Var("TTS_COMPILE", "compile", switch(), "auto | on | off: torch.compile the decode step", dev=True),
     Var("TTS_CODEC_COMPILE", "codec_compile", switch(),
         "on | off (auto = off): torch.compile the streaming codec as well (~1 ms faster per small chunk on an H100; "

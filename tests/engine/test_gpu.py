@@ -152,6 +152,8 @@ def test_lazy_start_fills_in_codec_graphs_and_matches_eager(exact_fp32):
         planned = {(r, s) for r in (1, 2, 4, 8) for s in (4, 8)}
         assert set(eng.vocoder.graphs.graphs) <= {(1, 4), (1, 8)} or not eng.settings.lazy_graphs
         assert eng.settle(timeout=60) and set(eng.vocoder.graphs.graphs) == planned and not eng.graphs.pending
+        prefill = eng.runner.prefill_graphs  # every padded prefill shape captured while idle
+        assert prefill is not None and prefill.planned and set(prefill.graphs) == set(prefill.planned)
         got = [s.result() for s in [eng.submit(r) for r in REQUESTS]]
     finally:
         eng.close()
@@ -188,6 +190,7 @@ def test_compiled_codec_graphs_equal_eager_codec_fp32(exact_fp32):
         def body():
             for slots, f in schedule:
                 out.append(voc.decode_padded(slots, codes[slots, :, f:f + 8]).clone())
+            torch.cuda.current_stream().synchronize()  # the worker's stream: done before another stream reads
         try:
             with torch.inference_mode():
                 voc.call(body)

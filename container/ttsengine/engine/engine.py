@@ -31,7 +31,7 @@ from .compile.kernel_cache import KernelCache
 from .cuda_graphs import GraphSet
 from .loader import load
 from .metrics import EngineMetrics
-from .runner import PrefillItem, Runner, RunnerConfig
+from .runner import PREFILL_GRAPH_TOKENS, PREFILL_POSITIONS, PREFILL_ROWS, PrefillItem, Runner, RunnerConfig
 from .scheduler import Job, Scheduler
 from .settings import BatchSettings, snake_kernel_usable
 from .vocoder import Delivery, Vocoder
@@ -286,9 +286,17 @@ class Engine:
             self.vocoder.call(self.vocoder.warm_up)
 
     def _step_graphs(self) -> GraphSet:
-        """The decode step's CUDA graphs, one per batch bucket (its state lives in the runner's buffers)."""
+        """The decode step's CUDA graphs, one per batch bucket (its state lives in the runner's buffers); and
+        the prefill's, one per padded shape (runner.prefill_key), captured at first use or while idle."""
         graphs = GraphSet("decode-step", self._capture_lock, lambda bb: self.runner.decode_step(bb))
         graphs.plan(list(self.settings.buckets))
+        if self.settings.prefill_graphs:
+            r = self.runner
+            prefill = GraphSet("prefill", self._capture_lock, lambda key, *inputs: r.prefill_layers(*inputs),
+                               r.prefill_scratch_inputs)
+            keys = {r.prefill_key(g, t) for g in PREFILL_ROWS for t in PREFILL_POSITIONS}
+            prefill.plan([k for k in keys if k[0] * k[1] <= PREFILL_GRAPH_TOKENS])
+            r.prefill_graphs = prefill
         return graphs
 
     def _capture(self) -> None:
@@ -301,16 +309,21 @@ class Engine:
             self.graphs.capture(self._start_buckets)
 
     def _graphs_pending(self) -> bool:
-        return self.graphs is not None and bool(self.graphs.pending or self.vocoder.pending_rows)
+        if self.graphs is None:
+            return False
+        prefill = self.runner.prefill_graphs
+        return bool(self.graphs.pending or self.vocoder.pending_rows or (prefill is not None and prefill.pending))
 
     def _capture_next(self) -> None:
         """One more lazy capture, every slot idle: the smaller pending batch of the decode step and the codec
-        (the codec's on its thread; this thread waits, so captures stay one at a time)."""
+        (the codec's on its thread; this thread waits, so captures stay one at a time), then the prefill's."""
         step, codec = self.graphs.pending[:1], self.vocoder.pending_rows[:1]
         if step and (not codec or step[0] <= codec[0]):
             self.graphs.capture_next()
-        else:
+        elif codec:
             self.vocoder.call(self.vocoder.capture_next)
+        else:
+            self.runner.prefill_graphs.capture_next()
 
     def settle(self, timeout: float = 120.0) -> bool:
         """Waits until the graphs left for later (lazy start-up) are captured; -> whether they all are."""

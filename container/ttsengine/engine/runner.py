@@ -19,6 +19,12 @@ from ..model.layers import attend
 from ..model.sampling import RepetitionWindow, SamplingTensors, register_top_p_op
 from .compile.units import StepOps
 
+# Prefill shapes (engine/cuda_graphs.py keys): prompts padded up to these rows and positions; a padded
+# prefill of more than PREFILL_GRAPH_TOKENS positions runs uncaptured (its graph's activations would be large).
+PREFILL_ROWS = (1, 2, 4, 8)
+PREFILL_POSITIONS = (64, 128, 256, 512, 1024, 2048)
+PREFILL_GRAPH_TOKENS = 8192
+
 
 @dataclass(frozen=True)
 class RunnerConfig:
@@ -64,6 +70,7 @@ class Runner:
         self.out = torch.zeros(S, n + 1, dtype=torch.int64, device=dev)  # frames made by the last step
         self._attend = write_and_attend_op()
         self.ops = StepOps.eager(self._attend, cfg.triton_attention)
+        self.prefill_graphs = None  # a GraphSet over prefill_layers keyed by prefill_key (the engine's)
         # host side: pages held per slot; page 0 is scratch and never handed out
         self.slot_pages: list[list[int]] = [[] for _ in range(S)]
         self.free_pages = list(range(cfg.num_pages - 1, 0, -1))
@@ -110,36 +117,26 @@ class Runner:
         self._reset_rows(torch.tensor([src], device=self.device))
 
     # ---- prefill ------------------------------------------------------------------------------
+    def prefill_key(self, g: int, T: int) -> tuple[int, int]:
+        """(rows, positions) a prefill of g prompts of up to T positions is padded to: few shapes, so each can
+        be a CUDA graph (the padding is masked and writes to the scratch page, so it changes no value)."""
+        rows = next((b for b in PREFILL_ROWS if b >= g), g)
+        cap = self.model.cfg.cache_len  # padded positions index the RoPE table
+        return rows, min(next((b for b in PREFILL_POSITIONS if b >= T), T), cap)
+
     def prefill(self, items: list[PrefillItem]) -> None:
         """Writes the KV cache of each new stream's prompt except its last token and arms the slot:
         the prompt's last column becomes the slot's next input, so the (graphed) decode step samples
         the first frame, without repetition penalty (the `fresh` flag) as upstream does."""
-        m, dev = self.model, self.device
+        dev = self.device
         g = len(items)
         slots = torch.tensor([it.slot for it in items], device=dev)
         last = torch.stack([it.prompt[:, -1] for it in items]).to(dev)  # [g, n+1]
         lens = [it.prompt.shape[1] - 1 for it in items]
         self.ensure_pages([(it.slot, it.prompt.shape[1] - 1) for it in items])
-        T = max(lens)
-        if T > 0:
-            tokens = torch.zeros(g, m.cfg.num_codebooks + 1, T, dtype=torch.int64)
-            for i, it in enumerate(items):
-                tokens[i, :, : lens[i]] = it.prompt[:, :-1]
-            tokens = tokens.to(dev, non_blocking=True)
-            pos = torch.arange(T, device=dev)[None].expand(g, T)
-            valid = pos < torch.tensor(lens, device=dev)[:, None]
-            mask = (pos[:, None, :] <= pos[:, :, None]) & valid[:, None, :]  # [g, T(q), T(k)]
-            write_pos = torch.where(valid, pos, torch.full_like(pos, -1))  # padding goes to scratch
-            table = self.page_table.index_select(0, slots)
-            rope = m.rope_slow[pos]
-            x = m.embed(tokens)
-            for i, layer in enumerate(m.layers):
-                att = layer.attention
-                q, k, v = att.project(layer.attention_norm(x), rope)
-                self.kv[i].write(table, write_pos, k, v)
-                y = attend(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), mask[:, None])
-                x = x + att.wo(y.transpose(1, 2).reshape(g, T, -1))
-                x = x + layer.feed_forward(layer.ffn_norm(x))
+        top = PREFILL_ROWS[-1]  # groups of at most this many prompts, graphs or not (same shapes, same numbers)
+        for i in range(0, g, top):
+            self._prefill_group(items[i:i + top], slots[i:i + top])
         params = SamplingTensors.from_values([it.params for it in items], dev)
         for name in ("temperature", "top_p", "repetition_penalty", "seed_lo", "seed_hi"):
             getattr(self.params, name).index_copy_(0, slots, getattr(params, name))
@@ -149,6 +146,53 @@ class Runner:
         self.active.index_fill_(0, slots, True)
         self.fresh.index_fill_(0, slots, True)
         self.window.reset_rows(torch.zeros_like(self.active).index_fill_(0, slots, True))
+
+    def _prefill_group(self, items: list[PrefillItem], slots: Tensor) -> None:
+        lens = [it.prompt.shape[1] - 1 for it in items]
+        if max(lens) == 0:
+            return
+        key = self.prefill_key(len(items), max(lens))
+        rows, T = key
+        tokens = torch.zeros(rows, self.model.cfg.num_codebooks + 1, T, dtype=torch.int64)
+        for i, it in enumerate(items):
+            tokens[i, :, : lens[i]] = it.prompt[:, :-1]
+        # padding rows: one position, written to the scratch page through an all-scratch table row
+        valid = torch.tensor(lens + [1] * (rows - len(items)), device=self.device)
+        table = torch.zeros(rows, self.max_pages_per_seq, dtype=torch.int32, device=self.device)
+        table[: len(items)] = self.page_table.index_select(0, slots)
+        tokens = tokens.to(self.device, non_blocking=True)
+        if self.prefill_graphs is not None and rows * T <= PREFILL_GRAPH_TOKENS:
+            self.prefill_graphs.run(key, tokens, valid, table)
+        else:
+            self.prefill_layers(tokens, valid, table)
+
+    def prefill_layers(self, tokens: Tensor, lens: Tensor, table: Tensor) -> Tensor:
+        """The slow layers over padded prompts, writing positions < lens into the paged cache (the rest to
+        scratch). tokens: int64 [G, n+1, T]; lens: int64 [G] (>= 1); table: int32 [G, P] -> hidden [G, T, D]
+        (unused: a graph's output). Reads nothing but its arguments and the weights: a CUDA graph per shape."""
+        m = self.model
+        g, _, T = tokens.shape
+        pos = torch.arange(T, device=tokens.device)[None].expand(g, T)
+        valid = pos < lens[:, None]
+        mask = (pos[:, None, :] <= pos[:, :, None]) & valid[:, None, :]  # [g, T(q), T(k)]
+        write_pos = torch.where(valid, pos, torch.full_like(pos, -1))  # padding goes to scratch
+        rope = m.rope_slow[pos]
+        x = m.embed(tokens)
+        for i, layer in enumerate(m.layers):
+            att = layer.attention
+            q, k, v = att.project(layer.attention_norm(x), rope)
+            self.kv[i].write(table, write_pos, k, v)
+            y = attend(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), mask[:, None])
+            x = x + att.wo(y.transpose(1, 2).reshape(g, T, -1))
+            x = x + layer.feed_forward(layer.ffn_norm(x))
+        return x
+
+    def prefill_scratch_inputs(self, key: tuple[int, int]) -> tuple[Tensor, Tensor, Tensor]:
+        """Inputs a prefill graph of `key` may be captured on: every row writes one position to scratch."""
+        rows, T = key
+        return (torch.zeros(rows, self.model.cfg.num_codebooks + 1, T, dtype=torch.int64, device=self.device),
+                torch.ones(rows, dtype=torch.int64, device=self.device),
+                torch.zeros(rows, self.max_pages_per_seq, dtype=torch.int32, device=self.device))
 
     # ---- decode step --------------------------------------------------------------------------
     def enable_compile(self, store: Path | None = None) -> None:

@@ -56,6 +56,7 @@ class BatchSettings:
     stream_chunk_frames: int
     cuda_graphs: bool
     lazy_graphs: bool  # capture the smallest bucket before ready, the rest later (cuda_graphs.py)
+    prefill_graphs: bool  # the prefill as CUDA graphs per padded shape (with cuda_graphs)
     compile: bool  # torch.compile the decode step's units
     codec_compile: bool  # torch.compile the streaming codec
     snake_kernel: bool  # the eager codec's Snake as one Triton kernel
@@ -129,7 +130,8 @@ class BatchSettings:
         return BatchSettings(runner=runner, max_queue=config.max_queue or 2 * max_batch,
                              prefill_tokens=config.prefill_tokens, first_chunk_frames=config.first_chunk_frames,
                              stream_chunk_frames=config.stream_chunk_frames, cuda_graphs=graphs,
-                             lazy_graphs=config.lazy_graphs, compile=compile_, codec_compile=codec_compile,
+                             lazy_graphs=config.lazy_graphs, prefill_graphs=graphs and config.prefill_graphs != "off",
+                             compile=compile_, codec_compile=codec_compile,
                              snake_kernel=snake_kernel, cudnn_autotune=cudnn_autotune,
                              codec_merge_rows=0 if config.codec_merge == "off" else max_batch,
                              buckets=tuple(buckets),
