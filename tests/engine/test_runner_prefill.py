@@ -38,8 +38,8 @@ def test_prefill_keys(model):
 
 
 def test_padding_changes_no_value_and_writes_only_scratch(model):
-    # 10 prompts of different lengths: groups of 8 and 2 rows, each padded; against each prompt prefilled
-    # alone at its exact length through the same layers
+    # 10 prompts of different lengths in one padded call (with prefill graphs: groups of 8 and 2), against
+    # each prompt prefilled alone at its exact length through the same layers
     items = [_item(model, slot, length, slot) for slot, length in enumerate([30, 5, 17, 44, 2, 9, 33, 21, 40, 12])]
     padded = _runner(model)
     with torch.inference_mode():

@@ -134,7 +134,8 @@ class Runner:
         last = torch.stack([it.prompt[:, -1] for it in items]).to(dev)  # [g, n+1]
         lens = [it.prompt.shape[1] - 1 for it in items]
         self.ensure_pages([(it.slot, it.prompt.shape[1] - 1) for it in items])
-        top = PREFILL_ROWS[-1]  # groups of at most this many prompts, graphs or not (same shapes, same numbers)
+        # with prefill graphs: groups of at most 8 prompts (each group one graph); without, one padded call
+        top = PREFILL_ROWS[-1] if self.prefill_graphs is not None else g
         for i in range(0, g, top):
             self._prefill_group(items[i:i + top], slots[i:i + top])
         params = SamplingTensors.from_values([it.params for it in items], dev)
