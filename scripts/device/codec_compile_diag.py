@@ -39,8 +39,9 @@ def run(compiled, graphs, buckets):
 
 
 ref = run(False, False, (1, 4))
-for name, args in [("eager graphs dup", (False, True, (1, 4))), ("compiled no-graphs dup", (True, False, (1, 4))),
-                   ("compiled graphs nodup", (True, True, (1, 2, 3, 4))), ("compiled graphs dup", (True, True, (1, 4)))]:
+VARIANTS = [("eager graphs dup", (False, True, (1, 4))), ("compiled no-graphs dup", (True, False, (1, 4))),
+            ("compiled graphs nodup", (True, True, (1, 2, 3, 4))), ("compiled graphs dup", (True, True, (1, 4)))]
+for name, args in VARIANTS:
     got = run(*args)
     print(name, [[round((a[i] - b[i]).abs().max().item(), 6) for i in range(a.shape[0])] for a, b in zip(got, ref)],
           flush=True)
