@@ -241,6 +241,14 @@ def test_snake_kernel_equals_snake():
             got = snake_triton(x, alpha)
             assert got.dtype == dtype and got.shape == x.shape
             assert (got.float() - want).abs().max().item() < tol * (1 + want.abs().max().item()), (dtype, B, C, L)
+    # into the tail of a wider buffer (the streaming codec's conv history sits in front), head untouched
+    x = torch.randn(3, 64, 700, generator=g).to("cuda", torch.bfloat16)
+    alpha = (torch.rand(1, 64, 1, generator=g) + 0.1).to("cuda", torch.bfloat16)
+    buf = torch.full((3, 64, 18 + 700), 7.0, device="cuda", dtype=torch.bfloat16)
+    assert snake_triton(x, alpha, out=buf[..., 18:]).data_ptr() == buf[..., 18:].data_ptr()
+    assert torch.equal(buf[..., 18:], snake_triton(x, alpha)) and bool((buf[..., :18] == 7).all())
+    with pytest.raises(ValueError, match="does not fit"):
+        snake_triton(x, alpha, out=buf[..., 18:].transpose(0, 1))
     x = torch.randn(2, 8, 100, device="cuda").transpose(1, 2)  # non-contiguous input
     alpha = torch.rand(1, 100, 1, device="cuda") + 0.1
     assert torch.allclose(snake_triton(x, alpha), snake(x, alpha), atol=1e-5)
