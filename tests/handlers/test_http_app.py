@@ -27,7 +27,8 @@ class FakeEngine:
 
     def stats(self) -> dict:
         return {"warmup_seconds": 1.5, "quantization": "bf16 (none)", "kernel_cache": "off", "running": 0,
-                "waiting": 0, "ttfa_buckets": [0.1], "ttfa_counts": [0, 0], "ttfa_sum": 0}
+                "waiting": 0, "ttfa_buckets": [0.1], "ttfa_counts": [0, 0], "ttfa_sum": 0, "max_streams": 4,
+                "kv_positions": 4096, "memory_preset": {"name": "cpu", "max_batch": 4}}
 
     def close(self) -> None:
         pass
@@ -62,7 +63,8 @@ def test_loading_then_ready(tmp_path):
         gate.set()
         settle(c)
         ready = c.get("/ready").json()
-        assert ready == {"status": "ready", "warmup_seconds": 1.5, "quantization": "bf16 (none)", "kernel_cache": "off"}
+        assert ready == {"status": "ready", "warmup_seconds": 1.5, "quantization": "bf16 (none)", "kernel_cache": "off",
+                         "memory_preset": {"name": "cpu", "max_batch": 4}, "max_streams": 4, "kv_positions": 4096}
         assert "tts_ready 1" in c.get("/metrics").text
 
 
