@@ -209,6 +209,9 @@ def test_layers_defaults_then_environment_then_overrides():
     assert from_env({"TTS_MAX_BATCH": "5"}, defaults={"max_batch": 3}, max_batch=7).max_batch == 7
     assert from_env({"TTS_MAX_BATCH": "5"}, max_batch=None).max_batch == 5  # None: the flag was not given
     assert from_env({"TTS_MAX_BATCH": "  "}).max_batch == 0  # blank: unset
+    assert ServerConfig.from_env({"TTS_API_KEY": ""}).api_key is None  # empty: unset (compose's ${VAR:-})
+    with pytest.raises(ConfigError, match="TTS_API_KEY is blank"):  # a credential: blank is a mistake
+        ServerConfig.from_env({"TTS_API_KEY": " \t"})
 
 
 def test_server_configs():

@@ -114,6 +114,7 @@ class Var:
     kind: Kind
     meaning: str
     dev: bool = False  # an experiment knob: the README's "Developer settings" table
+    secret: bool = False  # a credential: set but blank is an error, not "unset" (a blank key must not mean auth off)
 
 
 def read(cls: type[C], table: tuple[Var, ...], env: Mapping[str, str] | None = None,
@@ -124,7 +125,10 @@ def read(cls: type[C], table: tuple[Var, ...], env: Mapping[str, str] | None = N
     env = os.environ if env is None else env
     values: dict[str, object] = dict(defaults or {})
     for var in table:
-        text = env.get(var.name, "").strip()
+        raw = env.get(var.name, "")
+        text = raw.strip()
+        if var.secret and raw and not text:  # TTS_API_KEY=" " would silently mean "not set": auth off
+            raise ConfigError(f"environment variable {var.name} is blank (whitespace only): unset it or give a value")
         if text:
             try:
                 values[var.field] = var.kind.parse(text)
@@ -281,7 +285,8 @@ SERVER_VARS = (
     Var("TTS_HOST", "host", TEXT, "address the HTTP server binds (default 0.0.0.0)"),
     Var("TTS_PORT", "port", PORT, "port of the HTTP server (default 8080)"),
     Var("TTS_API_KEY", "api_key", TEXT,
-        "if set, every API route needs `Authorization: Bearer <key>` (health, ready, metrics and / do not)"),
+        "if set, every API route needs `Authorization: Bearer <key>` (health, ready, metrics and / do not); "
+        "whitespace only is a start-up error", secret=True),
     DATA_DIR,
     Var("TTS_MAX_BODY_BYTES", "max_body_bytes", integer(1024), "largest request body (default 25 MB)"),
     Var("TTS_MAX_UPLOAD_BYTES", "max_upload_bytes", integer(1024), "largest uploaded reference audio (default 20 MB)"),

@@ -12,6 +12,7 @@ from starlette.concurrency import run_in_threadpool
 
 from ttsengine import Engine, EngineConfig, ServerConfig
 from ttsengine.serving.body_limit import BodyLimit
+from ttsengine.serving.listen import HeadAsGet
 from ttsengine.serving.protocol import FishTTSRequest
 from ttsengine.serving.service import Service, engine_loader
 
@@ -35,6 +36,7 @@ def create_app(server: ServerConfig, engine_config: EngineConfig,
     app.add_middleware(CountRequests, counter=app.state.counter)
     app.add_middleware(BodyLimit, limit=server.max_body_bytes,
                        reply=lambda e: error_body(str(e), "too_large", e.status))
+    app.add_middleware(HeadAsGet)  # outermost: HEAD is counted and limited as the GET it becomes
     add_error_handlers(app)
     app.include_router(router)
     app.openapi = lambda: openapi(app)

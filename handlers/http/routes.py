@@ -15,6 +15,7 @@ from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, Res
 from starlette.concurrency import run_in_threadpool
 
 from ttsengine import CONTENT_TYPES, ServerConfig, VoiceStore, audio_bytes, check_id, sse_events, whole
+from ttsengine.audio.encode import output_rate
 from ttsengine.serving.protocol import OpenAISpeechRequest, SpeechJob, fish_job, openai_job, parse_body
 from ttsengine.serving.service import Service
 
@@ -113,7 +114,8 @@ async def tts(request: Request, svc: Svc):
 
 
 def audio_headers(job: SpeechJob, stream) -> dict:
-    return {"X-Seed": str(stream.seed), "X-Sample-Rate": str(job.sample_rate or ""), "Cache-Control": "no-store"}
+    rate = output_rate(job.format, stream.sample_rate, job.sample_rate)  # the rate the audio is encoded at
+    return {"X-Seed": str(stream.seed), "X-Sample-Rate": str(rate), "Cache-Control": "no-store"}
 
 
 async def until_disconnect(request: Request, work, stream):

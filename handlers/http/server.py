@@ -6,6 +6,7 @@ import argparse
 import sys
 
 from ttsengine import ServerConfig, TTSError, from_env
+from ttsengine.serving.listen import port_problem
 from ttsengine.serving.service import setup_logging
 
 
@@ -19,6 +20,10 @@ def main(argv: list[str] | None = None) -> int:
         server = ServerConfig.from_env(host=args.host, port=args.port)
     except TTSError as e:
         print(f"handlers http: {e}", file=sys.stderr)
+        return 2
+    problem = port_problem(server.host, server.port)
+    if problem:
+        print(f"handlers http: {problem}", file=sys.stderr)
         return 2
     setup_logging(engine_config.log_level)
     import uvicorn

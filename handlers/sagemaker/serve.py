@@ -22,6 +22,7 @@ from starlette.concurrency import run_in_threadpool
 
 from ttsengine import SageMakerConfig, ServerConfig, TTSError, audio_bytes, audio_record, from_env, output_rate
 from ttsengine.serving.body_limit import BodyLimit
+from ttsengine.serving.listen import HeadAsGet, port_problem
 from ttsengine.serving.service import Service, setup_logging
 
 from . import inference
@@ -78,6 +79,7 @@ def create_app(server: ServerConfig, service: Service) -> FastAPI:
 
     app = FastAPI(title="fish-tts-server (SageMaker)", lifespan=lifespan, docs_url=None, redoc_url=None)
     app.add_middleware(BodyLimit, limit=server.max_body_bytes, reply=lambda e: error_body(e.status, str(e)))
+    app.add_middleware(HeadAsGet)  # HEAD /ping as GET, without the body
 
     @app.get("/ping")
     async def ping():
@@ -158,6 +160,10 @@ def main(argv: list[str] | None = None) -> int:
         service = inference.service_for(engine_config)
     except TTSError as e:
         print(f"handlers serve: {e}", file=sys.stderr)
+        return 2
+    problem = port_problem("0.0.0.0", server.port)
+    if problem:
+        print(f"handlers serve: {problem}", file=sys.stderr)
         return 2
     setup_logging(engine_config.log_level)
     import uvicorn

@@ -98,6 +98,8 @@ def test_every_format_decodes_to_the_expected_duration(server, fmt):
     expected = (FRAMES - 1) * FRAME_S
     tol = 0.08 if fmt in ("mp3", "aac") else 0.002  # encoder priming/padding
     assert abs(duration(r.content, fmt) - expected) < tol
+    # the rate the audio is encoded at, also when the request did not ask for one
+    assert r.headers["x-sample-rate"] == {"pcm": "24000", "opus": "48000"}.get(fmt, "44100")
 
 
 def test_sample_rate_and_speed(server):
@@ -295,6 +297,37 @@ def test_metrics_and_health(server):
     assert _metric(server, "tts_max_streams") == ready["max_streams"]
     assert _metric(server, "tts_kv_cache_positions") == ready["kv_positions"]
     assert 'route="/v1/audio/speech",code="200"' in text and 'code="400"' in text
+
+
+def test_head_answers_like_get_without_a_body(server):
+    for path in ("/health", "/ready", "/metrics", "/"):
+        get, head = httpx.get(server + path), httpx.head(server + path)
+        assert head.status_code == 200 and head.content == b"", path
+        assert head.headers["content-type"] == get.headers["content-type"], path
+    assert httpx.head(server + "/health").headers["content-length"] == str(len(httpx.get(server + "/health").content))
+    assert httpx.head(server + "/v1/audio/speech").status_code == 405  # POST-only routes stay POST-only
+
+
+def test_a_port_in_use_is_a_one_line_error(tmp_path):
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        proc = subprocess.run([sys.executable, "-m", "handlers", "http", "--host", "127.0.0.1", "--port", str(port)],
+                              cwd=ROOT, env={**os.environ, "TTS_MODEL_DIR": str(MODEL_DIR), "TTS_DEVICE": "cpu"},
+                              capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert proc.stderr.strip() == f"handlers http: port {port} on 127.0.0.1 is already in use (set TTS_PORT or --port)"
+
+
+def test_a_blank_api_key_is_a_start_up_error(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "handlers", "http"], cwd=ROOT, capture_output=True, text=True,
+                          env={**os.environ, "TTS_MODEL_DIR": str(MODEL_DIR), "TTS_API_KEY": "   "}, timeout=60)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert proc.stderr.strip() == ("handlers http: environment variable TTS_API_KEY is blank (whitespace only): "
+                                   "unset it or give a value")
 
 
 def test_web_page_is_served(server):
