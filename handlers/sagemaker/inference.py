@@ -13,6 +13,7 @@ format the request names.
 from __future__ import annotations
 
 import base64
+import dataclasses
 import functools
 import json
 from dataclasses import dataclass
@@ -28,6 +29,7 @@ from ttsengine import (
     encode_audio,
     from_env,
 )
+from ttsengine.audio.encode import check_output
 from ttsengine.serving.failure import failure
 from ttsengine.serving.protocol import SpeechJob, job_from_body, parse_body
 from ttsengine.serving.service import Service, engine_loader
@@ -113,7 +115,14 @@ def service_for(config: EngineConfig) -> Service:
 
 def job_for(body: dict, voices: VoiceStore | None, check_only: bool = False) -> SpeechJob:
     body = {k: v for k, v in body.items() if k != "stream"}  # `serve`'s streaming switch, not a synthesis field
-    return job_from_body(body, voices, check_only)
+    speed = body.pop("speed", None) if "input" not in body else None  # fish-speech's schema has no speed
+    job = job_from_body(body, voices, check_only)
+    if speed is None:
+        return job
+    if isinstance(speed, bool) or not isinstance(speed, (int, float)):
+        raise InputError(f"speed must be a number within 0.25..4.0, got {speed!r}")
+    check_output(job.format, job.sample_rate, float(speed))
+    return dataclasses.replace(job, speed=float(speed))
 
 
 def response_format(accept: str | None, requested: str) -> tuple[str, bool]:

@@ -85,6 +85,8 @@ def test_ping_answers_fast_and_only_200_when_ready(serve):
     assert pings[-1][0] == 200
     assert all(elapsed < 2.0 for _, elapsed in pings)  # SageMaker's 2 s ping deadline, also during warm-up
     assert {s for s, _ in pings} <= {200, 503}
+    head = httpx.head(url + "/ping")
+    assert head.status_code == 200 and head.content == b""
 
 
 @pytest.mark.parametrize("accept", ["audio/wav", "audio/mpeg", "audio/ogg", "audio/flac", "audio/aac", "audio/pcm"])
@@ -135,6 +137,16 @@ def test_custom_attributes_set_options(serve):
     assert r.status_code == 200 and r.headers["content-type"] == "audio/mpeg" and r.headers["x-seed"] == "9"
     bad = invoke(serve[0], {"text": "x"}, attrs="colour=red")
     assert bad.status_code == 400 and "unknown option" in bad.json()["error"]["message"]
+    # speed with either body style (fish-speech's schema has no speed field: serve applies it after parsing)
+    body = {"text": "Faster by header.", "max_new_tokens": FRAMES, "seed": 3, "format": "wav"}
+    slow, fast = invoke(serve[0], body), invoke(serve[0], body, attrs="speed=2")
+    assert fast.status_code == 200, fast.text
+    assert abs(seconds_of(fast.content, "audio/wav") - seconds_of(slow.content, "audio/wav") / 2) < 0.01
+    openai = invoke(serve[0], {"input": "Faster by header.", "max_new_tokens": FRAMES, "response_format": "wav"},
+                    attrs="speed=2")
+    assert openai.status_code == 200, openai.text
+    too_fast = invoke(serve[0], body, attrs="speed=9")
+    assert too_fast.status_code == 400 and "speed must be within" in too_fast.json()["error"]["message"]
 
 
 def test_async_inference_sized_work(serve):
