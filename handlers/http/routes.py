@@ -133,6 +133,8 @@ async def until_disconnect(request: Request, work, stream):
 # ---- voices -------------------------------------------------------------------------------------------------
 def store(svc: Service) -> VoiceStore:
     svc.require()
+    if svc.voices is None:
+        raise ApiError(503, svc.voices_error or "stored voices are disabled (no TTS_DATA_DIR)")
     return svc.voices
 
 

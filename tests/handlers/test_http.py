@@ -171,6 +171,42 @@ def test_voices_round_trip(server):
     assert bad.status_code == 400 and "available: default" in bad.json()["error"]["message"]
 
 
+def test_a_damaged_voice_fails_alone(tmp_path):
+    # a voice whose files were damaged on disk: the list still answers (the voice flagged), using it is a clear
+    # 400, and a good voice beside it works
+    broken = tmp_path / "data" / "voices" / "broken"
+    broken.mkdir(parents=True)
+    (broken / "text.txt").write_bytes(b"\xff\xfe not utf-8 \xfa")
+    (broken / "codes.npy").write_bytes(b"not a numpy file")
+    (broken / "meta.json").write_text("{")
+    proc, url = start_server(tmp_path)
+    try:
+        wait_ready(url, proc)
+        ok = httpx.post(url + "/v1/references/add", data={"id": "fine", "text": "fine words"},
+                        files={"audio": ("a.wav", wav_bytes(seed=5), "audio/wav")})
+        assert ok.status_code == 201, ok.text
+        listed = {v["id"]: v for v in httpx.get(url + "/v1/voices").json()["voices"]}
+        assert "damaged" in listed["broken"]["error"] and "error" not in listed["fine"]
+        bad = speech(url, voice="broken")
+        assert bad.status_code == 400 and "voice 'broken' is damaged" in bad.json()["error"]["message"]
+        assert speech(url, voice="fine").status_code == 200
+    finally:
+        stop(proc)
+
+
+def test_an_unusable_data_dir_disables_voices_only(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("a file where the data directory should be")
+    proc, url = start_server(tmp_path, TTS_DATA_DIR=str(blocker / "data"))
+    try:
+        wait_ready(url, proc)  # ready: synthesis is served
+        assert speech(url).status_code == 200
+        r = httpx.get(url + "/v1/voices")
+        assert r.status_code == 503 and "stored voices are disabled" in r.json()["error"]["message"]
+    finally:
+        stop(proc)
+
+
 @pytest.mark.parametrize("voice_id", ["../x", "a/b", "..", ".hidden", "x" * 65, " lead", "a\x00b", "default"])
 def test_bad_voice_ids(server, voice_id):
     r = httpx.post(server + "/v1/references/add", data={"id": voice_id, "text": "t"},

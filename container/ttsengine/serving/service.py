@@ -49,6 +49,7 @@ class Service:
         self._load, self.voices_dir = load, voices_dir
         self.engine: Engine | None = None
         self.voices: VoiceStore | None = None
+        self.voices_error: str | None = None  # why stored voices are off although a directory was configured
         self.error: str | None = None  # why loading failed, for health checks
         self._thread: threading.Thread | None = None
 
@@ -66,7 +67,12 @@ class Service:
         try:
             engine = self._load()
             if self.voices_dir is not None:
-                self.voices = VoiceStore(self.voices_dir, engine.voice_codes, engine.codec_tag, engine.frame_rate)
+                try:
+                    self.voices = VoiceStore(self.voices_dir, engine.voice_codes, engine.codec_tag, engine.frame_rate)
+                except OSError as e:  # degrade, don't die: synthesis without stored voices is still a service
+                    why = e.strerror or str(e)
+                    self.voices_error = f"stored voices are disabled: {self.voices_dir} is not usable ({why})"
+                    log.warning("%s; set TTS_DATA_DIR to a writable directory", self.voices_error)
         except Exception as e:
             self.error = f"{type(e).__name__}: {e}"
             if engine is not None:

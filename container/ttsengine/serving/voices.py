@@ -10,6 +10,7 @@ stored audio when the model changes.
 from __future__ import annotations
 
 import json
+import logging
 import re
 import shutil
 import tempfile
@@ -34,6 +35,8 @@ class Voice:
     seconds: float
 
 
+log = logging.getLogger(__name__)
+
 def check_id(voice_id: object) -> str:
     if not isinstance(voice_id, str) or not ID_PATTERN.fullmatch(voice_id) or voice_id != voice_id.strip():
         raise InputError(f"invalid voice id {str(voice_id)[:80]!r}: use 1-64 letters, digits, spaces, '_' or '-', "
@@ -46,6 +49,7 @@ class VoiceStore:
         """encode(audio bytes) -> codes [n, F] (raises InputError for unreadable audio)."""
         self.root = Path(root)
         self.root.mkdir(parents=True, exist_ok=True)
+        tempfile.TemporaryFile(dir=self.root).close()  # OSError now, not at the first upload, if not writable
         self.encode, self.codec_tag, self.frame_rate = encode, codec_tag, frame_rate
         self._lock = threading.Lock()
 
@@ -76,9 +80,18 @@ class VoiceStore:
         return Voice(voice_id, text, codes, codes.shape[1] / self.frame_rate)
 
     def get(self, voice_id: str) -> Voice | None:
+        """None when there is no such voice; InputError when its files are damaged (that voice only)."""
         path = self._dir(voice_id)
         if not (path / "text.txt").is_file():
             return None
+        try:
+            return self._load(voice_id, path)
+        except (OSError, ValueError) as e:  # UnicodeDecodeError is a ValueError; np.load raises both
+            log.warning("stored voice %r is damaged: %s: %s", voice_id, type(e).__name__, e)
+            raise InputError(f"voice {voice_id!r} is damaged ({type(e).__name__}); delete it and add it again") \
+                from None
+
+    def _load(self, voice_id: str, path: Path) -> Voice | None:
         text = (path / "text.txt").read_text(encoding="utf-8")
         meta = _read_json(path / "meta.json")
         if meta.get("codec") == self.codec_tag and (path / "codes.npy").is_file():
@@ -105,12 +118,18 @@ class VoiceStore:
                       if p.is_dir() and not p.name.startswith(".") and (p / "text.txt").is_file())
 
     def summary(self) -> list[dict]:
+        """Every stored voice; a damaged one is listed with an `error` instead of failing the list."""
         out = []
         for voice_id in self.ids():
             path = self.root / voice_id
             meta = _read_json(path / "meta.json")
-            out.append({"id": voice_id, "text": (path / "text.txt").read_text(encoding="utf-8"),
-                        "seconds": round(meta.get("frames", 0) / self.frame_rate, 2)})
+            try:
+                text = (path / "text.txt").read_text(encoding="utf-8")
+            except (OSError, ValueError) as e:
+                out.append({"id": voice_id, "text": "", "seconds": 0,
+                            "error": f"damaged ({type(e).__name__}); delete it and add it again"})
+                continue
+            out.append({"id": voice_id, "text": text, "seconds": round(meta.get("frames", 0) / self.frame_rate, 2)})
         return out
 
 
