@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 import urllib.error
 import urllib.request
@@ -17,13 +18,26 @@ def mode(cmdline: bytes) -> str:
     return "http"
 
 
-def main(port: int = 8080) -> int:
+def port_for(which: str, env=os.environ) -> int:
+    """The port the server of `which` listens on, as its adapter reads it (serve: SageMaker's
+    SAGEMAKER_BIND_TO_PORT, then TTS_PORT; http: TTS_PORT; both 8080 by default). Read here without importing
+    the engine: the check must answer within its 5 s timeout."""
+    names = ("SAGEMAKER_BIND_TO_PORT", "TTS_PORT") if which == "serve" else ("TTS_PORT",)
+    for name in names:
+        value = env.get(name, "").strip()
+        if value.isdigit():
+            return int(value)
+    return 8080
+
+
+def main(port: int | None = None) -> int:
     try:
         which = mode(Path("/proc/1/cmdline").read_bytes())
     except OSError:
         which = "http"
     if which == "runpod":
         return 0  # PID 1 exists (we are running in its namespace): the worker loop is up
+    port = port_for(which) if port is None else port
     path = "/ping" if which == "serve" else "/health"
     try:
         with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=4) as r:

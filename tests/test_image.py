@@ -78,3 +78,33 @@ def test_healthcheck_mode(cmdline, mode):
 
 def test_healthcheck_fails_without_a_server():
     assert healthcheck.main(port=1) == 1
+
+
+def test_healthcheck_uses_the_configured_port():
+    assert healthcheck.port_for("http", {}) == 8080
+    assert healthcheck.port_for("http", {"TTS_PORT": "9000", "SAGEMAKER_BIND_TO_PORT": "7000"}) == 9000
+    assert healthcheck.port_for("serve", {"TTS_PORT": "9000", "SAGEMAKER_BIND_TO_PORT": "7000"}) == 7000
+    assert healthcheck.port_for("serve", {"TTS_PORT": "9000"}) == 9000
+
+
+def test_healthcheck_finds_a_server_on_tts_port(monkeypatch):
+    # a real HTTP server on a free port, named by TTS_PORT only
+    import http.server
+    import threading
+
+    class Health(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802 - the stdlib's name
+            self.send_response(200 if self.path == "/health" else 404)
+            self.end_headers()
+
+        def log_message(self, *args):
+            pass
+
+    srv = http.server.HTTPServer(("127.0.0.1", 0), Health)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    try:
+        monkeypatch.setenv("TTS_PORT", str(srv.server_address[1]))
+        monkeypatch.setattr(healthcheck, "mode", lambda cmdline: "http")
+        assert healthcheck.main() == 0
+    finally:
+        srv.shutdown()
