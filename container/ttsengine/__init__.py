@@ -3,7 +3,7 @@
 The public API adapters use: EngineConfig / from_env, Engine, SynthesisRequest, Reference, the errors.
 """
 
-from .audio.encode import CONTENT_TYPES, FORMATS, AudioEncoder, EncodedAudio, encode_audio, output_rate
+from .audio.encode import CONTENT_TYPES, FORMATS, AudioEncoder, EncodedAudio, check_output, encode_audio, output_rate
 from .config import DownloadConfig, EngineConfig, RunPodConfig, SageMakerConfig, ServerConfig, from_env
 from .eager import EagerEngine
 from .engine.engine import Engine
@@ -30,5 +30,5 @@ __all__ = [
     "ConfigError", "DownloadConfig", "DownloadError", "EncodedAudio", "Engine", "EngineConfig", "FORMATS",
     "InputError", "MediaTypeError", "Reference", "EagerEngine", "RunPodConfig", "SageMakerConfig", "ServerConfig",
     "Stream", "SynthesisRequest", "SynthesisResult", "TTSError", "Voice", "VoiceStore", "audio_bytes", "audio_record",
-    "check_id", "encode_audio", "ensure_model", "from_env", "output_rate", "sse_events", "whole",
+    "check_id", "check_output", "encode_audio", "ensure_model", "from_env", "output_rate", "sse_events", "whole",
 ]

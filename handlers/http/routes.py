@@ -14,8 +14,7 @@ from fastapi import APIRouter, Depends, File, Form, Request, UploadFile
 from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
-from ttsengine import CONTENT_TYPES, ServerConfig, VoiceStore, audio_bytes, check_id, sse_events, whole
-from ttsengine.audio.encode import output_rate
+from ttsengine import CONTENT_TYPES, ServerConfig, VoiceStore, audio_bytes, check_id, output_rate, sse_events, whole
 from ttsengine.serving.protocol import OpenAISpeechRequest, SpeechJob, fish_job, openai_job, parse_body
 from ttsengine.serving.service import Service
 

@@ -26,10 +26,10 @@ from ttsengine import (
     SynthesisResult,
     TTSError,
     VoiceStore,
+    check_output,
     encode_audio,
     from_env,
 )
-from ttsengine.audio.encode import check_output
 from ttsengine.serving.failure import failure
 from ttsengine.serving.protocol import SpeechJob, job_from_body, parse_body
 from ttsengine.serving.service import Service, engine_loader

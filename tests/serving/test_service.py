@@ -98,13 +98,26 @@ def test_a_failed_load_is_reported_not_raised_in_the_background(tmp_path):
     svc.close()  # nothing to close
 
 
-def test_a_failed_foreground_load_raises_and_closes_what_it_made(tmp_path):
+def test_an_unusable_voices_dir_disables_voices_only(tmp_path):
     engine = FakeEngine()
     (tmp_path / "file").write_text("not a directory")
     svc = Service(lambda: engine, tmp_path / "file" / "voices")
-    with pytest.raises(OSError):
+    svc.load()
+    assert svc.engine is engine and not engine.closed and svc.error is None and svc.voices is None
+    assert svc.voices_error.startswith(f"stored voices are disabled: {tmp_path / 'file' / 'voices'} is not usable")
+
+
+def test_a_failed_foreground_load_raises_and_closes_what_it_made(tmp_path, monkeypatch):
+    # a failure after the engine exists (here: the voice store, made to fail otherwise than with an OSError)
+    def broken_store(*args):
+        raise RuntimeError("voice store exploded")
+
+    monkeypatch.setattr(service_module, "VoiceStore", broken_store)
+    engine = FakeEngine()
+    svc = Service(lambda: engine, tmp_path / "voices")
+    with pytest.raises(RuntimeError):
         svc.load()
-    assert engine.closed and svc.engine is None and svc.error.startswith(("FileExistsError", "NotADirectoryError"))
+    assert engine.closed and svc.engine is None and svc.error == "RuntimeError: voice store exploded"
 
 
 def test_engine_loader_fetches_the_model_first_only_with_a_source(monkeypatch, tmp_path):
