@@ -35,6 +35,8 @@ def test_prefill_keys(model):
     assert r.prefill_key(3, 64) == (4, min(64, cap))
     assert r.prefill_key(5, 65) == (8, min(128, cap))
     assert r.prefill_key(2, cap) == (2, cap)  # never past the RoPE table
+    keys = r.prefill_graph_keys()  # the shapes that get graphs: the small ones, none over 8,192 positions
+    assert r.prefill_key(1, 1) in keys and all(rows * t <= 8192 for rows, t in keys)
 
 
 def test_padding_changes_no_value_and_writes_only_scratch(model):

@@ -31,7 +31,7 @@ from .compile.kernel_cache import KernelCache
 from .cuda_graphs import GraphSet
 from .loader import load
 from .metrics import EngineMetrics
-from .runner import PREFILL_GRAPH_TOKENS, PREFILL_POSITIONS, PREFILL_ROWS, PrefillItem, Runner, RunnerConfig
+from .runner import PrefillItem, Runner, RunnerConfig
 from .scheduler import Job, Scheduler
 from .settings import BatchSettings, snake_kernel_usable
 from .vocoder import Delivery, Vocoder
@@ -294,8 +294,7 @@ class Engine:
             r = self.runner
             prefill = GraphSet("prefill", self._capture_lock, lambda key, *inputs: r.prefill_layers(*inputs),
                                r.prefill_scratch_inputs)
-            keys = {r.prefill_key(g, t) for g in PREFILL_ROWS for t in PREFILL_POSITIONS}
-            prefill.plan([k for k in keys if k[0] * k[1] <= PREFILL_GRAPH_TOKENS])
+            prefill.plan(r.prefill_graph_keys())
             r.prefill_graphs = prefill
         return graphs
 

@@ -11,7 +11,7 @@ pool then takes `positions_per_stream` per slot, within `memory_utilization` of 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 from ..errors import ConfigError
 
@@ -21,11 +21,10 @@ class Preset:
     name: str
     max_batch: int  # decode-step slots (CUDA graph buckets: powers of two up to it)
     positions_per_stream: int  # KV positions sized per slot (a stream's prompt + frames; 2048 = the full context)
-    memory_utilization: float  # fraction of the GPU's total memory the engine may use
+    memory_utilization: float = 0.85  # fraction of the GPU's total memory the engine may use
 
     def as_dict(self) -> dict:
-        return {"name": self.name, "max_batch": self.max_batch, "positions_per_stream": self.positions_per_stream,
-                "memory_utilization": self.memory_utilization}
+        return asdict(self)
 
 
 @dataclass(frozen=True)
@@ -38,25 +37,26 @@ class _Rule:
 GB = 1 << 30
 CPU = Preset("cpu", 8, 2048, 1.0)
 _RULES = (
-    _Rule(Preset("h200", 256, 2048, 0.85), ("h200", "gh200")),
-    _Rule(Preset("h100", 256, 2048, 0.85), ("h100", "h800")),
-    _Rule(Preset("a100-80gb", 128, 2048, 0.85), ("a100", "a800"), min_gb=60),
-    _Rule(Preset("a100-40gb", 128, 1536, 0.85), ("a100", "a800")),
-    _Rule(Preset("l40s", 128, 1536, 0.85), ("l40s", "l40")),
-    _Rule(Preset("rtx-5090", 96, 1536, 0.85), ("5090",)),
-    _Rule(Preset("rtx-4090", 64, 1024, 0.85), ("4090",)),
-    _Rule(Preset("a10g", 64, 1024, 0.85), ("a10g", "a10")),
-    _Rule(Preset("l4", 48, 1024, 0.85), ("l4",)),
+    _Rule(Preset("h200", 256, 2048), ("h200", "gh200")),
+    _Rule(Preset("h100", 256, 2048), ("h100", "h800")),
+    _Rule(Preset("a100-80gb", 128, 2048), ("a100", "a800"), min_gb=60),
+    _Rule(Preset("a100-40gb", 128, 1536), ("a100", "a800")),
+    _Rule(Preset("l40s", 128, 1536), ("l40s", "l40")),
+    _Rule(Preset("rtx-5090", 96, 1536), ("5090",)),
+    _Rule(Preset("rtx-4090", 64, 1024), ("4090",)),
+    _Rule(Preset("a10g", 64, 1024), ("a10g", "a10")),
+    _Rule(Preset("l4", 48, 1024), ("l4",)),
 )
 # unknown GPUs: by memory
-_BY_MEMORY = ((100, Preset("gpu-100gb", 256, 2048, 0.85)), (60, Preset("gpu-60gb", 128, 2048, 0.85)),
-              (36, Preset("gpu-36gb", 96, 1536, 0.85)), (20, Preset("gpu-20gb", 64, 1024, 0.85)),
-              (0, Preset("gpu-small", 16, 1024, 0.85)))
-NAMES = tuple(r.preset.name for r in _RULES) + tuple(p.name for _, p in _BY_MEMORY) + (CPU.name,)
+_BY_MEMORY = ((100, Preset("gpu-100gb", 256, 2048)), (60, Preset("gpu-60gb", 128, 2048)),
+              (36, Preset("gpu-36gb", 96, 1536)), (20, Preset("gpu-20gb", 64, 1024)),
+              (0, Preset("gpu-small", 16, 1024)))
+_ALL = tuple(r.preset for r in _RULES) + tuple(p for _, p in _BY_MEMORY) + (CPU,)
+NAMES = tuple(p.name for p in _ALL)
 
 
 def by_name(name: str) -> Preset:
-    for p in [r.preset for r in _RULES] + [p for _, p in _BY_MEMORY] + [CPU]:
+    for p in _ALL:
         if p.name == name:
             return p
     raise ConfigError(f"TTS_MEMORY_PRESET={name!r} is not one of auto, {', '.join(NAMES)}")

@@ -124,6 +124,12 @@ class Runner:
         cap = self.model.cfg.cache_len  # padded positions index the RoPE table
         return rows, min(next((b for b in PREFILL_POSITIONS if b >= T), T), cap)
 
+    def prefill_graph_keys(self) -> list[tuple[int, int]]:
+        """The padded shapes worth a CUDA graph: every key up to PREFILL_GRAPH_TOKENS padded positions (a
+        larger prefill runs uncaptured: GraphSet runs an unplanned key as plain work)."""
+        keys = {self.prefill_key(g, t) for g in PREFILL_ROWS for t in PREFILL_POSITIONS}
+        return sorted(k for k in keys if k[0] * k[1] <= PREFILL_GRAPH_TOKENS)
+
     def prefill(self, items: list[PrefillItem]) -> None:
         """Writes the KV cache of each new stream's prompt except its last token and arms the slot:
         the prompt's last column becomes the slot's next input, so the (graphed) decode step samples
@@ -137,7 +143,7 @@ class Runner:
         # with prefill graphs: groups of at most 8 prompts (each group one graph); without, one padded call
         top = PREFILL_ROWS[-1] if self.prefill_graphs is not None else g
         for i in range(0, g, top):
-            self._prefill_group(items[i:i + top], slots[i:i + top])
+            self._prefill_group(items[i:i + top], slots[i:i + top], lens[i:i + top])
         params = SamplingTensors.from_values([it.params for it in items], dev)
         for name in ("temperature", "top_p", "repetition_penalty", "seed_lo", "seed_hi"):
             getattr(self.params, name).index_copy_(0, slots, getattr(params, name))
@@ -148,8 +154,7 @@ class Runner:
         self.fresh.index_fill_(0, slots, True)
         self.window.reset_rows(torch.zeros_like(self.active).index_fill_(0, slots, True))
 
-    def _prefill_group(self, items: list[PrefillItem], slots: Tensor) -> None:
-        lens = [it.prompt.shape[1] - 1 for it in items]
+    def _prefill_group(self, items: list[PrefillItem], slots: Tensor, lens: list[int]) -> None:
         if max(lens) == 0:
             return
         key = self.prefill_key(len(items), max(lens))
@@ -162,7 +167,7 @@ class Runner:
         table = torch.zeros(rows, self.max_pages_per_seq, dtype=torch.int32, device=self.device)
         table[: len(items)] = self.page_table.index_select(0, slots)
         tokens = tokens.to(self.device, non_blocking=True)
-        if self.prefill_graphs is not None and rows * T <= PREFILL_GRAPH_TOKENS:
+        if self.prefill_graphs is not None:
             self.prefill_graphs.run(key, tokens, valid, table)
         else:
             self.prefill_layers(tokens, valid, table)

@@ -99,7 +99,6 @@ class Vocoder:
         from ..model.kernels.snake import snake_triton
 
         self.codec.snake = snake_triton
-        self.codec.snake_out = snake_triton
 
     def plan_graphs(self, max_rows: int) -> None:
         """Plans CUDA graphs for every (bucket <= max_rows, chunk size); larger batches run as graphed

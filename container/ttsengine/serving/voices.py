@@ -88,8 +88,7 @@ class VoiceStore:
             return self._load(voice_id, path)
         except (OSError, ValueError) as e:  # UnicodeDecodeError is a ValueError; np.load raises both
             log.warning("stored voice %r is damaged: %s: %s", voice_id, type(e).__name__, e)
-            raise InputError(f"voice {voice_id!r} is damaged ({type(e).__name__}); delete it and add it again") \
-                from None
+            raise InputError(f"voice {voice_id!r} is {_damaged(e)}") from None
 
     def _load(self, voice_id: str, path: Path) -> Voice | None:
         text = (path / "text.txt").read_text(encoding="utf-8")
@@ -126,11 +125,14 @@ class VoiceStore:
             try:
                 text = (path / "text.txt").read_text(encoding="utf-8")
             except (OSError, ValueError) as e:
-                out.append({"id": voice_id, "text": "", "seconds": 0,
-                            "error": f"damaged ({type(e).__name__}); delete it and add it again"})
+                out.append({"id": voice_id, "text": "", "seconds": 0, "error": _damaged(e)})
                 continue
             out.append({"id": voice_id, "text": text, "seconds": round(meta.get("frames", 0) / self.frame_rate, 2)})
         return out
+
+
+def _damaged(e: Exception) -> str:
+    return f"damaged ({type(e).__name__}); delete it and add it again"
 
 
 def _read_json(path: Path) -> dict:

@@ -13,9 +13,10 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 
-def snake(x: Tensor, alpha: Tensor) -> Tensor:
-    # x: [B, C, L], alpha: [1, C, 1]
-    return x + (alpha + 1e-9).reciprocal() * torch.sin(alpha * x).pow(2)
+def snake(x: Tensor, alpha: Tensor, out: Tensor | None = None) -> Tensor:
+    # x: [B, C, L], alpha: [1, C, 1]; out: where to write the result (e.g. a wider buffer's tail), else a new tensor
+    y = x + (alpha + 1e-9).reciprocal() * torch.sin(alpha * x).pow(2)
+    return y if out is None else out.copy_(y)
 
 
 class Snake(nn.Module):

@@ -55,8 +55,8 @@ class StreamingCodec:
     def __init__(self, codec: Codec, rows: int, max_frames: int):
         """max_frames: the longest stream (frames) a row will decode; sizes the RoPE table."""
         self.codec = codec
-        self.snake: Callable[[Tensor, Tensor], Tensor] = snake  # or the fused Triton kernel (use_snake)
-        self.snake_out: Callable[[Tensor, Tensor, Tensor], Tensor] | None = None  # the kernel writing into a view
+        # snake(x, alpha, out=None): the eager one, or the fused Triton kernel (Vocoder.use_snake_kernel)
+        self.snake: Callable[..., Tensor] = snake
         p = next(codec.parameters())
         self.device, self.dtype = p.device, p.dtype
         shapes: dict[str, tuple[int, ...]] = {}
@@ -137,10 +137,7 @@ class StreamingCodec:
         left = conv.left
         full = torch.empty(x.shape[0], x.shape[1], left + x.shape[2], dtype=x.dtype, device=x.device)
         full[..., :left] = state[key]
-        if self.snake_out is not None:
-            self.snake_out(x, act.alpha, full[..., left:])
-        else:
-            full[..., left:] = self.snake(x, act.alpha)
+        self.snake(x, act.alpha, out=full[..., left:])
         state[key] = full[..., -left:]
         return conv.conv(full)
 
