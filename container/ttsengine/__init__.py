@@ -1,18 +1,21 @@
 """ttsengine: our inference engine for Fish-Speech / OpenAudio S1-mini.
 
-The public API adapters use: EngineConfig / from_env, Engine, SynthesisRequest, Reference, the errors.
+The public API adapters use: EngineConfig / from_env, Engine, Fleet (one engine per device), SynthesisRequest,
+Reference, the errors.
 """
 
 from .audio.encode import CONTENT_TYPES, FORMATS, AudioEncoder, EncodedAudio, check_output, encode_audio, output_rate
 from .config import DownloadConfig, EngineConfig, RunPodConfig, SageMakerConfig, ServerConfig, from_env
 from .eager import EagerEngine
 from .engine.engine import Engine
+from .engine.fleet import Fleet
 from .errors import (
     BusyError,
     CancelledError,
     CheckpointError,
     ConfigError,
     DownloadError,
+    EngineDown,
     InputError,
     MediaTypeError,
     TTSError,
@@ -27,7 +30,8 @@ from .synthesis.stream import Stream
 
 __all__ = [
     "AudioChunk", "AudioEncoder", "BusyError", "CONTENT_TYPES", "CancelledError", "CheckpointError", "ChunkReport",
-    "ConfigError", "DownloadConfig", "DownloadError", "EncodedAudio", "Engine", "EngineConfig", "FORMATS",
+    "ConfigError", "DownloadConfig", "DownloadError", "EncodedAudio", "Engine", "EngineConfig", "EngineDown",
+    "FORMATS", "Fleet",
     "InputError", "MediaTypeError", "Reference", "EagerEngine", "RunPodConfig", "SageMakerConfig", "ServerConfig",
     "Stream", "SynthesisRequest", "SynthesisResult", "TTSError", "Voice", "VoiceStore", "audio_bytes", "audio_record",
     "check_id", "check_output", "encode_audio", "ensure_model", "from_env", "output_rate", "sse_events", "whole",

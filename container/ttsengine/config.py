@@ -100,11 +100,27 @@ def _device(value) -> str | None:
     return None if ok else f"{value!r} is not one of auto, cpu, cuda, cuda:N"
 
 
+def _devices(value) -> str | None:
+    if value == "auto":
+        return None
+    bad = [d for d in value.split(",") if d == "auto" or _device(d)]
+    return f"{', '.join(map(repr, bad))} not one of cpu, cuda, cuda:N" if bad else None
+
+
+def _fault(value) -> str | None:
+    if not value:
+        return None
+    index, _, steps = value.partition("@")
+    return None if index.isdigit() and steps.isdigit() and int(steps) > 0 else f"{value!r} is not INDEX@STEPS"
+
+
 TEXT = Kind(str, "text")
 PATH = Kind(Path, "a path")
 PRESENT = Kind(lambda text: True, "any text")  # a variable whose presence is the signal
 DEVICE = Kind(str.lower, "auto | cpu | cuda | cuda:N", _device)
 DTYPE = choice("auto", "bfloat16", "float16", "float32")
+DEVICES = Kind(lambda text: ",".join(d.strip() for d in text.lower().split(",")),
+               "auto or a comma-separated list of cpu, cuda, cuda:N", _devices)
 
 
 @dataclass(frozen=True)
@@ -151,7 +167,12 @@ def read(cls: type[C], table: tuple[Var, ...], env: Mapping[str, str] | None = N
 @dataclass(frozen=True)
 class EngineConfig:
     model_dir: Path = Path(DEFAULT_MODEL_DIR)
-    device: str = "auto"  # auto | cpu | cuda | cuda:N
+    device: str = "auto"  # auto | cpu | cuda | cuda:N: one engine's device (TTS_DEVICES makes the engines)
+    devices: str = "auto"  # auto | "cuda:0,cuda:1,...": one engine per entry (engine/placement.py)
+    topology: str = "replicas"  # replicas: whole engine per device | split: DualAR and codec on a pair of devices
+    codec_device: str = ""  # where this engine's codec runs ("": with the DualAR); set by the placement
+    kv_share: int = 1  # engines on this device still to size their KV cache, this one included (placement)
+    fail_engine: str = ""  # test hook "INDEX@STEPS": that engine fails as with a CUDA error at that decode step
     dtype: str = "auto"  # auto (bf16 on CUDA, fp32 on CPU) | bfloat16 | float16 | float32
     codec_dtype: str = "auto"  # auto (bf16 on CUDA, fp32 on CPU) | bfloat16 | float16 | float32
     chunk_length: int = 200  # characters per text chunk of a long text
@@ -187,9 +208,16 @@ class EngineConfig:
         return replace(self, **changes)
 
 
+PLACEMENT_FIELDS = {"codec_device", "kv_share"}  # EngineConfig fields engine/placement.py sets, never the environment
 ENGINE_VARS = (
     Var("TTS_MODEL_DIR", "model_dir", PATH, "model directory (config.json, model.pth, tokenizer files, codec.pth)"),
-    Var("TTS_DEVICE", "device", DEVICE, "auto | cpu | cuda | cuda:N"),
+    Var("TTS_DEVICE", "device", DEVICE, "auto | cpu | cuda | cuda:N: the device of a single engine (see TTS_DEVICES)"),
+    Var("TTS_DEVICES", "devices", DEVICES,
+        "auto (every visible GPU, else one CPU engine; TTS_DEVICE if set) | a list such as cuda:0,cuda:1: one engine "
+        "per entry behind one front (repeats allowed: cpu,cpu)"),
+    Var("TTS_TOPOLOGY", "topology", choice("replicas", "split"),
+        "replicas (default): a whole engine per device | split: the DualAR on one device of each pair, its codec on "
+        "the other (an even number of devices)"),
     Var("TTS_DTYPE", "dtype", DTYPE, "DualAR weights: auto (bf16 on CUDA, fp32 on CPU) | bfloat16 | float16 | float32"),
     Var("TTS_CODEC_DTYPE", "codec_dtype", DTYPE,
         "codec weights: auto (bf16 on CUDA, fp32 on CPU) | bfloat16 | float16 | float32"),
@@ -251,6 +279,9 @@ ENGINE_VARS = (
     Var("TTS_INT8_KERNEL", "int8_kernel", choice("auto", "fused", "tile", "dequant", "off"),
         "auto | fused | tile | dequant | off: the int8 linear (tile = fused without its 1-2 row GEMV kernel; "
         "off = torchao's or the legacy form, which torch.compile turns into a slow kernel)", dev=True),
+    Var("TTS_TEST_FAIL_ENGINE", "fail_engine", Kind(str, "INDEX@STEPS", _fault),
+        "test hook: engine INDEX (0-based, TTS_DEVICES order) fails as with a CUDA error at its STEPS-th decode step "
+        "and is taken out of service", dev=True),
     Var("TTS_DEFAULT_MAX_NEW_TOKENS", "default_max_new_tokens", integer(0, note=" (0 = auto)"),
         "frames per chunk if a request gives none (0: 1024)"),
 )

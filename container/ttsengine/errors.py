@@ -38,6 +38,12 @@ class BusyError(TTSError):
     status = 503
 
 
+class EngineDown(TTSError):
+    """The engine (one GPU's) failed and was taken out of service; another engine, or a restart, serves."""
+
+    status = 503
+
+
 class CancelledError(TTSError):
     """The request was cancelled before it finished."""
 

@@ -17,7 +17,17 @@ import pytest
 import torch
 from conftest import MODEL_DIR
 
-from ttsengine import BusyError, CancelledError, Engine, EngineConfig, InputError, SynthesisRequest, TTSError
+from ttsengine import (
+    BusyError,
+    CancelledError,
+    Engine,
+    EngineConfig,
+    EngineDown,
+    InputError,
+    SynthesisRequest,
+    TTSError,
+)
+from ttsengine.engine.faults import MAX_CONSECUTIVE
 from ttsengine.engine.loader import load
 from ttsengine.engine.runner import PrefillItem, RunnerConfig
 
@@ -277,6 +287,36 @@ def test_a_failing_step_fails_every_request_and_the_engine_serves_on(ckpt):
                 stream.result()
         assert runner.idle  # released before the streams were failed
         assert eng.submit(SynthesisRequest(text="After.", seed=5, max_new_tokens=5)).result().frames == 4
+
+
+def test_a_sticky_device_error_takes_the_engine_out_of_service(ckpt):
+    with scripted_engine(ckpt, max_batch=2) as (eng, runner, _):
+        runner.pause()
+        stream = eng.submit(SynthesisRequest(text="Running.", seed=1, max_new_tokens=500), ignore_stop=True)
+        assert runner.wait_blocked()
+        runner.fail_next_step(RuntimeError("CUDA error: an illegal memory access was encountered"))
+        runner.resume()
+        with pytest.raises(EngineDown, match=r"the engine on cpu failed and was taken out of service \(RuntimeError: "
+                                             r"CUDA error: an illegal memory access was encountered\)"):
+            stream.result()
+        assert eng.state == "down" and eng.stats()["failed_streams"] == 1 and eng.stats()["state"] == "down"
+        with pytest.raises(EngineDown, match="the engine on cpu is out of service: RuntimeError: CUDA error"):
+            eng.submit(SynthesisRequest(text="After.", seed=5, max_new_tokens=5))
+
+
+def test_failures_in_a_row_take_the_engine_down_and_one_success_resets_the_count(ckpt):
+    with scripted_engine(ckpt, max_batch=1) as (eng, runner, _):
+        for _ in range(MAX_CONSECUTIVE - 1):
+            runner.fail_next_step(RuntimeError("flaky"))
+            with pytest.raises(TTSError, match="internal engine error"):
+                eng.submit(SynthesisRequest(text="Fails.", seed=1, max_new_tokens=5)).result()
+        assert eng.submit(SynthesisRequest(text="Works.", seed=2, max_new_tokens=5)).result().frames == 4
+        for i in range(MAX_CONSECUTIVE):
+            runner.fail_next_step(RuntimeError("flaky"))
+            with pytest.raises(TTSError) as e:
+                eng.submit(SynthesisRequest(text="Fails.", seed=1, max_new_tokens=5)).result()
+            assert isinstance(e.value, EngineDown) == (i == MAX_CONSECUTIVE - 1)
+        assert eng.state == "down" and f"{MAX_CONSECUTIVE} engine steps failed in a row" in eng.error
 
 
 def test_a_full_engine_answers_busy_at_once(ckpt):

@@ -16,13 +16,12 @@ from ttsengine.serving.service import Service, engine_loader
 
 
 class FakeEngine:
-    """What the service and the adapters use of an Engine."""
+    """What the service and the adapters use of the engines (a Fleet)."""
 
     codec_tag, frame_rate, max_streams = "fake-codec", 21.5, 8
 
     def __init__(self):
-        self.ready = threading.Event()
-        self.ready.set()
+        self.ready, self.failure = True, None
         self.submitted, self.closed = [], False
 
     def voice_codes(self, audio: bytes) -> np.ndarray:
@@ -49,7 +48,7 @@ def settled(svc: Service, timeout: float = 10) -> Service:
 def test_foreground_load_wires_the_voices(tmp_path):
     engine = FakeEngine()
     svc = Service(lambda: engine, tmp_path / "voices").load()
-    assert svc.ready and svc.engine is engine and svc.error is None and svc.require() is engine
+    assert svc.ready and svc.fleet is engine and svc.error is None and svc.require() is engine
     voice = svc.voices.add("alice", b"abc", "hello")
     assert voice.codes.shape == (4, 3) and svc.voices.root == tmp_path / "voices"
     assert svc.submit(SynthesisRequest(text="hi")) == "a stream" and len(engine.submitted) == 1
@@ -80,7 +79,7 @@ def test_background_load_is_loading_then_ready(tmp_path):
 
 def test_an_engine_that_is_not_warm_yet_is_not_ready(tmp_path):
     engine = FakeEngine()
-    engine.ready.clear()
+    engine.ready = False
     svc = Service(lambda: engine, None).load()
     with pytest.raises(ModelLoading):
         svc.require()
@@ -103,7 +102,7 @@ def test_an_unusable_voices_dir_disables_voices_only(tmp_path):
     (tmp_path / "file").write_text("not a directory")
     svc = Service(lambda: engine, tmp_path / "file" / "voices")
     svc.load()
-    assert svc.engine is engine and not engine.closed and svc.error is None and svc.voices is None
+    assert svc.fleet is engine and not engine.closed and svc.error is None and svc.voices is None
     assert svc.voices_error.startswith(f"stored voices are disabled: {tmp_path / 'file' / 'voices'} is not usable")
 
 
@@ -117,13 +116,13 @@ def test_a_failed_foreground_load_raises_and_closes_what_it_made(tmp_path, monke
     svc = Service(lambda: engine, tmp_path / "voices")
     with pytest.raises(RuntimeError):
         svc.load()
-    assert engine.closed and svc.engine is None and svc.error == "RuntimeError: voice store exploded"
+    assert engine.closed and svc.fleet is None and svc.error == "RuntimeError: voice store exploded"
 
 
 def test_engine_loader_fetches_the_model_first_only_with_a_source(monkeypatch, tmp_path):
     calls = []
     monkeypatch.setattr(service_module, "ensure_model", lambda *a: calls.append(("fetch", *a)))
-    monkeypatch.setattr(service_module.Engine, "load", classmethod(lambda cls, config: calls.append(("load",))))
+    monkeypatch.setattr(service_module.Fleet, "load", classmethod(lambda cls, config: calls.append(("load",))))
     config = EngineConfig(model_dir=tmp_path)
     engine_loader(config)()
     engine_loader(config, DownloadConfig())()

@@ -50,6 +50,10 @@ class GraphSet:
         self.graphs: dict[Hashable, Captured] = {}
         self.failed: set[Hashable] = set()
         self._pool = None
+        self._stream: torch.cuda.Stream | None = None  # this set's capture stream, on its thread's device
+        # while set and clear, run() captures nothing (a fleet's other engines are still compiling: a capture
+        # beside another thread's compile on another device failed with "operation not permitted")
+        self.gate: threading.Event | None = None
 
     def plan(self, keys: list) -> None:
         """The keys that get graphs (sorted: smallest first); forgets earlier graphs."""
@@ -102,7 +106,7 @@ class GraphSet:
                 static.copy_(value)
             captured.graph.replay()
             return captured.output
-        if key not in self.planned or key in self.failed:
+        if key not in self.planned or key in self.failed or (self.gate is not None and not self.gate.is_set()):
             return self.body(key, *inputs)
         t0 = time.perf_counter()
         with self.lock, self.tune():  # a first run may autotune or allocate: never while the other thread captures
@@ -123,7 +127,9 @@ class GraphSet:
             self._pool = torch.cuda.graph_pool_handle()
         inputs = self.static_inputs(key)
         graph = torch.cuda.CUDAGraph()
-        stream = torch.cuda.current_stream() if self.current_stream else None
+        if self._stream is None:  # not torch's class-wide default capture stream: that one lives on the device
+            self._stream = torch.cuda.Stream()  # current when first used, wrong for the other engines of a fleet
+        stream = torch.cuda.current_stream() if self.current_stream else self._stream
         # thread_local: the other thread (engine loop / codec worker) may be running work meanwhile
         with torch.cuda.graph(graph, pool=self._pool, stream=stream, capture_error_mode="thread_local"):
             output = self.body(key, *inputs)

@@ -19,7 +19,7 @@ import torch
 
 from .. import compat
 from ..config import EngineConfig
-from ..errors import BusyError, TTSError
+from ..errors import BusyError, EngineDown, TTSError
 from ..model.checkpoint import Checkpoint
 from ..model.dual_ar import DualAR
 from ..synthesis.output import SynthesisResult
@@ -29,6 +29,7 @@ from ..synthesis.stream import Stream
 from .audio_feed import Task, codec_calls, ready_for_audio
 from .compile.kernel_cache import KernelCache
 from .cuda_graphs import GraphSet
+from .faults import FaultCounter, simulated
 from .loader import load
 from .metrics import EngineMetrics
 from .runner import PrefillItem, Runner, RunnerConfig
@@ -44,11 +45,18 @@ log = logging.getLogger(__name__)
 
 class Engine:
     def __init__(self, checkpoint: Checkpoint, config: EngineConfig,
-                 runner: Callable[[DualAR, RunnerConfig], Runner] = Runner):
-        """runner: makes the device side (tests pass a scripted stand-in with Runner's methods)."""
+                 runner: Callable[[DualAR, RunnerConfig], Runner] = Runner, capture_lock: threading.Lock | None = None,
+                 capture_gate: threading.Event | None = None, fail_at_step: int | None = None):
+        """runner: makes the device side (tests pass a scripted stand-in with Runner's methods); capture_lock:
+        shared by the engines of one process (fleet.py), since cuDNN's autotune flag is process-wide;
+        capture_gate: graphs left for later are captured only once it is set (fleet.py: every engine warm);
+        fail_at_step: the TTS_TEST_FAIL_ENGINE hook (this engine's decode step that fails as a lost GPU would)."""
         self.ckpt, self.config = checkpoint, config
         self.settings = s = BatchSettings.resolve(config, checkpoint)
-        self._capture_lock = threading.Lock()  # one CUDA graph capture at a time: decode step or codec
+        # one CUDA graph capture at a time: decode step or codec
+        self._capture_lock = capture_lock if capture_lock is not None else threading.Lock()
+        self._faults, self._fail_at, self._gate = FaultCounter(), fail_at_step, capture_gate
+        self.down: str | None = None  # why the engine was taken out of service (faults.py)
         # voice encoding's convolutions wait for the codec's autotuned capture windows (cudnn_autotune_mode)
         self.planner = Planner(checkpoint, config, self.kv_positions,
                                encode_lock=self._capture_lock if s.cudnn_autotune == "graphs" else None)
@@ -167,6 +175,8 @@ class Engine:
         prompt, _ = self.planner.chunk_prompt(plan, 0, None)
         task = Task(stream, plan, 0, prompt, False, 0)
         with self._cv:
+            if self.down is not None:
+                raise EngineDown(f"the engine on {self.runner.device} is out of service: {self.down}")
             if self._stop:
                 raise TTSError("the engine is shutting down")
             if len(self._inbox) + self.scheduler.queue_depth >= self.settings.max_queue:
@@ -181,10 +191,33 @@ class Engine:
     def synthesize(self, request: SynthesisRequest | Plan) -> SynthesisResult:
         return self.submit(request).result()
 
+    def occupancy(self) -> tuple[int, int]:
+        """(slots not spoken for, requests waiting) without taking the lock: the router's hint (fleet.py)."""
+        waiting = self.scheduler.queue_depth + len(self._inbox)
+        return self.settings.max_slots - len(self.scheduler.running) - waiting, waiting
+
+    @property
+    def state(self) -> str:
+        """loading | ready | failed (warm-up raised) | down (taken out of service while serving)."""
+        if self.down is not None:
+            return "down"
+        if not self.ready.is_set():
+            return "loading"
+        return "failed" if self._failed is not None else "ready"
+
+    @property
+    def error(self) -> str | None:
+        """Why the engine is failed or down."""
+        if self.down is not None:
+            return self.down
+        return f"{type(self._failed).__name__}: {self._failed}" if self._failed is not None else None
+
     def stats(self) -> dict:
         return {**self.metrics.snapshot(running=len(self.scheduler.running),
                                         waiting=self.scheduler.queue_depth + len(self._inbox),
                                         device=self.runner.device),
+                "device": str(self.runner.device), "codec_device": str(self.vocoder.device), "state": self.state,
+                "error": self.error,
                 "quantization": self.ckpt.quantization, "kernel_cache": self.kernel_cache.status,
                 "precompiled": self.precompiled, "compiled": self.compiled,
                 "cuda_graphs": self.graphs is not None, "max_streams": self.max_streams,
@@ -199,6 +232,8 @@ class Engine:
 
     # ---- the loop -----------------------------------------------------------------------------
     def _run(self) -> None:
+        if self.runner.device.type == "cuda":
+            torch.cuda.set_device(self.runner.device)  # Triton launches on the thread's current device
         try:
             with torch.inference_mode():
                 start = time.perf_counter()
@@ -235,10 +270,29 @@ class Engine:
                         self._capture_next()
                         continue
                     self._iteration()
+                    self._faults.succeeded()
                 except Exception as e:  # noqa: BLE001 - keep serving; the affected streams get the error
+                    why = self._faults.failed(e)
+                    if why is not None:
+                        self._go_down(why)
+                        return
                     log.exception("engine step failed; failing the in-flight requests")
+                    self.metrics.failed_streams += len(self._streams)
                     self._fail_all(TTSError(f"internal engine error: {type(e).__name__}: {e}"))
         self._fail_all(TTSError("the engine shut down"))
+
+    def _go_down(self, why: str) -> None:
+        """Takes the engine out of service: every stream ends with the reason, nothing touches the device
+        again (a lost GPU's calls would fail or hang), new requests are refused (EngineDown)."""
+        log.error("the engine on %s is taken out of service: %s", self.runner.device, why, exc_info=True)
+        error = EngineDown(f"the engine on {self.runner.device} failed and was taken out of service ({why})")
+        with self._cv:
+            self.down = why
+            streams, self._streams = list(self._streams), set()
+            self._inbox.clear()
+        self.metrics.failed_streams += len(streams)
+        for stream in streams:
+            stream.finish(error)
 
     def _idle(self) -> bool:
         return not self._stop and not self._inbox and not self.scheduler.has_work()
@@ -290,11 +344,13 @@ class Engine:
         the prefill's, one per padded shape (runner.prefill_key), captured at first use or while idle."""
         graphs = GraphSet("decode-step", self._capture_lock, lambda bb: self.runner.decode_step(bb))
         graphs.plan(list(self.settings.buckets))
+        graphs.gate = self.vocoder.graphs.gate = self._gate
         if self.settings.prefill_graphs:
             r = self.runner
             prefill = GraphSet("prefill", self._capture_lock, lambda key, *inputs: r.prefill_layers(*inputs),
                                r.prefill_scratch_inputs)
             prefill.plan(r.prefill_graph_keys())
+            prefill.gate = self._gate
             r.prefill_graphs = prefill
         return graphs
 
@@ -308,7 +364,7 @@ class Engine:
             self.graphs.capture(self._start_buckets)
 
     def _graphs_pending(self) -> bool:
-        if self.graphs is None:
+        if self.graphs is None or (self._gate is not None and not self._gate.is_set()):
             return False
         prefill = self.runner.prefill_graphs
         return bool(self.graphs.pending or self.vocoder.pending_rows or (prefill is not None and prefill.pending))
@@ -386,6 +442,8 @@ class Engine:
         self.metrics.prefill(sum(j.prompt_len for j in jobs), time.perf_counter() - t0)
 
     def _step(self) -> None:
+        if self._fail_at is not None and self.metrics.steps + 1 >= self._fail_at:
+            raise simulated(str(self.runner.device))
         t0 = time.perf_counter()
         running = self.scheduler.running
         self.runner.ensure_pages([(j.slot, j.prompt_len + j.generated - 1) for j in running])
@@ -395,7 +453,7 @@ class Engine:
         host = self._host_out[:B]
         host.copy_(out[:B], non_blocking=True)
         if self.runner.device.type == "cuda":
-            torch.cuda.current_stream().synchronize()
+            torch.cuda.current_stream(self.runner.device).synchronize()
         frames = host.numpy().copy()
         finished = self.scheduler.record_frames(frames[:, 0].tolist(), self.eos)
         for job, frame in zip(running, frames):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import time
+from dataclasses import replace
 
 import torch
 
@@ -11,6 +12,7 @@ from ..config import EngineConfig
 from ..errors import ConfigError
 from ..model.checkpoint import Checkpoint, load_checkpoint
 from ..model.quant import quantize
+from ..model.replicate import copy_to
 
 log = logging.getLogger(__name__)
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
@@ -42,21 +44,41 @@ def apply_quantization(ckpt: Checkpoint, mode: str, int8_kernel: str = "auto") -
     return done
 
 
-def load(config: EngineConfig, random_weights: str | None = None) -> Checkpoint:
+def load(config: EngineConfig, random_weights: str | None = None, quantize: bool = True) -> Checkpoint:
     """The configured model dir, or (bench, warm) random weights with the real shapes of `random_weights`
-    (e.g. "s1-mini"), on the configured device, dtypes and quantization."""
+    (e.g. "s1-mini"), on the configured devices, dtypes and quantization (quantize=False: left for the caller)."""
     device = resolve_device(config.device)
+    codec_device = resolve_device(config.codec_device) if config.codec_device else device
     dtype = resolve_dtype(config.dtype, device, torch.bfloat16)
-    codec_dtype = resolve_dtype(config.codec_dtype, device, torch.bfloat16)
+    codec_dtype = resolve_dtype(config.codec_dtype, codec_device, torch.bfloat16)
     start = time.perf_counter()
     if random_weights:
         from ..model.synthetic import random_checkpoint
 
-        ckpt = random_checkpoint(random_weights, device, dtype, codec_dtype)
+        ckpt = random_checkpoint(random_weights, device, dtype, codec_dtype, codec_device=codec_device)
     else:
-        ckpt = load_checkpoint(config.model_dir, device, dtype, codec_dtype)
-    log.info("loaded %s checkpoint from %s on %s (LLM %s, codec %s) in %.1f s", ckpt.family.NAME,
+        ckpt = load_checkpoint(config.model_dir, device, dtype, codec_dtype, codec_device)
+    log.info("loaded %s checkpoint from %s on %s (LLM %s, codec %s%s) in %.1f s", ckpt.family.NAME,
              f"random weights ({random_weights})" if random_weights else config.model_dir, device,
-             str(dtype).removeprefix("torch."), str(codec_dtype).removeprefix("torch."), time.perf_counter() - start)
-    ckpt.quantization = apply_quantization(ckpt, config.quant, config.int8_kernel)
+             str(dtype).removeprefix("torch."), str(codec_dtype).removeprefix("torch."),
+             f" on {codec_device}" if codec_device != device else "", time.perf_counter() - start)
+    if quantize:
+        ckpt.quantization = apply_quantization(ckpt, config.quant, config.int8_kernel)
     return ckpt
+
+
+def load_all(configs: list[EngineConfig], random_weights: str | None = None) -> list[Checkpoint]:
+    """One checkpoint per engine config (placement.engine_configs): read from disk once, onto the first
+    engine's devices, then copied device to device for the others; each quantized where it lives."""
+    first = load(configs[0], random_weights, quantize=False)
+    ckpts = [first]
+    for config in configs[1:]:
+        start = time.perf_counter()
+        device = resolve_device(config.device)
+        codec_device = resolve_device(config.codec_device) if config.codec_device else device
+        ckpts.append(replace(first, model=copy_to(first.model, device), codec=copy_to(first.codec, codec_device)))
+        log.info("copied the checkpoint to %s%s in %.1f s", device,
+                 f" (codec {codec_device})" if codec_device != device else "", time.perf_counter() - start)
+    for ckpt, config in zip(ckpts, configs):
+        ckpt.quantization = apply_quantization(ckpt, config.quant, config.int8_kernel)
+    return ckpts

@@ -23,6 +23,7 @@ class EngineMetrics:
     requests_done: int = 0
     cancelled: int = 0
     rejected: int = 0
+    failed_streams: int = 0  # requests ended by an engine error (a failed step, the engine taken down)
     warmup_seconds: float | None = None
     ttfa_counts: list[int] = field(default_factory=lambda: [0] * (len(TTFA_BUCKETS) + 1))
     ttfa_sum: float = 0.0
@@ -68,7 +69,8 @@ class EngineMetrics:
             "running": running, "waiting": waiting, "steps": self.steps, "frames": self.frames,
             "frames_per_second": self.frames_per_second(), "prefill_tokens": self.prefill_tokens,
             "vocoded_frames": self.vocoded_frames, "requests_done": self.requests_done,
-            "cancelled": self.cancelled, "rejected": self.rejected, "warmup_seconds": self.warmup_seconds,
+            "cancelled": self.cancelled, "rejected": self.rejected,
+            "failed_streams": self.failed_streams, "warmup_seconds": self.warmup_seconds,
             "ttfa_buckets": list(TTFA_BUCKETS), "ttfa_counts": list(self.ttfa_counts), "ttfa_sum": self.ttfa_sum,
             **gpu,
         }

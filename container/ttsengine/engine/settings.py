@@ -95,6 +95,7 @@ class BatchSettings:
             if cuda:
                 free, total = torch.cuda.mem_get_info(device)
                 room = kv_bytes(total, free, torch.cuda.memory_reserved(device), CUDA_RESERVE, utilization)
+                room //= config.kv_share  # engines sharing this device (placement.py) take their part of it
                 tokens = min(want, room // bytes_per_token)
                 if tokens < mc.cache_len:
                     raise ConfigError(

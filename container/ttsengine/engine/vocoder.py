@@ -206,6 +206,8 @@ class Vocoder:
                 torch.zeros(rows, self.codec.num_codebooks, size, dtype=torch.int64, device=self.device))
 
     def _run(self) -> None:
+        if self._cuda:
+            torch.cuda.set_device(self.device)  # Triton launches on the thread's current device
         ctx = torch.cuda.stream(self._stream) if self._cuda else contextlib.nullcontext()
         held: deque = deque()  # a command taken off the queue while merging decodes, run next
         with torch.inference_mode(), ctx:

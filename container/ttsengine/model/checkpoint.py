@@ -79,7 +79,9 @@ def read_model_dir(model_dir: Path) -> ModelFiles:
 
 
 def load_checkpoint(model_dir: Path, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32,
-                    codec_dtype: torch.dtype = torch.float32) -> Checkpoint:
+                    codec_dtype: torch.dtype = torch.float32, codec_device: torch.device | str | None = None
+                    ) -> Checkpoint:
+    """codec_device: where the codec goes (None: `device`)."""
     model_dir = Path(model_dir)
     files = read_model_dir(model_dir)
     family, cfg, tok, codec_cfg = files.family, files.config, files.tokenizer, files.codec_config
@@ -92,5 +94,5 @@ def load_checkpoint(model_dir: Path, device: torch.device | str = "cpu", dtype: 
     with torch.device("meta"):
         codec = Codec(codec_cfg)
     load_strict(codec, family.normalize_codec_keys(read_state_dict(codec_path)), str(codec_path), codec_buffer_key)
-    codec = codec.to(device=device, dtype=codec_dtype).eval()
+    codec = codec.to(device=device if codec_device is None else codec_device, dtype=codec_dtype).eval()
     return Checkpoint(model_dir, family, cfg, codec_cfg, tok, model, codec)

@@ -101,17 +101,18 @@ def init_weights(model: nn.Module, std: float) -> None:
 
 
 def random_checkpoint(name: str, device: torch.device | str, dtype: torch.dtype, codec_dtype: torch.dtype,
-                      seed: int = 0) -> Checkpoint:
-    """Random S1-mini (`name` = "s1-mini"), initialised directly on `device`."""
+                      seed: int = 0, codec_device: torch.device | str | None = None) -> Checkpoint:
+    """Random S1-mini (`name` = "s1-mini"), initialised directly on `device` (the codec on `codec_device`)."""
+    codec_device = device if codec_device is None else codec_device
     preset = load_preset(name)
     cfg, tok = preset.config, preset.tokenizer
     torch.manual_seed(seed)
-    with torch.device(device):
+    with torch.device(device):  # the codec too: the same weights whichever device it then moves to
         model = DualAR(cfg, tok.semantic_begin_id, tok.semantic_end_id)
         init_weights(model, float(preset.raw_config.get("initializer_range", 0.02)))
         codec = Codec(preset.codec_config)  # the codec has no initializer_range: torch's default init
     model = model.to(device=device, dtype=dtype).eval()
     model.init_buffers()
-    codec = codec.to(device=device, dtype=codec_dtype).eval()
+    codec = codec.to(device=codec_device, dtype=codec_dtype).eval()
     return Checkpoint(model_dir=None, family=families.s1, config=cfg, codec_config=preset.codec_config,
                       tokenizer=tok, model=model, codec=codec)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..errors import BusyError, InputError, TTSError
+from ..errors import BusyError, EngineDown, InputError, TTSError
 
 
 class ModelLoading(BusyError):
@@ -35,6 +35,7 @@ TABLE: tuple[tuple[type[TTSError], str, int | None], ...] = (
     (InputError, "input", None),
     (ModelLoading, "busy", 5),
     (BusyError, "busy", 1),
+    (EngineDown, "busy", 1),  # another engine takes the retry (or none: the health check says so)
     (TTSError, "server", None),
 )
 

@@ -1,9 +1,10 @@
 """One boot for every adapter (HTTP, SageMaker, RunPod): load and warm the engine, in the background or in the
 caller's thread, wire the stored voices to it, and say whether it is ready or why it failed.
 
-The service owns the engine(s). Adapters submit through it and read its stats, never an engine's insides, so
-one engine per GPU plugs in here without touching them: `submit` would pick an engine, `stats` and
-`max_streams` would add theirs up. Errors go out through failure.py's table; the body limit is body_limit.py.
+The service owns the engines: a Fleet (engine/fleet.py), one engine per device behind one front. Adapters
+submit through the service and read its stats, never an engine's insides: `submit` routes to an engine,
+`stats` and `max_streams` add theirs up, `ready` holds while one engine serves. Errors go out through
+failure.py's table; the body limit is body_limit.py.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from ..config import DownloadConfig, EngineConfig
-from ..engine.engine import Engine
+from ..engine.fleet import Fleet
 from ..synthesis.request import SynthesisRequest
 from ..synthesis.stream import Stream
 from .download import ensure_model
@@ -30,27 +31,28 @@ def setup_logging(level: str) -> None:
     logging.basicConfig(level=level.upper(), format=LOG_FORMAT)
 
 
-def engine_loader(config: EngineConfig, download: DownloadConfig | None = None) -> Callable[[], Engine]:
-    """-> a function that loads and warms the engine. With a model source in `download` it first fetches the
-    model into config.model_dir unless that is complete (RunPod's first start on a fresh network volume)."""
+def engine_loader(config: EngineConfig, download: DownloadConfig | None = None) -> Callable[[], Fleet]:
+    """-> a function that loads the engines and returns once the first is warm. With a model source in `download`
+    it first fetches the model into config.model_dir unless that is complete (RunPod's first start on a fresh
+    network volume)."""
 
-    def load() -> Engine:
+    def load() -> Fleet:
         if download is not None and download.model_source:
             ensure_model(config.model_dir, download.model_source, download.hf_token)
-        return Engine.load(config)  # returns once warmed up
+        return Fleet.load(config)
 
     return load
 
 
 class Service:
-    def __init__(self, load: Callable[[], Engine], voices_dir: Path | None):
-        """load() -> a warm engine (engine_loader, or a test's factory); voices_dir: where stored voices
-        live (None: this deployment has none)."""
+    def __init__(self, load: Callable[[], Fleet], voices_dir: Path | None):
+        """load() -> a fleet with a warm engine (engine_loader, or a test's factory); voices_dir: where stored
+        voices live (None: this deployment has none)."""
         self._load, self.voices_dir = load, voices_dir
-        self.engine: Engine | None = None
+        self.fleet: Fleet | None = None
         self.voices: VoiceStore | None = None
         self.voices_error: str | None = None  # why stored voices are off although a directory was configured
-        self.error: str | None = None  # why loading failed, for health checks
+        self.load_error: str | None = None  # why loading failed
         self._thread: threading.Thread | None = None
 
     # ---- boot -----------------------------------------------------------------------------------------------
@@ -63,22 +65,22 @@ class Service:
 
     def load(self) -> Service:
         """Loads in this thread (RunPod's worker, SageMaker's model_fn): returns when warm, raises what failed."""
-        engine = None
+        fleet = None
         try:
-            engine = self._load()
+            fleet = self._load()
             if self.voices_dir is not None:
                 try:
-                    self.voices = VoiceStore(self.voices_dir, engine.voice_codes, engine.codec_tag, engine.frame_rate)
+                    self.voices = VoiceStore(self.voices_dir, fleet.voice_codes, fleet.codec_tag, fleet.frame_rate)
                 except OSError as e:  # degrade, don't die: synthesis without stored voices is still a service
                     why = e.strerror or str(e)
                     self.voices_error = f"stored voices are disabled: {self.voices_dir} is not usable ({why})"
                     log.warning("%s; set TTS_DATA_DIR to a writable directory", self.voices_error)
         except Exception as e:
-            self.error = f"{type(e).__name__}: {e}"
-            if engine is not None:
-                engine.close()  # its loop thread would outlive the failure
+            self.load_error = f"{type(e).__name__}: {e}"
+            if fleet is not None:
+                fleet.close()  # its loop threads would outlive the failure
             raise
-        self.engine = engine  # last: ready implies the voices are wired
+        self.fleet = fleet  # last: ready implies the voices are wired
         return self
 
     def _load_logged(self) -> None:
@@ -88,16 +90,39 @@ class Service:
             log.exception("the engine failed to load")
 
     @property
-    def ready(self) -> bool:
-        return self.engine is not None and self.engine.ready.is_set()
+    def error(self) -> str | None:
+        """Why nothing can be served: loading failed, or every engine failed since (health checks say it)."""
+        if self.load_error:
+            return self.load_error
+        return self.fleet.failure if self.fleet is not None else None
 
-    def require(self) -> Engine:
-        """The engine, or ModelFailed / ModelLoading (both 503) for a request that came too early or in vain."""
+    @property
+    def ready(self) -> bool:
+        """At least one engine serves (the others may still warm up, or be out of service: see `health`)."""
+        return self.fleet is not None and self.fleet.ready
+
+    def health(self) -> dict:
+        """status ok | degraded (an engine is out of service or still warming up) | loading | failed, with each
+        engine's device and state once loaded."""
         if self.error:
-            raise ModelFailed(f"the model failed to load: {self.error}")
+            return {"status": "failed", "error": self.error}
+        if self.fleet is None:
+            return {"status": "loading"}
+        stats = self.fleet.stats()
+        engines = [{k: e[k] for k in ("index", "device", "codec_device", "state", "error", "running", "waiting",
+                                      "max_streams")} for e in stats["engines"]]
+        status = {"ready": "ok", "degraded": "degraded"}.get(stats["state"], stats["state"])
+        return {"status": status, "engines": engines}
+
+    def require(self) -> Fleet:
+        """The fleet, or ModelFailed / ModelLoading (both 503) for a request that came too early or in vain."""
+        if self.load_error:
+            raise ModelFailed(f"the model failed to load: {self.load_error}")
+        if self.error:
+            raise ModelFailed(f"the model is out of service: {self.error}")
         if not self.ready:
             raise ModelLoading("the model is loading; retry shortly")
-        return self.engine
+        return self.fleet
 
     # ---- what adapters ask of the engine(s) ---------------------------------------------------------------
     def submit(self, request: SynthesisRequest) -> Stream:
@@ -108,9 +133,9 @@ class Service:
         return self.require().max_streams
 
     def stats(self) -> dict | None:
-        """The engine's counters, or None before it is loaded."""
-        return self.engine.stats() if self.engine is not None else None
+        """The engines' counters (summed, and each under "engines"), or None before they are loaded."""
+        return self.fleet.stats() if self.fleet is not None else None
 
     def close(self) -> None:
-        if self.engine is not None:
-            self.engine.close()
+        if self.fleet is not None:
+            self.fleet.close()

@@ -43,7 +43,8 @@ class VoiceEncoder:
         Encoding runs in the codec's dtype without autocast (upstream encodes references in fp32)."""
         p = next(self.codec.parameters())
         x = torch.from_numpy(np.ascontiguousarray(samples)).to(device=p.device, dtype=p.dtype)[None, None]
-        with torch.inference_mode(), (self.gpu_lock or contextlib.nullcontext()):
+        on_device = torch.cuda.device(p.device) if p.device.type == "cuda" else contextlib.nullcontext()
+        with torch.inference_mode(), (self.gpu_lock or contextlib.nullcontext()), on_device:  # a request's thread
             return self.codec.encode(x)[0].cpu()
 
     def cached(self, data: bytes, key: str | None = None) -> Tensor | None:

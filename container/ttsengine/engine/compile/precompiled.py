@@ -16,6 +16,8 @@ as a plain torch.compile unit.
 from __future__ import annotations
 
 import logging
+import os
+import threading
 import time
 from collections.abc import Callable
 from contextlib import nullcontext
@@ -25,7 +27,8 @@ import torch
 from torch import Tensor
 
 log = logging.getLogger(__name__)
-MAX_VARIANTS = 8  # saved per unit; further shapes are compiled the plain way
+MAX_VARIANTS = 32  # saved per unit (a few shape families x the GPUs of a fleet: guards check the device index)
+_SAVING = threading.Lock()  # the engines of a fleet save into one directory: one picks an index and writes at a time
 
 
 class Precompiled:
@@ -48,8 +51,10 @@ class Precompiled:
             return self._fallback(*args)
         if self._variants is None:
             self._variants = self._load()
-        for variant in self._variants:
+        for i, variant in enumerate(self._variants):
             if variant.guard_check(*args):
+                if i:  # most recently used first: in a fleet, other devices' variants come first on disk
+                    self._variants.insert(0, self._variants.pop(i))
                 return variant(*args)
         if len(self._variants) >= MAX_VARIANTS:
             return self._plain(f"it has {MAX_VARIANTS} variants already")(*args)
@@ -113,10 +118,12 @@ class Precompiled:
         self.compiled += 1
         try:
             self.directory.mkdir(parents=True, exist_ok=True)
-            existing = self._paths()
-            index = self._index(existing[-1]) + 1 if existing else 0
-            variant.save_compiled_function(str(self.directory / f"{self.name}.{index}.pt2"),
-                                           external_data=self._external)
+            with _SAVING:  # written aside, then renamed: another process never reads half a file
+                existing = self._paths()
+                index = self._index(existing[-1]) + 1 if existing else 0
+                path = self.directory / f"{self.name}.{index}.pt2"
+                variant.save_compiled_function(str(path) + ".tmp", external_data=self._external)
+                os.replace(str(path) + ".tmp", path)
         except OSError as e:  # a read-only or full volume: this process keeps the variant, the next traces again
             log.warning("precompiled %s: traced and compiled in %.1f s, not saved (%s)", self.name,
                         time.perf_counter() - t0, e)

@@ -1,0 +1,198 @@
+"""Every engine of the process behind one front: one engine per device entry (placement.py), each with its
+own slots, KV pool, graphs and codec, and the requests routed to the one with the most room.
+
+Routing: the ready engine with the most free slots (slots less running and waiting requests), then the
+shortest queue, ties taken in turn; a busy engine passes the request on to the next, so backpressure
+(BusyError: 503 + Retry-After, RunPod's concurrency) counts the room of all of them. An engine that fails
+for good (faults.py) leaves the rotation; its requests end with EngineDown and the others keep serving.
+The fleet is ready while at least one engine is.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import threading
+import time
+
+import numpy as np
+import torch
+
+from ..config import EngineConfig
+from ..errors import BusyError, EngineDown
+from ..synthesis.plan import Plan
+from ..synthesis.request import SynthesisRequest
+from ..synthesis.stream import Stream
+from .engine import Engine
+from .loader import load_all
+from .placement import engine_configs
+
+log = logging.getLogger(__name__)
+SUMMED = ("running", "waiting", "steps", "frames", "frames_per_second", "prefill_tokens", "vocoded_frames",
+          "requests_done", "cancelled", "failed_streams", "ttfa_sum", "gpu_memory_allocated_bytes",
+          "gpu_memory_reserved_bytes", "max_streams", "kv_positions")
+
+
+class Fleet:
+    def __init__(self, engines: list[Engine], warm: threading.Event | None = None):
+        """warm: the engines' capture gate, set once every engine has warmed up (start())."""
+        self.engines = engines
+        self.warm = warm if warm is not None else threading.Event()
+        self.rejected = 0  # requests no engine had room for
+        self._turn = itertools.count()
+        self._lock = threading.Lock()
+
+    @classmethod
+    def load(cls, config: EngineConfig, random_weights: str | None = None, start: bool = True) -> Fleet:
+        """Reads the weights once, copies them to every engine's devices, builds the engines and (start) waits
+        until the first is ready; the others join the rotation when they are."""
+        configs = engine_configs(config, torch.cuda.device_count() if torch.cuda.is_available() else 0)
+        gpus = len({c.device for c in configs if c.device.startswith("cuda")})
+        if gpus > 1:  # each unit compiles once per device index (its guards check it): room for all of them
+            from torch import _dynamo
+
+            _dynamo.config.cache_size_limit = max(_dynamo.config.cache_size_limit, 8 * gpus)
+        ckpts = load_all(configs, random_weights)
+        lock = threading.Lock()  # one capture at a time in the process (cuDNN's autotune flag is process-wide)
+        warm = threading.Event()  # lazy captures wait for every engine's warm-up (cuda_graphs.GraphSet.gate)
+        failing, _, at = config.fail_engine.partition("@")
+        engines = [Engine(ckpt, c, capture_lock=lock, capture_gate=warm,
+                          fail_at_step=int(at) if failing == str(i) else None)
+                   for i, (ckpt, c) in enumerate(zip(ckpts, configs))]
+        fleet = cls(engines, warm)
+        if start:
+            fleet.start()
+        return fleet
+
+    # ---- lifecycle ----------------------------------------------------------------------------
+    def start(self, wait: bool = True) -> None:
+        """Warms the engines up one after the other (a CUDA graph captured on one GPU while another thread
+        compiles for another failed), serving from the first ready one on; wait: until that one is ready."""
+        threading.Thread(target=self._start_in_turn, name="fleet-start", daemon=True).start()
+        if wait:
+            self.wait_ready()
+
+    def _start_in_turn(self) -> None:
+        for engine in self.engines:
+            engine.start(wait=False)
+            engine.ready.wait()
+        self.warm.set()
+
+    def wait_all(self, timeout: float | None = None) -> bool:
+        """Blocks until every engine has warmed up (or failed doing so)."""
+        return self.warm.wait(timeout)
+
+    def wait_ready(self, timeout: float | None = None) -> bool:
+        """Blocks until an engine is ready (-> True), or every one failed (raises the first failure), or the
+        timeout passed (-> False)."""
+        end = None if timeout is None else time.monotonic() + timeout
+        while not self.ready:
+            if all(e.ready.is_set() for e in self.engines):  # all warmed up, none ready: all failed
+                raise next(e._failed for e in self.engines if e._failed is not None)
+            if end is not None and time.monotonic() > end:
+                return False
+            time.sleep(0.02)
+        return True
+
+    def settle(self, timeout: float = 120.0) -> bool:
+        """Every engine warm and its lazily captured graphs in (engine.settle)."""
+        end = time.monotonic() + timeout
+        if not self.warm.wait(timeout):
+            return False
+        return all([e.settle(max(0.0, end - time.monotonic())) for e in self.engines if e.state == "ready"])
+
+    def close(self) -> None:
+        for engine in self.engines:
+            engine.close()
+
+    @property
+    def ready(self) -> bool:
+        return any(e.state == "ready" for e in self.engines)
+
+    @property
+    def failure(self) -> str | None:
+        """Why no engine can serve, once none is loading or ready (None: one is, or will be)."""
+        if any(e.state in ("loading", "ready") for e in self.engines):
+            return None
+        return "every engine failed: " + "; ".join(f"{e.runner.device}: {e.error}" for e in self.engines)
+
+    # ---- requests -----------------------------------------------------------------------------
+    def submit(self, request: SynthesisRequest | Plan, *, ignore_stop: bool = False) -> Stream:
+        """Queues the request on the engine with the most room; InputError at once; BusyError when none has
+        room; EngineDown when none is in service."""
+        order = self.route()
+        if not order:
+            if self.failure:
+                raise EngineDown(self.failure)
+            raise BusyError("no engine is ready yet; retry shortly")
+        for engine in order:
+            try:
+                return engine.submit(request, ignore_stop=ignore_stop)
+            except (BusyError, EngineDown):  # full, or went down since route(): the next one
+                continue
+        with self._lock:
+            self.rejected += 1
+        running = sum(len(e.scheduler.running) for e in order)
+        waiting = sum(e.occupancy()[1] for e in order)
+        raise BusyError(f"the engine{'s are' if len(order) > 1 else ' is'} busy ({running} streams running, "
+                        f"{waiting} waiting); retry shortly")
+
+    def synthesize(self, request: SynthesisRequest | Plan):
+        return self.submit(request).result()
+
+    def route(self) -> list[Engine]:
+        """Ready engines, best first: most free slots, then fewest waiting, ties in turn."""
+        live = [(i, e) for i, e in enumerate(self.engines) if e.state == "ready"]
+        turn = next(self._turn)
+        n = len(self.engines)
+
+        def key(item: tuple[int, Engine]) -> tuple[int, int, int]:
+            i, engine = item
+            free, waiting = engine.occupancy()
+            return -free, waiting, (i - turn) % n
+
+        return [e for _, e in sorted(live, key=key)]
+
+    # ---- what the front reports ---------------------------------------------------------------
+    @property
+    def max_streams(self) -> int:
+        """Streams the ready engines decode together at most (RunPod's concurrency)."""
+        return sum(e.max_streams for e in self.engines if e.state == "ready")
+
+    def _any(self) -> Engine:
+        return next((e for e in self.engines if e.state == "ready"), self.engines[0])
+
+    @property
+    def sample_rate(self) -> int:
+        return self._any().sample_rate
+
+    @property
+    def frame_rate(self) -> float:
+        return self._any().frame_rate
+
+    @property
+    def codec_tag(self) -> str:
+        return self._any().codec_tag
+
+    def voice_codes(self, audio: bytes) -> np.ndarray:
+        """Stored voices are codes on the host: any engine's codec makes the same (the weights are copies)."""
+        return self._any().voice_codes(audio)
+
+    def stats(self) -> dict:
+        """The engines' counters summed, the first ready engine's settings, and every engine's own under
+        "engines" (device, state, error, its counters)."""
+        per = [e.stats() for e in self.engines]
+        first = per[self.engines.index(self._any())]
+        total = {**first, **{k: sum(p[k] for p in per if p.get(k) is not None) for k in SUMMED
+                             if any(p.get(k) is not None for p in per)}}
+        total["ttfa_counts"] = [sum(c) for c in zip(*(p["ttfa_counts"] for p in per))]
+        warm = [p["warmup_seconds"] for p in per if p["warmup_seconds"] is not None]
+        total["warmup_seconds"] = max(warm) if warm else None
+        total["max_streams"] = self.max_streams
+        total["rejected"] = self.rejected
+        total["state"] = "ready" if all(p["state"] == "ready" for p in per) else \
+            "degraded" if self.ready else "failed" if self.failure else "loading"
+        total["error"] = "; ".join(f"{p['device']}: {p['error']}" for p in per if p["error"]) or None
+        total["engines"] = [{"index": i, **p} for i, p in enumerate(per)]
+        return total
+

@@ -1,0 +1,64 @@
+"""Where each engine runs: TTS_DEVICES and TTS_TOPOLOGY -> one engine config per engine. No torch here
+(the caller passes how many CUDA devices it sees), so the rules are tested on any machine.
+
+replicas: one whole engine (DualAR + codec) per listed device; a device listed twice holds two engines,
+which split its memory share. split: devices pair up in order (cuda:0,cuda:1 -> the DualAR on cuda:0 and
+its codec on cuda:1): the decode steps of one GPU feed the codec of another (Fish Audio's own split).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+
+from ..config import EngineConfig
+from ..errors import ConfigError
+
+
+@dataclass(frozen=True)
+class Placement:
+    device: str  # the DualAR's (the decode step, the KV cache)
+    codec_device: str  # the codec's (streaming decode, voice encoding)
+
+
+def device_list(config: EngineConfig, cuda_count: int) -> list[str]:
+    """TTS_DEVICES as device names. auto: TTS_DEVICE when that names one, else every visible GPU, else the CPU."""
+    if config.devices == "auto":
+        if config.device != "auto":
+            return [_name(config.device, cuda_count, "TTS_DEVICE")]
+        return [f"cuda:{i}" for i in range(cuda_count)] or ["cpu"]
+    return [_name(d, cuda_count, "TTS_DEVICES") for d in config.devices.split(",")]
+
+
+def _name(device: str, cuda_count: int, var: str) -> str:
+    if device == "cpu":
+        return device
+    index = 0 if device == "cuda" else int(device.removeprefix("cuda:"))
+    if cuda_count == 0:
+        raise ConfigError(f"{var}: {device} asked for, but CUDA is not available on this machine")
+    if index >= cuda_count:
+        raise ConfigError(f"{var}: {device} asked for, but this machine has {cuda_count} CUDA device(s) "
+                          f"(cuda:0..cuda:{cuda_count - 1})")
+    return f"cuda:{index}"
+
+
+def placements(config: EngineConfig, cuda_count: int) -> list[Placement]:
+    devices = device_list(config, cuda_count)
+    if config.topology == "replicas":
+        return [Placement(d, d) for d in devices]
+    if len(devices) % 2:
+        raise ConfigError(f"TTS_TOPOLOGY=split pairs devices (DualAR, codec): {len(devices)} listed "
+                          f"({','.join(devices)}); give an even number in TTS_DEVICES")
+    return [Placement(devices[i], devices[i + 1]) for i in range(0, len(devices), 2)]
+
+
+def engine_configs(config: EngineConfig, cuda_count: int) -> list[EngineConfig]:
+    """One config per engine, in TTS_DEVICES order: its device, its codec's device and its share of a device
+    that holds several (kv_share counts the engines on that device still to size their KV cache: the
+    engines are built in this order, each taking its part of what the ones before it left)."""
+    out = []
+    left = Counter(p.device for p in placements(config, cuda_count))
+    for p in placements(config, cuda_count):
+        out.append(config.with_(device=p.device, codec_device=p.codec_device, kv_share=left[p.device]))
+        left[p.device] -= 1
+    return out
