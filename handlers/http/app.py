@@ -1,5 +1,5 @@
-"""The HTTP app, assembled: the service (the engine loads in the background, so /health answers at once and
-/ready says 503 until the engine is warm), the middlewares (body limit, request counts), the JSON error
+"""The HTTP app, assembled: the service (the engines load in the background, so /health answers at once and
+/ready says 503 until one engine is warm), the middlewares (body limit, request counts), the JSON error
 handlers, the routes (routes.py) and the OpenAPI schema. Nothing returns a stack trace.
 """
 
@@ -10,7 +10,7 @@ from collections.abc import Callable
 from fastapi import FastAPI
 from starlette.concurrency import run_in_threadpool
 
-from ttsengine import Engine, EngineConfig, ServerConfig
+from ttsengine import EngineConfig, Fleet, ServerConfig
 from ttsengine.serving.body_limit import BodyLimit
 from ttsengine.serving.listen import HeadAsGet
 from ttsengine.serving.protocol import FishTTSRequest
@@ -22,7 +22,7 @@ from .routes import router
 
 
 def create_app(server: ServerConfig, engine_config: EngineConfig,
-               engine_factory: Callable[[], Engine] | None = None) -> FastAPI:
+               engine_factory: Callable[[], Fleet] | None = None) -> FastAPI:
     service = Service(engine_factory or engine_loader(engine_config), server.data_dir / "voices")
 
     async def lifespan(app: FastAPI):

@@ -44,6 +44,31 @@ def _labels(**kw) -> str:
     return "{" + ",".join(f'{k}="{str(v)}"' for k, v in kw.items()) + "}"
 
 
+PER_ENGINE = (  # name, stats key, type, help: one series per engine, labelled with its index and device
+    ("tts_engine_up", None, "gauge", "1 while the engine serves (0: loading, failed or taken out of service)"),
+    ("tts_engine_active_streams", "running", "gauge", "streams generating now on this engine"),
+    ("tts_engine_queue_depth", "waiting", "gauge", "requests waiting for a slot on this engine"),
+    ("tts_engine_frames_per_second", "frames_per_second", "gauge", "frames generated per second (last 10 s)"),
+    ("tts_engine_gpu_memory_allocated_bytes", "gpu_memory_allocated_bytes", "gauge", "GPU memory allocated by torch"),
+    ("tts_engine_max_streams", "max_streams", "gauge", "the engine's stream slots"),
+    ("tts_engine_frames_total", "frames", "counter", "frames generated"),
+    ("tts_engine_requests_completed_total", "requests_done", "counter", "requests completed"),
+    ("tts_engine_errors_total", "failed_streams", "counter",
+     "requests ended by an engine error (a failed step, the engine taken out of service)"),
+)
+
+
+def _per_engine(engines: list[dict]) -> list[str]:
+    lines = []
+    for name, key, kind, help_ in PER_ENGINE:
+        lines += [f"# HELP {name} {help_}.", f"# TYPE {name} {kind}"]
+        for e in engines:
+            value = int(e["state"] == "ready") if key is None else e.get(key)
+            if value is not None:
+                lines.append(f"{name}{_labels(engine=e['index'], device=e['device'])} {float(value)}")
+    return lines
+
+
 def render(counter: RequestCounter, stats: dict | None, ready: bool) -> str:
     lines = ["# HELP tts_http_requests_total HTTP requests by method, route and status code.",
              "# TYPE tts_http_requests_total counter"]
@@ -85,6 +110,7 @@ def render(counter: RequestCounter, stats: dict | None, ready: bool) -> str:
                                               cuda_graphs=stats.get("cuda_graphs", ""),
                                               memory_preset=(stats.get("memory_preset") or {}).get("name", ""))
                   + " 1"]
+        lines += _per_engine(stats.get("engines") or [])
         lines += ["# HELP tts_time_to_first_audio_seconds Submit to first audio chunk.",
                   "# TYPE tts_time_to_first_audio_seconds histogram"]
         total = 0

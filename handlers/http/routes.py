@@ -54,13 +54,15 @@ router = APIRouter()
 @router.get("/health", tags=["health"])
 @router.get("/v1/health", tags=["health"])  # fish-speech's server has it
 async def health(svc: Svc):
-    if svc.error:
-        return JSONResponse({"status": "failed", "error": svc.error}, status_code=500)
-    return {"status": "ok"}
+    """ok | degraded (an engine is out of service; the others serve) | loading: 200; failed (none can serve): 500.
+    Each engine's device and state once loaded."""
+    report = svc.health()
+    return JSONResponse(report, status_code=500 if report["status"] == "failed" else 200)
 
 
 @router.get("/ready", tags=["health"])
 async def ready(svc: Svc):
+    """200 while at least one engine serves (the others may still warm up or be out of service), with each."""
     if svc.error:
         return JSONResponse({"status": "failed", "error": svc.error}, status_code=503)
     if not svc.ready:
@@ -68,7 +70,8 @@ async def ready(svc: Svc):
     stats = svc.stats()
     return {"status": "ready", "warmup_seconds": stats["warmup_seconds"], "quantization": stats["quantization"],
             "kernel_cache": stats["kernel_cache"], "memory_preset": stats.get("memory_preset"),
-            "max_streams": stats.get("max_streams"), "kv_positions": stats.get("kv_positions")}
+            "max_streams": stats.get("max_streams"), "kv_positions": stats.get("kv_positions"),
+            "engines": svc.health()["engines"]}
 
 
 @router.get("/metrics", tags=["health"], response_class=PlainTextResponse)

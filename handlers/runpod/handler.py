@@ -23,7 +23,7 @@ import logging
 from dataclasses import dataclass
 
 from ttsengine import (
-    Engine,
+    Fleet,
     InputError,
     RunPodConfig,
     TTSError,
@@ -90,8 +90,8 @@ def parse_input(raw: object, voices: VoiceStore | None, cfg: RunPodConfig) -> tu
 
 
 class JobHandler:
-    def __init__(self, engine: Service | Engine, voices: VoiceStore | None, cfg: RunPodConfig, progress=None):
-        """engine: the worker's Service (what it takes of an engine: submit, max_streams), or an Engine."""
+    def __init__(self, engine: Service | Fleet, voices: VoiceStore | None, cfg: RunPodConfig, progress=None):
+        """engine: the worker's Service (what it takes of the engines: submit, max_streams), or a Fleet."""
         self.engine, self.voices, self.cfg = engine, voices, cfg
         self.progress = progress  # progress(job, dict) or None (RunPod's local test API has nowhere to send it)
 

@@ -84,7 +84,7 @@ def create_app(server: ServerConfig, service: Service) -> FastAPI:
     @app.get("/ping")
     async def ping():
         if service.error:
-            return error(500, f"the model failed to load: {service.error}")
+            return error(500, f"the model is not serving: {service.error}")
         if not service.ready:
             return error(503, "the model is loading")
         return {"status": "ready"}
@@ -95,7 +95,7 @@ def create_app(server: ServerConfig, service: Service) -> FastAPI:
     @app.post("/endpoints/{endpoint_name}/invocations", include_in_schema=False)
     async def invocations(request: Request):
         if service.error:
-            return error(500, f"the model failed to load: {service.error}")
+            return error(500, f"the model is not serving: {service.error}")
         if not service.ready:
             return error(503, "the model is loading; retry shortly")
         try:

@@ -19,8 +19,7 @@ class FakeEngine:
     codec_tag, frame_rate, max_streams = "fake", 21.5, 4
 
     def __init__(self):
-        self.ready = threading.Event()
-        self.ready.set()
+        self.ready, self.failure = True, None
 
     def voice_codes(self, audio: bytes) -> np.ndarray:
         return np.zeros((4, 10), dtype=np.int64)
@@ -28,7 +27,9 @@ class FakeEngine:
     def stats(self) -> dict:
         return {"warmup_seconds": 1.5, "quantization": "bf16 (none)", "kernel_cache": "off", "running": 0,
                 "waiting": 0, "ttfa_buckets": [0.1], "ttfa_counts": [0, 0], "ttfa_sum": 0, "max_streams": 4,
-                "kv_positions": 4096, "memory_preset": {"name": "cpu", "max_batch": 4}}
+                "kv_positions": 4096, "memory_preset": {"name": "cpu", "max_batch": 4}, "state": "ready",
+                "engines": [{"index": 0, "device": "cpu", "codec_device": "cpu", "state": "ready", "error": None,
+                             "running": 0, "waiting": 0, "max_streams": 4}]}
 
     def close(self) -> None:
         pass
@@ -54,7 +55,7 @@ def test_loading_then_ready(tmp_path):
 
     with client(tmp_path, slow) as c:
         assert c.get("/ready").status_code == 503 and c.get("/ready").json() == {"status": "loading"}
-        assert c.get("/health").json() == {"status": "ok"}
+        assert c.get("/health").json() == {"status": "loading"}
         r = c.post("/v1/audio/speech", json={"input": "hi"})
         assert r.status_code == 503 and r.headers["retry-after"] == "5"
         assert r.json()["error"] == {"message": "the model is loading; retry shortly", "type": "server_busy",
@@ -63,9 +64,14 @@ def test_loading_then_ready(tmp_path):
         gate.set()
         settle(c)
         ready = c.get("/ready").json()
+        engine = {"index": 0, "device": "cpu", "codec_device": "cpu", "state": "ready", "error": None, "running": 0,
+                  "waiting": 0, "max_streams": 4}
         assert ready == {"status": "ready", "warmup_seconds": 1.5, "quantization": "bf16 (none)", "kernel_cache": "off",
-                         "memory_preset": {"name": "cpu", "max_batch": 4}, "max_streams": 4, "kv_positions": 4096}
-        assert "tts_ready 1" in c.get("/metrics").text
+                         "memory_preset": {"name": "cpu", "max_batch": 4}, "max_streams": 4, "kv_positions": 4096,
+                         "engines": [engine]}
+        assert c.get("/health").json() == {"status": "ok", "engines": [engine]}
+        metrics = c.get("/metrics").text
+        assert "tts_ready 1" in metrics and 'tts_engine_up{engine="0",device="cpu"} 1.0' in metrics
 
 
 def test_a_failed_load(tmp_path):

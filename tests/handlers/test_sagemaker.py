@@ -200,7 +200,7 @@ model = inference.model_fn({str(opt)!r})
 data = inference.input_fn(json.dumps({{"text": "Script mode.", "seed": 3, "max_new_tokens": 12}}), "application/json")
 body, ctype = inference.output_fn(inference.predict_fn(data, model), "audio/wav")
 print(ctype, len(body))
-model.engine.close()
+model.close()
 """
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     run = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, capture_output=True, text=True,
