@@ -22,16 +22,22 @@ from pathlib import Path
 
 from . import package
 
-# GPU and VRAM per GPU of the instance types we suggest. S1-mini needs (measured on an H100, random weights
-# of the real shapes): weights bf16 2.53 GB (LLM 1.75 + codec 0.78), int8 1.57 GB; peak with 64 streams of
-# 256-token contexts bf16 6.5 GB. Every type below holds bf16 with room for a large KV pool; the engine sizes
-# the pool from free memory. Multi-GPU instances run one copy on GPU 0 (run one container per GPU for more).
+# The instance types we suggest: (GPUs, GPU, GB per GPU, the engine's memory preset for that GPU:
+# ttsengine/engine/presets.py, which a test keeps this table equal to). S1-mini needs (measured on an H100, random
+# weights of the real shapes): weights bf16 2.53 GB (LLM 1.75 + codec 0.78), int8 1.57 GB; the engine sizes its
+# KV pool from the preset within the GPU's memory share. The image runs one engine per GPU (TTS_DEVICES=auto), so
+# a multi-GPU type needs no other setting: expected streams at ~1.2x real time = GPUs x the preset's streams
+# (measured on H100 and 2x H200: 256 per GPU; the other presets are scaled by bandwidth and bf16 throughput).
 # T4 (ml.g4dn) has no fast bf16: set TTS_DTYPE=float16 there.
 INSTANCE_TYPES = {
-    "ml.g4dn.xlarge": ("T4", 16), "ml.g5.xlarge": ("A10G", 24), "ml.g5.2xlarge": ("A10G", 24),
-    "ml.g6.xlarge": ("L4", 24), "ml.g6.2xlarge": ("L4", 24), "ml.g6e.xlarge": ("L40S", 48),
-    "ml.p4d.24xlarge": ("8x A100", 40), "ml.p5.48xlarge": ("8x H100", 80),
-}
+    "ml.g4dn.xlarge": (1, "T4", 16, "gpu-small", 16),
+    "ml.g5.xlarge": (1, "A10G", 24, "a10g", 64), "ml.g5.2xlarge": (1, "A10G", 24, "a10g", 64),
+    "ml.g5.12xlarge": (4, "A10G", 24, "a10g", 64), "ml.g5.48xlarge": (8, "A10G", 24, "a10g", 64),
+    "ml.g6.xlarge": (1, "L4", 24, "l4", 48), "ml.g6.2xlarge": (1, "L4", 24, "l4", 48),
+    "ml.g6.12xlarge": (4, "L4", 24, "l4", 48), "ml.g6.48xlarge": (8, "L4", 24, "l4", 48),
+    "ml.g6e.xlarge": (1, "L40S", 48, "l40s", 128), "ml.g6e.12xlarge": (4, "L40S", 48, "l40s", 128),
+    "ml.p4d.24xlarge": (8, "A100", 40, "a100-40gb", 128), "ml.p5.48xlarge": (8, "H100", 80, "h100", 256),
+}  # instance type -> (GPUs, GPU, GB per GPU, memory preset, streams per GPU at ~1.2x real time)
 NEEDS_GB = {"bf16": 2.53, "int8": 1.57}  # weights; plus the KV pool
 VARIANT = "AllTraffic"
 SCALABLE_DIMENSION = "sagemaker:variant:DesiredInstanceCount"
@@ -251,10 +257,11 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     try:
         if args.command == "instance-types":
-            print(f"{'instance':<18} {'GPU':<9} {'VRAM/GPU':>8}  weights bf16 {NEEDS_GB['bf16']} GB, int8 "
-                  f"{NEEDS_GB['int8']} GB; 64 streams bf16 ~6.5 GB peak")
-            for name, (gpu, gb) in INSTANCE_TYPES.items():
-                print(f"{name:<18} {gpu:<9} {gb:>5} GB")
+            print(f"{'instance':<18} {'GPUs':>4} {'GPU':<6} {'VRAM/GPU':>8}  {'preset':<10} {'streams':>7}  (one "
+                  f"engine per GPU; streams at ~1.2x real time; weights bf16 {NEEDS_GB['bf16']} GB, int8 "
+                  f"{NEEDS_GB['int8']} GB)")
+            for name, (gpus, gpu, gb, preset, streams) in INSTANCE_TYPES.items():
+                print(f"{name:<18} {gpus:>4} {gpu:<6} {gb:>5} GB  {preset:<10} {gpus * streams:>7}")
             return 0
         if args.command == "delete":
             for item in delete(args.name, args.region) or ["nothing to delete"]:

@@ -17,5 +17,5 @@ for spec in "$@"; do
     timeout "${PER_RUN_S:-240}" python3 -m ttsengine bench --random-weights s1-mini --frames "${FRAMES:-192}" \
     --out "$OUT/$label" $args > "$OUT/$label.log" 2>&1
   echo "exit $?"
-  grep -E "memory preset|^concurrency|^[0-9]+ \||highest|Error|error:" "$OUT/$label.log" | grep -v "it/s" | tail -12
+  grep -E "memory preset|^concurrency|^[0-9]+ \||per engine|highest|Error|error:" "$OUT/$label.log" | grep -v "it/s" | tail -16
 done

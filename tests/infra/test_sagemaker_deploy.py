@@ -11,7 +11,7 @@ from types import SimpleNamespace
 
 import boto3
 import pytest
-from conftest import complete_model, run_cli
+from conftest import ROOT, complete_model, run_cli
 
 from infra.sagemaker import deploy as dp
 
@@ -171,3 +171,15 @@ def test_ecr_cli_without_docker_is_one_line(aws):
     proc = run_cli("infra.sagemaker.ecr", "--repository", "fish-tts-server", "--tag", "nothing-built", "--no-build",
                    env={**env, "PATH": "/nonexistent"})
     assert proc.returncode == 1 and proc.stderr.startswith("ecr: ") and proc.stderr.count("\n") == 1
+
+
+def test_the_instance_table_follows_the_memory_presets():
+    from ttsengine.engine.presets import by_name, choose
+
+    for name, (gpus, gpu, gb, preset, streams) in dp.INSTANCE_TYPES.items():
+        assert choose(f"NVIDIA {gpu}", gb * (1 << 30)).name == preset, name  # what the engine picks there
+        assert by_name(preset).max_batch == streams and gpus >= 1, name
+    out = subprocess.run([sys.executable, "-m", "infra.sagemaker.deploy", "instance-types"], cwd=ROOT,
+                         capture_output=True, text=True, check=True).stdout
+    assert "ml.g5.12xlarge        4 A10G      24 GB  a10g           256" in out
+    assert "ml.p5.48xlarge        8 H100      80 GB  h100          2048" in out

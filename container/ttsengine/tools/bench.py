@@ -20,8 +20,9 @@ import numpy as np
 import torch
 
 from ..config import from_env
-from ..engine.engine import Engine
+from ..engine.fleet import Fleet
 from ..engine.loader import load
+from ..engine.placement import engine_configs
 from ..errors import BusyError, TTSError
 from ..model.quant import weight_bytes
 from ..synthesis.request import Reference, SynthesisRequest
@@ -57,12 +58,14 @@ class Level:
     prefill_tokens_per_request: float
     arrival_rate: float | None  # requests per second (Poisson), None: all submitted at once
     rejected: int  # requests refused as busy (queue full)
+    per_engine: list[dict]  # each engine's device(s), streams completed and frames/s decoded to audio
 
 
 class NvmlSampler(threading.Thread):
-    """Samples GPU utilisation and power every 100 ms (if nvidia-ml-py is installed)."""
+    """Samples GPU utilisation (mean over `indices`) and power (their sum) every 100 ms (if nvidia-ml-py is
+    installed)."""
 
-    def __init__(self, index: int = 0):
+    def __init__(self, indices: tuple[int, ...] = (0,)):
         super().__init__(daemon=True)
         self.util: list[float] = []
         self.power: list[float] = []
@@ -71,14 +74,14 @@ class NvmlSampler(threading.Thread):
             import pynvml
 
             pynvml.nvmlInit()
-            self._nv, self._h = pynvml, pynvml.nvmlDeviceGetHandleByIndex(index)
+            self._nv, self._hs = pynvml, [pynvml.nvmlDeviceGetHandleByIndex(i) for i in indices]
         except Exception:  # noqa: BLE001 - no NVML: report None
             self._nv = None
 
     def run(self) -> None:
         while self._nv is not None and not self._halt.is_set():
-            self.util.append(self._nv.nvmlDeviceGetUtilizationRates(self._h).gpu)
-            self.power.append(self._nv.nvmlDeviceGetPowerUsage(self._h) / 1000)
+            self.util.append(statistics.fmean(self._nv.nvmlDeviceGetUtilizationRates(h).gpu for h in self._hs))
+            self.power.append(sum(self._nv.nvmlDeviceGetPowerUsage(h) for h in self._hs) / 1000)
             self._halt.wait(0.1)
 
     def stop(self) -> tuple[float | None, float | None]:
@@ -114,7 +117,13 @@ class Load:
         return list(np.cumsum(gaps) - gaps[0])
 
 
-def random_voice(engine: Engine, seconds: float) -> Reference:
+def gpus(fleet: Fleet) -> tuple[int, ...]:
+    """The CUDA device indices the fleet's engines use (DualAR and codec)."""
+    devices = {d for e in fleet.engines for d in (e.runner.device, e.vocoder.device) if d.type == "cuda"}
+    return tuple(sorted(d.index or 0 for d in devices))
+
+
+def random_voice(engine, seconds: float) -> Reference:
     """A stored voice of `seconds` of random speech-like audio (tones with a wandering pitch, plus noise),
     encoded once, as the voice store keeps it (codes), with a transcript of ~2.5 words per second."""
     rate = engine.ckpt.codec.sample_rate
@@ -128,15 +137,19 @@ def random_voice(engine: Engine, seconds: float) -> Reference:
     return Reference(text=words + ".", codes=codes.numpy())
 
 
-def run_level(engine: Engine, concurrency: int, load: Load, progress) -> Level:
-    cuda = engine.runner.device.type == "cuda"
-    if cuda:
-        torch.cuda.synchronize()
-        torch.cuda.reset_peak_memory_stats()
-    base = torch.cuda.memory_allocated() if cuda else 0
-    m = engine.metrics
-    before = (m.step_seconds, m.prefill_seconds, m.vocoder_seconds, m.steps, m.prefill_tokens)
-    sampler = NvmlSampler()
+def _counters(fleet: Fleet) -> list[tuple]:
+    return [(m.step_seconds, m.prefill_seconds, m.vocoder_seconds, m.steps, m.prefill_tokens, m.vocoded_frames,
+             m.requests_done) for m in (e.metrics for e in fleet.engines)]
+
+
+def run_level(fleet: Fleet, concurrency: int, load: Load, progress) -> Level:
+    devices = gpus(fleet)
+    for d in devices:
+        torch.cuda.synchronize(d)
+        torch.cuda.reset_peak_memory_stats(d)
+    base = max((torch.cuda.memory_allocated(d) for d in devices), default=0)
+    before = _counters(fleet)
+    sampler = NvmlSampler(devices or (0,))
     sampler.start()
     t0 = time.perf_counter()
     streams, rejected = [], 0
@@ -145,7 +158,7 @@ def run_level(engine: Engine, concurrency: int, load: Load, progress) -> Level:
         if delay > 0:
             time.sleep(delay)
         try:
-            streams.append(engine.submit(load.request(i), ignore_stop=True))
+            streams.append(fleet.submit(load.request(i), ignore_stop=True))
         except BusyError:
             rejected += 1
             progress.update(1)
@@ -160,17 +173,22 @@ def run_level(engine: Engine, concurrency: int, load: Load, progress) -> Level:
     fps = [k / sp for k, sp in zip(kept, spans)]
     ttfa = [s.ttfa * 1000 for s in streams if s.ttfa is not None]
     audio_s = sum(kept) / FRAME_RATE
-    after = (m.step_seconds, m.prefill_seconds, m.vocoder_seconds, m.steps, m.prefill_tokens)
+    after = _counters(fleet)
+    delta = [[a - b for a, b in zip(x, y)] for x, y in zip(after, before)]
+    per_engine = [{"device": str(e.runner.device), "codec_device": str(e.vocoder.device), "streams": d[6],
+                   "frames_per_second": round(d[5] / wall, 1)} for e, d in zip(fleet.engines, delta)]
+    total = [sum(col) for col in zip(*delta)]
     return Level(
         concurrency=concurrency, frames_per_stream=load.frames - 1, wall_s=wall, aggregate_fps=sum(kept) / wall,
         stream_fps_min=min(fps), stream_fps_p50=statistics.median(fps),
         rtf_max=max(sp / (k / FRAME_RATE) for k, sp in zip(kept, spans)), realtime_x_min=min(fps) / FRAME_RATE,
         ttfa_p50_ms=_pct(ttfa, 50), ttfa_p95_ms=_pct(ttfa, 95),
-        vram_baseline_gb=base / 1e9, vram_peak_gb=(torch.cuda.max_memory_allocated() if cuda else 0) / 1e9,
-        gpu_util_pct=util, power_w=power, audio_hours_per_gpu_hour=audio_s / wall,
-        time_step_s=after[0] - before[0], time_prefill_s=after[1] - before[1], time_vocoder_s=after[2] - before[2],
-        steps=after[3] - before[3], prefill_tokens_per_request=(after[4] - before[4]) / max(1, len(streams)),
-        arrival_rate=load.arrival_rate, rejected=rejected,
+        vram_baseline_gb=base / 1e9,
+        vram_peak_gb=max((torch.cuda.max_memory_allocated(d) for d in devices), default=0) / 1e9,
+        gpu_util_pct=util, power_w=power, audio_hours_per_gpu_hour=audio_s / wall / max(1, len(devices)),
+        time_step_s=total[0], time_prefill_s=total[1], time_vocoder_s=total[2], steps=total[3],
+        prefill_tokens_per_request=total[4] / max(1, len(streams)), arrival_rate=load.arrival_rate,
+        rejected=rejected, per_engine=per_engine,
     )
 
 
@@ -195,7 +213,7 @@ def render_html(report: dict) -> str:
                             extra=f"<h2>profile (top kernels, ms)</h2><table border=1>{prof}</table>" if prof else "")
 
 
-def profile_level(engine: Engine, concurrency: int, load: Load) -> list[dict]:
+def profile_level(engine: Fleet, concurrency: int, load: Load) -> list[dict]:
     from torch.profiler import ProfilerActivity, profile
 
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
@@ -225,6 +243,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="every stream uses one stored voice of this many seconds of random audio")
     ap.add_argument("--arrivals", metavar="poisson:RATE",
                     help="open-loop arrivals: each level's requests sent at RATE per second (Poisson), not all at once")
+    ap.add_argument("--devices", help="one engine per entry, e.g. cuda:0,cuda:1 (default: $TTS_DEVICES); levels count "
+                                      "streams over all engines, each engine gets a share of the largest as slots")
+    ap.add_argument("--topology", choices=("replicas", "split"), help="default: $TTS_TOPOLOGY")
     codec = ap.add_argument_group("--codec-only: the streaming codec alone (streams = --concurrency levels)")
     codec.add_argument("--codec-only", action="store_true")
     codec.add_argument("--chunk-frames", type=int, default=8, help="frames per stream per codec call")
@@ -246,31 +267,42 @@ def main(argv: list[str] | None = None) -> int:
     from tqdm import tqdm
 
     levels = [int(x) for x in args.concurrency.split(",")]
-    config = from_env(model_dir=args.model, max_batch=max(levels))
+    config = from_env(model_dir=args.model, devices=args.devices, topology=args.topology)
+    engines = len(engine_configs(config, torch.cuda.device_count() if torch.cuda.is_available() else 0))
+    config = config.with_(max_batch=-(-max(levels) // engines))
     t0 = time.perf_counter()
-    ckpt = load(config, args.random_weights)
+    fleet = Fleet.load(config, args.random_weights, start=False)
     load_s = time.perf_counter() - t0
-    engine = Engine(ckpt, config)
-    engine.start()
-    engine.settle()  # steady state: the lazily captured graphs first (a server captures them while idle)
+    fleet.start()
+    fleet.wait_all()  # every engine, not just the first ready: a level must see all of them
+    for e in fleet.engines:
+        if e.state != "ready":
+            fleet.close()
+            raise TTSError(f"the engine on {e.runner.device} did not start: {e.error}")
+    fleet.settle()  # steady state: the lazily captured graphs first (a server captures them while idle)
+    engine = fleet.engines[0]
+    ckpt = engine.ckpt
     try:
         reference = random_voice(engine, args.voice) if args.voice else None
         load_ = Load(args.frames, args.text, reference, rate)
-        engine.submit(Load(24, args.text, reference).request(0), ignore_stop=True).result()
+        warm = [fleet.submit(Load(24, args.text, reference).request(i), ignore_stop=True) for i in range(engines)]
+        for s in warm:
+            s.result()
         results = []
         with tqdm(total=sum(levels), desc="streams", unit="stream") as bar:
             for c in levels:
-                results.append(run_level(engine, c, load_, bar))
-        profile = profile_level(engine, args.profile, Load(min(args.frames, 64), args.text, reference)) \
+                results.append(run_level(fleet, c, load_, bar))
+        profile = profile_level(fleet, args.profile, Load(min(args.frames, 64), args.text, reference)) \
             if args.profile else None
     finally:
-        engine.close()
+        fleet.close()
     ok = [lv.concurrency for lv in results if lv.realtime_x_min >= 1.2]
     report = {
         "device": torch.cuda.get_device_name() if engine.runner.device.type == "cuda" else "cpu",
         "torch": torch.__version__, "model": args.random_weights or str(config.model_dir),
         "dtype": str(engine.runner.dtype), "compile": engine.compiled, "cuda_graphs": engine.graphs is not None,
-        "compile_error": engine.compile_error, "load_s": round(load_s, 2), "warmup_s": round(engine.warmup_seconds, 2),
+        "compile_error": engine.compile_error, "load_s": round(load_s, 2),
+        "warmup_s": round(max(e.warmup_seconds for e in fleet.engines), 2),
         "kernel_cache": engine.kernel_cache.status, "precompiled": engine.precompiled,
         "quantization": ckpt.quantization,
         "weights_gb": round((weight_bytes(ckpt.model) + weight_bytes(ckpt.codec)) / 1e9, 3),
@@ -278,7 +310,9 @@ def main(argv: list[str] | None = None) -> int:
         "stream_chunk_frames": engine.settings.stream_chunk_frames,
         "kv_positions": engine.kv_positions, "memory_preset": engine.settings.preset.as_dict(),
         "voice_seconds": args.voice, "voice_prompt_tokens": int(reference.codes.shape[1]) if reference else 0,
-        "arrivals": args.arrivals,
+        "arrivals": args.arrivals, "topology": config.topology,
+        "engines": [f"{e.runner.device}" + (f"+{e.vocoder.device}" if e.vocoder.device != e.runner.device else "")
+                    for e in fleet.engines],
         "max_concurrency_at_1.2x_realtime": max(ok) if ok else None,
         "levels": [asdict(lv) for lv in results], "profile": profile,
     }
@@ -319,7 +353,8 @@ def print_table(report: dict) -> None:
     print(f"\n{report['device']} | torch {report['torch']} | {report['model']} | {report['dtype']} | "
           f"compile {report['compile']} | graphs {report['cuda_graphs']} | warm-up {report['warmup_s']} s | "
           f"cache {report['kernel_cache']} | quant {report['quantization']} | weights {report['weights_gb']} GB")
-    print(f"memory preset {report.get('memory_preset')} | KV positions {report.get('kv_positions')} | voice "
+    print(f"engines {', '.join(report.get('engines') or [])} ({report.get('topology')}) | "
+          f"memory preset {report.get('memory_preset')} | KV positions {report.get('kv_positions')} | voice "
           f"{report.get('voice_seconds') or 'none'} s ({report.get('voice_prompt_tokens')} tokens) | arrivals "
           f"{report.get('arrivals') or 'all at once'}")
     cols = ("concurrency", "aggregate_fps", "stream_fps_min", "realtime_x_min", "ttfa_p50_ms", "ttfa_p95_ms",
@@ -328,6 +363,10 @@ def print_table(report: dict) -> None:
     print(" | ".join(cols))
     for lv in report["levels"]:
         print(" | ".join(report_page.fmt(lv[c]) for c in cols))
+        if len(lv.get("per_engine") or []) > 1:
+            print("    per engine: " + " | ".join(
+                f"{e['device']}{'+' + e['codec_device'] if e['codec_device'] != e['device'] else ''} "
+                f"{e['streams']} streams {e['frames_per_second']:,.0f} fps" for e in lv["per_engine"]))
     print(f"highest concurrency with every stream >= 1.2x real time: {report['max_concurrency_at_1.2x_realtime']}")
     for row in report.get("profile") or []:
         print(f"  {row['ms']:10.2f} ms  x{row.get('count', '')}  {row['name']}")
