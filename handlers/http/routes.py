@@ -18,6 +18,7 @@ from ttsengine import CONTENT_TYPES, ServerConfig, VoiceStore, audio_bytes, chec
 from ttsengine.serving.protocol import OpenAISpeechRequest, SpeechJob, fish_job, openai_job, parse_body
 from ttsengine.serving.service import Service
 
+from .audio_stream import AudioStream
 from .errors import ApiError
 from .metrics import render
 
@@ -96,7 +97,7 @@ async def speech(body: OpenAISpeechRequest, svc: Svc):
     if job.sse:
         return StreamingResponse(sse_events(stream, job), media_type="text/event-stream",
                                  headers=audio_headers(job, stream))
-    return StreamingResponse(audio_bytes(stream, job), media_type=CONTENT_TYPES[job.format],
+    return AudioStream(audio_bytes(stream, job), media_type=CONTENT_TYPES[job.format],
                              headers=audio_headers(job, stream))
 
 
@@ -109,7 +110,7 @@ async def tts(request: Request, svc: Svc):
     job = fish_job(parse_body(await request.body(), request.headers.get("content-type")), svc.voices)
     stream = await run_in_threadpool(svc.submit, job.request)
     if job.streaming:
-        return StreamingResponse(audio_bytes(stream, job), media_type=CONTENT_TYPES[job.format],
+        return AudioStream(audio_bytes(stream, job), media_type=CONTENT_TYPES[job.format],
                                  headers=audio_headers(job, stream))
     result = await until_disconnect(request, whole(stream, job), stream)
     return Response(result.data, media_type=result.content_type, headers=audio_headers(job, stream))

@@ -65,7 +65,7 @@ def _statuses(fn):
                 from sagemaker_inference.errors import GenericInferenceToolkitError
             except ImportError:
                 raise e from None
-            raise GenericInferenceToolkitError(http_status(e), str(e)) from None
+            raise GenericInferenceToolkitError(http_status(e), str(e)) from e  # serve reads the cause's retry delay
 
     return wrapper
 

@@ -22,6 +22,7 @@ from starlette.concurrency import run_in_threadpool
 
 from ttsengine import SageMakerConfig, ServerConfig, TTSError, audio_bytes, audio_record, from_env, output_rate
 from ttsengine.serving.body_limit import BodyLimit
+from ttsengine.serving.failure import failure
 from ttsengine.serving.listen import HeadAsGet, port_problem
 from ttsengine.serving.service import Service, setup_logging
 
@@ -122,7 +123,7 @@ def create_app(server: ServerConfig, service: Service) -> FastAPI:
                 return error(500, "internal server error")
             if status >= 500:
                 log.error("invocation failed: %s", e)
-            return error(status, inference.error_message(e))
+            return error(status, inference.error_message(e), failure(e.__cause__ or e).retry_after)
 
     return app
 
@@ -131,8 +132,9 @@ def error_body(status: int, message: str) -> dict:
     return {"error": {"message": message, "code": status}}
 
 
-def error(status: int, message: str) -> JSONResponse:
-    headers = {"Retry-After": "5"} if status == 503 else None
+def error(status: int, message: str, retry_after: int | None = 5) -> JSONResponse:
+    """A JSON error; a 503 says when to retry (the failure table's delay: 1 s for a busy engine, 5 s loading)."""
+    headers = {"Retry-After": str(retry_after)} if status == 503 and retry_after else None
     return JSONResponse(error_body(status, message), status_code=status, headers=headers)
 
 
@@ -147,7 +149,9 @@ async def _json_lines(stream, job):
         yield (json.dumps({"done": True, "seed": stream.seed, "frames": frames,
                            "seconds": round(frames * 2048 / stream.sample_rate, 3)}) + "\n").encode()
     except Exception as e:  # noqa: BLE001 - headers are gone: report in-band
-        yield (json.dumps({"error": {"message": str(e), "code": 500}}) + "\n").encode()
+        f = failure(e)  # an engine taken out of service mid-stream is a 503: another engine takes the retry
+        log.warning("streamed invocation cut short: %s", f.message)
+        yield (json.dumps(error_body(f.status, f.message)) + "\n").encode()
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -31,16 +31,24 @@ def start_server(tmp: Path, **env) -> tuple[subprocess.Popen, str]:
     full = {**os.environ, "TTS_MODEL_DIR": str(MODEL_DIR), "TTS_DEVICE": "cpu", "TTS_PORT": str(port),
             "TTS_DATA_DIR": str(tmp / "data"), "TTS_DEFAULT_MAX_NEW_TOKENS": str(FRAMES), "TTS_MAX_BATCH": "4",
             "TTS_LOG_LEVEL": "WARNING", **env}
+    # the output goes to a file (a pipe nobody reads would fill and block the server); server_log() reads it
+    log = open(tmp / f"server-{port}.log", "w")  # noqa: SIM115 - the server process writes it until it ends
     proc = subprocess.Popen([sys.executable, "-m", "handlers", "http"], cwd=ROOT, env=full,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                            stdout=log, stderr=subprocess.STDOUT, text=True)
+    log.close()  # the child holds its own copy
+    proc.log_path = Path(log.name)
     return proc, f"http://127.0.0.1:{port}"
+
+
+def server_log(proc: subprocess.Popen) -> str:
+    return proc.log_path.read_text(errors="replace")
 
 
 def wait_ready(url: str, proc: subprocess.Popen | None, timeout: float = 90) -> None:
     end = time.time() + timeout
     while time.time() < end:
         if proc is not None and proc.poll() is not None:
-            raise RuntimeError(f"server exited: {proc.stdout.read()}")
+            raise RuntimeError(f"server exited: {server_log(proc)}")
         try:
             if httpx.get(url + "/ready", timeout=2).status_code == 200:
                 return

@@ -192,9 +192,11 @@ class Engine:
         return self.submit(request).result()
 
     def occupancy(self) -> tuple[int, int]:
-        """(slots not spoken for, requests waiting) without taking the lock: the router's hint (fleet.py)."""
-        waiting = self.scheduler.queue_depth + len(self._inbox)
-        return self.settings.max_slots - len(self.scheduler.running) - waiting, waiting
+        """(slots not spoken for, requests waiting): the router's hint (fleet.py). Under the lock, so a request
+        moving from the inbox to the scheduler (_intake) is counted once, never zero times."""
+        with self._cv:
+            waiting = self.scheduler.queue_depth + len(self._inbox)
+            return self.settings.max_slots - len(self.scheduler.running) - waiting, waiting
 
     @property
     def state(self) -> str:
@@ -290,6 +292,10 @@ class Engine:
             self.down = why
             streams, self._streams = list(self._streams), set()
             self._inbox.clear()
+            # host-side bookkeeping only (no page or slot resets on the device): a down engine reports no
+            # running or waiting streams in /health and /metrics
+            self.scheduler.release(list(self.scheduler.running))
+            self.scheduler.waiting.clear()
         self.metrics.failed_streams += len(streams)
         for stream in streams:
             stream.finish(error)
@@ -403,10 +409,12 @@ class Engine:
         self._vocode()
 
     def _intake(self) -> None:
+        # under the lock: submit() and occupancy() never see a request in neither the inbox nor the scheduler
+        # (max_queue would be overrun, the router would see a free engine); _enqueue is host-side and short
         with self._cv:
             tasks, self._inbox = list(self._inbox), deque()
-        for task in tasks:
-            self._enqueue(task, front=False)
+            for task in tasks:
+                self._enqueue(task, front=False)
 
     def _enqueue(self, task: Task, front: bool) -> None:
         budget = self.planner.budget(task.prompt, task.plan)
