@@ -303,6 +303,7 @@ class ServerConfig:
     data_dir: Path = Path("data")
     max_body_bytes: int = 25 << 20
     max_upload_bytes: int = 20 << 20
+    drain_seconds: int = 30
 
     @staticmethod
     def from_env(env: Mapping[str, str] | None = None, defaults: Mapping[str, object] | None = None,
@@ -321,6 +322,9 @@ SERVER_VARS = (
     DATA_DIR,
     Var("TTS_MAX_BODY_BYTES", "max_body_bytes", integer(1024), "largest request body (default 25 MB)"),
     Var("TTS_MAX_UPLOAD_BYTES", "max_upload_bytes", integer(1024), "largest uploaded reference audio (default 20 MB)"),
+    Var("TTS_DRAIN_SECONDS", "drain_seconds", integer(0, 3600),
+        "on SIGTERM: seconds the requests in flight may take to finish while new ones get 503 (default 30; "
+        "0 cuts them at once); a second signal cuts them too"),
 )
 
 

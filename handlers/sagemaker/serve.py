@@ -86,6 +86,8 @@ def create_app(server: ServerConfig, service: Service) -> FastAPI:
     async def ping():
         if service.error:
             return error(500, f"the model is not serving: {service.error}")
+        if service.draining:
+            return error(503, "the server is shutting down")
         if not service.ready:
             return error(503, "the model is loading")
         return {"status": "ready"}
@@ -97,6 +99,8 @@ def create_app(server: ServerConfig, service: Service) -> FastAPI:
     async def invocations(request: Request):
         if service.error:
             return error(500, f"the model is not serving: {service.error}")
+        if service.draining:
+            return error(503, "the server is shutting down; retry shortly")
         if not service.ready:
             return error(503, "the model is loading; retry shortly")
         try:
@@ -170,8 +174,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"handlers serve: {problem}", file=sys.stderr)
         return 2
     setup_logging(engine_config.log_level)
-    import uvicorn
+    from ttsengine.serving.shutdown import serve as serve_draining
 
-    uvicorn.run(create_app(server, service), host="0.0.0.0", port=server.port,
-                log_level=engine_config.log_level.lower(), timeout_graceful_shutdown=10)
+    serve_draining(create_app(server, service), service, "0.0.0.0", server.port, engine_config.log_level.lower(),
+                   server.drain_seconds)
     return 0
