@@ -304,6 +304,7 @@ class ServerConfig:
     max_body_bytes: int = 25 << 20
     max_upload_bytes: int = 20 << 20
     drain_seconds: int = 30
+    read_timeout: float = 30.0
 
     @staticmethod
     def from_env(env: Mapping[str, str] | None = None, defaults: Mapping[str, object] | None = None,
@@ -325,6 +326,8 @@ SERVER_VARS = (
     Var("TTS_DRAIN_SECONDS", "drain_seconds", integer(0, 3600),
         "on SIGTERM: seconds the requests in flight may take to finish while new ones get 503 (default 30; "
         "0 cuts them at once); a second signal cuts them too"),
+    Var("TTS_READ_TIMEOUT", "read_timeout", positive_number(),
+        "seconds a client may pause while sending its request body before it gets 408 (default 30)"),
 )
 
 

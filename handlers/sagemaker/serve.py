@@ -79,7 +79,8 @@ def create_app(server: ServerConfig, service: Service) -> FastAPI:
         await run_in_threadpool(service.close)
 
     app = FastAPI(title="fish-tts-server (SageMaker)", lifespan=lifespan, docs_url=None, redoc_url=None)
-    app.add_middleware(BodyLimit, limit=server.max_body_bytes, reply=lambda e: error_body(e.status, str(e)))
+    app.add_middleware(BodyLimit, limit=server.max_body_bytes, reply=lambda e: error_body(e.status, str(e)),
+                       read_timeout=server.read_timeout)
     app.add_middleware(HeadAsGet)  # HEAD /ping as GET, without the body
 
     @app.get("/ping")

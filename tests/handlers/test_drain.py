@@ -103,28 +103,36 @@ def test_past_the_deadline_what_is_left_ends_in_a_way_the_client_can_tell(tmp_pa
     assert "draining for up to 2 s" in log and "Exception in ASGI application" not in log, log[-3000:]
 
 
-def test_serve_drains_too(tmp_path):
-    """SageMaker's `serve`: /ping 503 while a streamed invocation finishes; then it exits."""
+def start_serve(tmp_path, **env) -> tuple[subprocess.Popen, str]:
+    """`python -m handlers serve` on the tiny model, ready (/ping 200)."""
     port = free_port()
     model = complete_model(tmp_path / "model")  # serve keeps stored voices beside the model
     env = {**os.environ, "TTS_MODEL_DIR": str(model), "TTS_DEVICE": "cpu", "SAGEMAKER_BIND_TO_PORT": str(port),
-           "TTS_LOG_LEVEL": "WARNING", "TTS_DRAIN_SECONDS": "60"}
+           "TTS_LOG_LEVEL": "WARNING", **env}
     log = open(tmp_path / "serve.log", "w")  # noqa: SIM115 - the child writes it
     proc = subprocess.Popen([sys.executable, "-m", "handlers", "serve"], cwd=ROOT, env=env, stdout=log,
                             stderr=subprocess.STDOUT)
     log.close()
     url = f"http://127.0.0.1:{port}"
+    end = time.time() + 90
+    while True:
+        if proc.poll() is not None:
+            raise RuntimeError((tmp_path / "serve.log").read_text())
+        try:
+            if httpx.get(url + "/ping", timeout=2).status_code == 200:
+                return proc, url
+        except httpx.HTTPError:
+            pass
+        if time.time() > end:
+            proc.kill()
+            raise TimeoutError("serve did not become ready")
+        time.sleep(0.1)
+
+
+def test_serve_drains_too(tmp_path):
+    """SageMaker's `serve`: /ping 503 while a streamed invocation finishes; then it exits."""
+    proc, url = start_serve(tmp_path, TTS_DRAIN_SECONDS="60")
     try:
-        end = time.time() + 90
-        while True:
-            assert proc.poll() is None, (tmp_path / "serve.log").read_text()
-            try:
-                if httpx.get(url + "/ping", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            assert time.time() < end
-            time.sleep(0.1)
         body = json.dumps({"input": "Long.", "seed": 1, "max_new_tokens": 121, "response_format": "pcm"})
         with httpx.stream("POST", url + "/invocations", content=body, timeout=60, headers={
                 "content-type": "application/json", "X-Amzn-SageMaker-Custom-Attributes": "stream=true"}) as r:
