@@ -233,11 +233,13 @@ ENGINE_VARS = (
         "DEBUG | INFO | WARNING | ERROR"),
     Var("TTS_MEMORY_PRESET", "memory_preset", choice(*_PRESET_WORDS),
         "auto (from the GPU's name and memory) | a preset's name (README, 'Memory presets')"),
-    Var("TTS_MAX_BATCH", "max_batch", integer(0, note=" (0 = auto)"),
+    # upper bounds: far above any GPU's preset, low enough that a typo (an extra zero or three) fails at start
+    # with its name instead of as an allocation that takes the host or GPU down
+    Var("TTS_MAX_BATCH", "max_batch", integer(0, 4096, note=" (0 = auto)"),
         "concurrent streams per GPU; 0 = the memory preset's (H100: 256, CPU: 8)"),
-    Var("TTS_MAX_QUEUE", "max_queue", integer(0, note=" (0 = auto)"),
+    Var("TTS_MAX_QUEUE", "max_queue", integer(0, 100_000, note=" (0 = auto)"),
         "requests allowed to wait for a slot before new ones get 'busy'; 0 = 2 x max batch"),
-    Var("TTS_KV_CACHE_TOKENS", "kv_cache_tokens", integer(0, note=" (0 = auto)"),
+    Var("TTS_KV_CACHE_TOKENS", "kv_cache_tokens", integer(0, 1 << 24, note=" (0 = auto)"),
         "KV-cache positions shared by all streams; 0 = the preset's positions per stream x max batch, within the "
         "GPU memory share"),
     Var("TTS_GPU_MEMORY_UTILIZATION", "gpu_memory_utilization", fraction(),
