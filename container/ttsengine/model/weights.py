@@ -75,6 +75,19 @@ def fuse_qkv(sd: StateDict) -> StateDict:
     return out
 
 
+def upstream_order(sd: StateDict) -> StateDict:
+    """The same entries in upstream's file order: its transformer blocks (the DualAR's and the codec's) register
+    `ffn_norm` before `attention_norm`, ours the other way round (for writing files like the real ones)."""
+    keys = list(sd)
+    for i, key in enumerate(keys):
+        if key.endswith(".attention_norm.weight"):
+            ffn = key[: -len("attention_norm.weight")] + "ffn_norm.weight"
+            if ffn in sd and keys.index(ffn) > i:
+                keys.remove(ffn)
+                keys.insert(i, ffn)
+    return {k: sd[k] for k in keys}
+
+
 def _listing(names: list[str], limit: int = 12) -> str:
     shown = ", ".join(names[:limit])
     return shown + (f" ... and {len(names) - limit} more" if len(names) > limit else "")
