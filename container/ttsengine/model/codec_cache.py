@@ -45,6 +45,13 @@ EDGE = 1 << 20  # bytes hashed at each end of the source
 WINDOW, WINDOWS = 64 << 10, 14  # and in between
 KEEP = 2  # entries kept, most recently used first
 _SAMPLES = 64  # values per tensor in an entry's digest
+_WRITERS: list[threading.Thread] = []  # entries being written by this process
+
+
+def wait_for_writers() -> None:
+    """Until every entry this process started writing is on disk (`warm` reports a complete cache)."""
+    while _WRITERS:
+        _WRITERS.pop().join()
 
 
 def source_identity(path: Path) -> str:
@@ -128,6 +135,7 @@ class CodecCache:
             self.status = "miss"
         self._writer = threading.Thread(target=self._write, args=(path, key, dtype, out), name="codec-cache-writer")
         self._writer.start()  # not a daemon: the interpreter waits for it at exit, so a short run still completes it
+        _WRITERS.append(self._writer)
         return out
 
     def wait(self) -> None:
