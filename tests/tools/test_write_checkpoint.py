@@ -67,6 +67,6 @@ def test_warm_writes_then_loads_from_the_directory(tmp_path, tiny_preset, monkey
     assert {"model.pth", "codec.pth", "config.json", "tokenizer.tiktoken", "special_tokens.json"} <= {
         p.name for p in ck.iterdir()}
     # the next start reads the same directory, and the codec from the cache
-    assert warm.main(["--model", str(ck), "--cache-dir", str(kc), "--no-blob"]) == 0
+    assert warm.main(["--model", str(ck), "--cache-dir", str(kc), "--no-blob", "--until-first-audio"]) == 0
     again = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert again["codec_cache"] == "hit" and again["write_checkpoint_s"] is None

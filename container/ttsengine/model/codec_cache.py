@@ -169,6 +169,7 @@ class CodecCache:
                             "state_dict": sd}, f)
                 f.flush()
                 os.fsync(f.fileno())
+            os.chmod(tmp, 0o644)  # mkstemp's 0600 would hide it from other users of a shared cache volume
             os.replace(tmp, path)
             tmp = None
             self.prune()
