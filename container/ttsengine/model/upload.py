@@ -30,8 +30,7 @@ def to_device(sd: StateDict, device: torch.device | str, dtype_of: Callable[[Ten
         staged = device.type == "cuda"
     if not staged:
         return {k: _cast(v.to(device), dtype_of) for k, v in sd.items()}
-    copied = _staged_copy(sd, device, chunk_bytes)
-    return {k: _cast(v, dtype_of) for k, v in copied.items()}  # converted where they now live (the GPU)
+    return _staged_copy(sd, device, dtype_of, chunk_bytes)
 
 
 def _cast(t: Tensor, dtype_of: Callable[[Tensor], torch.dtype]) -> Tensor:
@@ -43,7 +42,8 @@ def _as_bytes(t: Tensor) -> Tensor:
     return t.reshape(-1).view(torch.uint8)
 
 
-def _staged_copy(sd: StateDict, device: torch.device, chunk_bytes: int) -> StateDict:
+def _staged_copy(sd: StateDict, device: torch.device, dtype_of: Callable[[Tensor], torch.dtype],
+                 chunk_bytes: int) -> StateDict:
     cuda = device.type == "cuda"
     buffers = [torch.empty(chunk_bytes, dtype=torch.uint8, pin_memory=cuda) for _ in range(2)]
     done: list[torch.cuda.Event | None] = [None, None]  # each buffer's last copy to the device
@@ -65,7 +65,9 @@ def _staged_copy(sd: StateDict, device: torch.device, chunk_bytes: int) -> State
                 if cuda:
                     done[slot] = torch.cuda.Event()
                     done[slot].record(torch.cuda.current_stream(device))
-        out[name] = dst
+        # converted where it now lives, right after its copies (same stream: ordered without a sync), so the
+        # device holds one tensor in the file's dtype at a time, not the whole fp32 codec
+        out[name] = _cast(dst, dtype_of)
     if cuda:
         torch.cuda.current_stream(device).synchronize()  # loaded means on the device (and the timings say so)
     return out
