@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Issue 22's soak on one GPU, one device call: the HTTP server on a real-format random S1-mini checkpoint (written
-# once by `warm --write-checkpoint`, kept in $CKPT between calls on a warm machine), `python -m ttsengine soak`
+# once by the checkpoint writer of `warm --write-checkpoint`, kept in $CKPT between calls on a warm machine), `python -m ttsengine soak`
 # with 256 clients for 8 minutes (streams in every format, a stored voice, hang-ups, SSE, bad requests), then
 # SIGTERM and the drain. Prints the per-minute table and the server's errors.
 # Usage: scripts/device/soak.sh   (env: CKPT, CACHE, CLIENTS=256, MINUTES=8, INTERVAL=60)
@@ -13,8 +13,8 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 python3 -c "import torch; print('torch', torch.__version__)"
 if [ ! -f "$CKPT/model.pth" ]; then
   t=$(date +%s)
-  python3 -m ttsengine warm --random-weights s1-mini --write-checkpoint "$CKPT" > "$OUT/write.log" 2>&1 \
-    || { tail -20 "$OUT/write.log"; exit 1; }
+  python3 -c "import sys; from ttsengine.model.checkpoint_writer import write_random_checkpoint as w; \
+w('s1-mini', sys.argv[1], 'cuda')" "$CKPT" > "$OUT/write.log" 2>&1 || { tail -20 "$OUT/write.log"; exit 1; }
   echo "wrote $CKPT in $(( $(date +%s) - t )) s: $(du -sh "$CKPT" | cut -f1)"
 fi
 TTS_MODEL_DIR=$CKPT TTS_CACHE_DIR=$CACHE TTS_DATA_DIR=/tmp/tts-data TTS_PORT=$PORT TTS_LOG_LEVEL=WARNING \
@@ -33,9 +33,13 @@ while time.time() - t0 < 400:
         time.sleep(1)
 sys.exit("not ready after 400 s")
 PY
-python3 -m ttsengine soak "http://127.0.0.1:$PORT" --clients "${CLIENTS:-256}" --minutes "${MINUTES:-8}" \
-  --interval "${INTERVAL:-60}" --server-pid $PID --out "$OUT/soak" 2> "$OUT/soak.err"
-echo "soak exit $?"
+for formats in ${FORMAT_SETS:-pcm,wav,mp3,opus,flac}; do  # one soak per set, against the same server
+  echo "## formats $formats"
+  python3 -m ttsengine soak "http://127.0.0.1:$PORT" --clients "${CLIENTS:-256}" --minutes "${MINUTES:-8}" \
+    --interval "${INTERVAL:-60}" --formats "$formats" --server-pid $PID --out "$OUT/soak-${formats//,/-}" \
+    2> "$OUT/soak.err"
+  echo "soak exit $?"
+done
 t=$(date +%s)
 kill -TERM $PID
 wait $PID

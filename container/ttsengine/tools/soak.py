@@ -4,8 +4,9 @@ them: streamed speech in every format, a stored voice, clients that hang up mid-
 Every request ends in one kind: ok (the whole body arrived, properly ended), cut (this client hung up on
 purpose), rejected (a bad request answered with a 4xx JSON error, as it should be), busy (503 with Retry-After),
 unexpected (anything else: a 5xx, a good request refused, a bad one accepted, a broken or empty body) or hang
-(no byte for --stall seconds). Per minute: the counts, audio seconds per second, first audio p50/p95, the
-server's RSS (--server-pid) and the engines' GPU memory (/metrics). Writes soak.json; exits 1 when any request
+(no byte for --stall seconds). Per minute: the counts, audio seconds per second, first audio p50/p95 (of the
+streamed formats: FLAC is sent whole, when the audio ends), the server's RSS (--server-pid) and the engines'
+GPU memory (/metrics). Writes soak.json; exits 1 when any request
 was unexpected or hung.
 """
 
@@ -39,6 +40,7 @@ class Outcome:
     first_ms: float | None = None
     audio_s: float = 0.0
     detail: str = ""
+    streamed: bool = True  # the format sends audio as it is made (FLAC is written whole at the end)
 
 
 @dataclass
@@ -75,8 +77,8 @@ BAD = (  # (raw body, content type): each must be answered with a 4xx JSON error
 )
 
 
-def draw(rng: random.Random, voice: str | None, max_frames: int) -> Plan:
-    body = {"input": rng.choice(TEXTS), "response_format": rng.choice(FORMATS), "seed": rng.randrange(1 << 30),
+def draw(rng: random.Random, voice: str | None, max_frames: int, formats: tuple[str, ...] = FORMATS) -> Plan:
+    body = {"input": rng.choice(TEXTS), "response_format": rng.choice(formats), "seed": rng.randrange(1 << 30),
             "max_new_tokens": rng.randint(max(8, max_frames // 4), max_frames)}
     if voice and rng.random() < 0.5:
         body["voice"] = voice
@@ -99,7 +101,8 @@ async def run_one(client, url: str, plan: Plan, headers: dict, t_start: float) -
 
     def done(kind: str, audio_s: float = 0.0, detail: str = "") -> Outcome:
         ms = None if first is None else (first - t0) * 1000
-        return Outcome(time.perf_counter() - t_start, kind, ms, audio_s, detail[:300])
+        return Outcome(time.perf_counter() - t_start, kind, ms, audio_s, detail[:300],
+                       plan.body.get("response_format") != "flac")
 
     content = plan.raw if plan.action == "bad" else json.dumps(plan.body).encode()
     try:
@@ -215,7 +218,8 @@ async def soak(args) -> dict:
             rng = random.Random(args.seed * 100003 + i)
             await asyncio.sleep(rng.random() * min(5.0, args.minutes * 6))  # arrivals spread, not one burst
             while time.perf_counter() < end:
-                outcomes.append(await run_one(client, url, draw(rng, voice, args.max_frames), headers, t_start))
+                plan = draw(rng, voice, args.max_frames, args.formats)
+                outcomes.append(await run_one(client, url, plan, headers, t_start))
 
         async def sampler() -> None:
             while True:
@@ -240,7 +244,7 @@ def summarize(outcomes: list[Outcome], samples: list, interval: float, wall: flo
     for m in range(n):
         lo, hi = m * interval, (m + 1) * interval
         these = [o for o in outcomes if lo <= o.t < hi]
-        firsts = [o.first_ms for o in these if o.first_ms is not None and o.kind == "ok"]
+        firsts = [o.first_ms for o in these if o.first_ms is not None and o.kind == "ok" and o.streamed]
         last = [s for s in samples if s[0] < hi]
         rss, gpu, active = (last[-1][1:] if last else (None, None, None))
         span = min(hi, wall) - lo
@@ -266,6 +270,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-frames", type=int, default=200, help="longest request in frames (~21.5 per second)")
     ap.add_argument("--voice", help="a stored voice to use (default: store a random one)")
     ap.add_argument("--voice-seconds", type=float, default=10.0, help="length of the stored random voice (0: none)")
+    ap.add_argument("--formats", default=",".join(FORMATS), help="response formats drawn from (default: all)")
     ap.add_argument("--server-pid", type=int, help="the server's process id, for its RSS (same machine)")
     ap.add_argument("--stall", type=float, default=120.0, help="seconds without a byte that count as a hang")
     ap.add_argument("--seed", type=int, default=1)
@@ -274,6 +279,9 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.clients < 1 or args.minutes <= 0 or args.interval <= 0:
         raise SystemExit("soak: --clients, --minutes and --interval must be positive")
+    args.formats = tuple(f.strip() for f in args.formats.split(","))
+    if not set(args.formats) <= set(FORMATS):
+        raise SystemExit(f"soak: --formats takes {', '.join(FORMATS)}")
     report = asyncio.run(soak(args))
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "soak.json").write_text(json.dumps(report, indent=2))
