@@ -1,6 +1,7 @@
 """The HTTP app, assembled: the service (the engines load in the background, so /health answers at once and
-/ready says 503 until one engine is warm), the middlewares (body limit, request counts), the JSON error
-handlers, the routes (routes.py) and the OpenAPI schema. Nothing returns a stack trace.
+/ready says 503 until one engine is warm), the middlewares (body limit, request counts, CORS when configured),
+the JSON error handlers, the routes (routes.py, catalog.py, downloads.py), the OpenAPI schema and its offline
+/docs page (docs.py). Nothing returns a stack trace.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from ttsengine.serving.protocol import FishTTSRequest, OpenAISpeechRequest, Refe
 from ttsengine.serving.service import Service, engine_loader
 
 from . import catalog, downloads
+from .docs import add_docs
 from .errors import add_error_handlers, error_body
 from .metrics import CountRequests, RequestCounter
 from .routes import router
@@ -38,7 +40,7 @@ def create_app(server: ServerConfig, engine_config: EngineConfig,
         yield
         await run_in_threadpool(service.close)
 
-    app = FastAPI(title="fish-tts-server", version="0.1.0", lifespan=lifespan,
+    app = FastAPI(title="fish-tts-server", version="0.1.0", lifespan=lifespan, docs_url=None, redoc_url=None,
                   description="Fish-Speech / OpenAudio S1-mini text to speech.")
     app.state.service, app.state.server, app.state.counter = service, server, RequestCounter()
     app.state.downloads = AudioStore(server.data_dir / "downloads", server.download_ttl, server.download_max_bytes)
@@ -54,6 +56,7 @@ def create_app(server: ServerConfig, engine_config: EngineConfig,
     app.include_router(router)
     app.include_router(catalog.router)
     app.include_router(downloads.router)
+    add_docs(app)
     app.openapi = lambda: openapi(app)
     return app
 

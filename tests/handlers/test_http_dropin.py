@@ -223,7 +223,7 @@ def test_references_update_renames_and_replaces(server):
             httpx.request("DELETE", server + "/v1/references/delete", params={"reference_id": voice})
 
 
-# ---- content types, headers, CORS ---------------------------------------------------------------------
+# ---- content types, headers, CORS, docs ---------------------------------------------------------------------
 @pytest.mark.parametrize("method, path, send", [
     ("POST", "/v1/audio/speech", dict(content=b'{"input": "hi"}')),  # no content type at all
     ("POST", "/v1/audio/speech", dict(data={"input": "hi"})),  # what `curl -d` sends: form data
@@ -266,6 +266,21 @@ def test_cors(server):
     assert {"x-seed", "x-sample-rate", "x-download-path", "content-disposition"} <= exposed
     r = httpx.post(server + "/v1/audio/speech", headers={"Origin": ORIGIN}, content=b"{}")  # errors too
     assert r.status_code == 415 and r.headers["access-control-allow-origin"] == ORIGIN
+
+
+def test_docs_work_offline(server):
+    page = httpx.get(server + "/docs")
+    assert page.status_code == 200 and "/docs/assets/swagger-ui-bundle.js" in page.text
+    assert "http://" not in page.text and "https://" not in page.text  # nothing from another host
+    for asset, ctype in (("swagger-ui-bundle.js", "javascript"), ("swagger-ui.css", "text/css"),
+                         ("favicon-32x32.png", "image/png")):
+        r = httpx.get(server + "/docs/assets/" + asset)
+        assert r.status_code == 200 and ctype in r.headers["content-type"] and len(r.content) > 100, asset
+    assert httpx.get(server + "/docs/oauth2-redirect").status_code == 200
+    schema = httpx.get(server + "/openapi.json").json()
+    assert {"/v1/models", "/v1/audio/voices", "/v1/references/update", "/v1/download/{name}"} <= set(schema["paths"])
+    assert {"OpenAISpeechRequest", "FishTTSRequest", "ReferenceUpdate"} <= set(schema["components"]["schemas"])
+    assert "/docs" not in schema["paths"] and "/docs/assets" not in str(schema["paths"])
 
 
 # ---- strict fields, bounded downloads, no CORS: a second server ---------------------------------------------
