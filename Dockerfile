@@ -7,7 +7,7 @@
 #                     cold-start-sensitive RunPod endpoints; default: no weights in the image.
 #   a CA bundle at docker/extra-ca.crt (git-ignored) is trusted by pip during the build (TLS-intercepting
 #   proxies).
-ARG BASE_IMAGE=pytorch/pytorch:2.8.0-cuda12.8-cudnn9-runtime
+ARG BASE_IMAGE=pytorch/pytorch:2.11.0-cuda12.8-cudnn9-runtime
 
 # ---- stage 1: our package as a wheel (no build tools or sources in the final image) -------------------
 FROM ${BASE_IMAGE} AS wheel

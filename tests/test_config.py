@@ -149,7 +149,8 @@ def test_every_switch_takes_auto_on_off():
     names = {v.name for v in SWITCHES}
     assert names == {"TTS_ALLOW_SPECIAL_TOKENS", "TTS_CUDA_GRAPHS", "TTS_LAZY_GRAPHS", "TTS_COMPILE",
                      "TTS_CODEC_COMPILE", "TTS_SNAKE_KERNEL", "TTS_PRECOMPILE", "TTS_CUDNN_BENCHMARK",
-                     "TTS_CODEC_MERGE", "TTS_PREFILL_GRAPHS", "TTS_STRICT_FIELDS"}
+                     "TTS_CODEC_MERGE", "TTS_PREFILL_GRAPHS", "TTS_STRICT_FIELDS",
+                     "TTS_CODEC_CACHE"}
     for var in SWITCHES:
         for word in ("auto", "on", "off", "AUTO", "On", "1", "0", "true", "false", "yes", "no"):
             from_env({var.name: word})  # no error
@@ -179,7 +180,7 @@ def test_switch_words(name, field, words):
     ({"TTS_CHUNK_LENGTH": "10"}, r"TTS_CHUNK_LENGTH: 10 is outside 50..1000"),
     ({"TTS_DEVICE": "tpu"}, r"TTS_DEVICE: 'tpu' is not one of"),
     ({"TTS_DTYPE": "int3"}, r"TTS_DTYPE: 'int3' is not one of"),
-    ({"TTS_MAX_BATCH": "-1"}, r"TTS_MAX_BATCH: must be >= 0 \(0 = auto\)"),
+    ({"TTS_MAX_BATCH": "-1"}, r"TTS_MAX_BATCH: -1 is outside 0..4096"),
     ({"TTS_MAX_REFERENCE_SECONDS": "0"}, r"TTS_MAX_REFERENCE_SECONDS: must be > 0"),
     ({"TTS_LOG_LEVEL": "LOUD"}, r"TTS_LOG_LEVEL: 'LOUD' is not one of DEBUG"),
     ({"TTS_ALLOW_SPECIAL_TOKENS": "maybe"}, r"TTS_ALLOW_SPECIAL_TOKENS='maybe': expected auto, on or off"),
@@ -240,6 +241,12 @@ def test_server_configs():
     (RunPodConfig.from_env, {"RUNPOD_CONCURRENCY": "-1"}, r"RUNPOD_CONCURRENCY: must be >= 0"),
     (RunPodConfig.from_env, {"RUNPOD_MAX_INLINE_BYTES": "5"}, r"RUNPOD_MAX_INLINE_BYTES: must be >= 1024"),
     (RunPodConfig.from_env, {"RUNPOD_S3_URL_EXPIRES": "0"}, r"RUNPOD_S3_URL_EXPIRES: must be >= 1"),
+    (ServerConfig.from_env, {"TTS_DRAIN_SECONDS": "-1"}, r"TTS_DRAIN_SECONDS: -1 is outside 0..3600"),
+    (ServerConfig.from_env, {"TTS_READ_TIMEOUT": "0"}, r"TTS_READ_TIMEOUT: must be > 0"),
+    (from_env, {"TTS_MAX_BATCH": "100000"}, r"TTS_MAX_BATCH: 100000 is outside 0..4096"),
+    (from_env, {"TTS_MAX_QUEUE": "99999999999"}, r"TTS_MAX_QUEUE: 99999999999 is outside 0..100000"),
+    (from_env, {"TTS_KV_CACHE_TOKENS": "1e9"}, r"TTS_KV_CACHE_TOKENS='1e9': expected an integer"),
+    (from_env, {"TTS_KV_CACHE_TOKENS": "999999999"}, r"TTS_KV_CACHE_TOKENS: 999999999 is outside 0..16777216"),
 ])
 def test_other_config_errors(read, env, pattern):
     with pytest.raises(ConfigError, match=pattern):

@@ -18,6 +18,7 @@ from .errors import (
     EngineDown,
     InputError,
     MediaTypeError,
+    ShuttingDown,
     TTSError,
 )
 from .serving.delivery import audio_bytes, audio_record, sse_events, whole
@@ -33,6 +34,7 @@ __all__ = [
     "ConfigError", "DownloadConfig", "DownloadError", "EncodedAudio", "Engine", "EngineConfig", "EngineDown",
     "FORMATS", "Fleet",
     "InputError", "MediaTypeError", "Reference", "EagerEngine", "RunPodConfig", "SageMakerConfig", "ServerConfig",
+    "ShuttingDown",
     "Stream", "SynthesisRequest", "SynthesisResult", "TTSError", "Voice", "VoiceStore", "audio_bytes", "audio_record",
     "check_id", "check_output", "encode_audio", "ensure_model", "from_env", "output_rate", "sse_events", "whole",
 ]

@@ -201,6 +201,7 @@ class EngineConfig:
     codec_merge: str = "auto"  # queued codec decodes join into one batched call: auto (= on) | on | off
     cache_dir: Path | None = None  # torch.compile kernel cache (Inductor + Triton); None = torch's default
     precompile: str = "auto"  # keep the step's traced units in cache_dir: auto (torch >= 2.10 with a cache dir) | off
+    codec_cache: str = "auto"  # keep the codec converted to its run dtype in cache_dir: auto (= on) | off
     quant: str = "bf16"  # weight-only quantization of linear layers: bf16 (none) | int8 | int4
     int8_kernel: str = "auto"  # int8 implementation: auto | fused | tile | dequant | off (model/quant.py)
     default_max_new_tokens: int = 0  # frames per chunk when a request does not say; 0 = the family's (1024)
@@ -234,11 +235,13 @@ ENGINE_VARS = (
         "DEBUG | INFO | WARNING | ERROR"),
     Var("TTS_MEMORY_PRESET", "memory_preset", choice(*_PRESET_WORDS),
         "auto (from the GPU's name and memory) | a preset's name (README, 'Memory presets')"),
-    Var("TTS_MAX_BATCH", "max_batch", integer(0, note=" (0 = auto)"),
+    # upper bounds: far above any GPU's preset, low enough that a typo (an extra zero or three) fails at start
+    # with its name instead of as an allocation that takes the host or GPU down
+    Var("TTS_MAX_BATCH", "max_batch", integer(0, 4096, note=" (0 = auto)"),
         "concurrent streams per GPU; 0 = the memory preset's (H100: 256, CPU: 8)"),
-    Var("TTS_MAX_QUEUE", "max_queue", integer(0, note=" (0 = auto)"),
+    Var("TTS_MAX_QUEUE", "max_queue", integer(0, 100_000, note=" (0 = auto)"),
         "requests allowed to wait for a slot before new ones get 'busy'; 0 = 2 x max batch"),
-    Var("TTS_KV_CACHE_TOKENS", "kv_cache_tokens", integer(0, note=" (0 = auto)"),
+    Var("TTS_KV_CACHE_TOKENS", "kv_cache_tokens", integer(0, 1 << 24, note=" (0 = auto)"),
         "KV-cache positions shared by all streams; 0 = the preset's positions per stream x max batch, within the "
         "GPU memory share"),
     Var("TTS_GPU_MEMORY_UTILIZATION", "gpu_memory_utilization", fraction(),
@@ -275,6 +278,9 @@ ENGINE_VARS = (
     Var("TTS_PRECOMPILE", "precompile", switch(forceable=False),
         "auto (= on) | off: keep the decode step's traced units in TTS_CACHE_DIR (torch's AOT precompile, "
         "torch >= 2.10), so a warm start skips Dynamo's trace", dev=True),
+    Var("TTS_CODEC_CACHE", "codec_cache", switch(forceable=False),
+        "auto (= on) | off: keep the codec's weights converted to their run dtype (bf16) in TTS_CACHE_DIR, so later "
+        "starts read ~0.8 GB instead of the 1.87 GB fp32 codec.pth", dev=True),
     Var("TTS_QUANT", "quant", choice("bf16", "none", "int8", "int4"),
         "bf16 (no quantization) | int8 | int4: weight-only quantization of linear layers"),
     Var("TTS_INT8_KERNEL", "int8_kernel", choice("auto", "fused", "tile", "dequant", "off"),
@@ -309,6 +315,8 @@ class ServerConfig:
     cors_origins: tuple[str, ...] = ()  # () = no CORS headers: browsers keep other origins out
     download_ttl: int = 3600  # seconds a finished file behind a download link is kept
     download_max_bytes: int = 512 << 20  # all kept download files together; the oldest go first
+    drain_seconds: int = 30
+    read_timeout: float = 30.0
 
     @staticmethod
     def from_env(env: Mapping[str, str] | None = None, defaults: Mapping[str, object] | None = None,
@@ -381,6 +389,11 @@ SERVER_VARS = (
     Var("TTS_DOWNLOAD_TTL", "download_ttl", integer(1), "seconds a file behind a download link is kept (default 3600)"),
     Var("TTS_DOWNLOAD_MAX_BYTES", "download_max_bytes", integer(0),
         "total size of the files kept for download links; the oldest go first (default 512 MB; 0: no links)"),
+    Var("TTS_DRAIN_SECONDS", "drain_seconds", integer(0, 3600),
+        "on SIGTERM: seconds the requests in flight may take to finish while new ones get 503 (default 30; "
+        "0 cuts them at once); a second signal cuts them too"),
+    Var("TTS_READ_TIMEOUT", "read_timeout", positive_number(),
+        "seconds a client may pause while sending its request body before it gets 408 (default 30)"),
 )
 
 

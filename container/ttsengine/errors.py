@@ -44,6 +44,12 @@ class EngineDown(TTSError):
     status = 503
 
 
+class ShuttingDown(TTSError):
+    """The server is draining or stopped (SIGTERM): new work goes to another instance; cut work says so."""
+
+    status = 503
+
+
 class CancelledError(TTSError):
     """The request was cancelled before it finished."""
 

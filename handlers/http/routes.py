@@ -84,6 +84,8 @@ async def ready(svc: Svc):
     """200 while at least one engine serves (the others may still warm up or be out of service), with each."""
     if svc.error:
         return JSONResponse({"status": "failed", "error": svc.error}, status_code=503)
+    if svc.draining:
+        return JSONResponse({"status": "draining"}, status_code=503)
     if not svc.ready:
         return JSONResponse({"status": "loading"}, status_code=503)
     stats = svc.stats()

@@ -26,10 +26,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"handlers http: {problem}", file=sys.stderr)
         return 2
     setup_logging(engine_config.log_level)
-    import uvicorn
+    from ttsengine.serving.shutdown import serve
 
     from .app import create_app
 
-    uvicorn.run(create_app(server, engine_config), host=server.host, port=server.port,
-                log_level=engine_config.log_level.lower(), timeout_graceful_shutdown=10)
+    app = create_app(server, engine_config)
+    serve(app, app.state.service, server.host, server.port, engine_config.log_level.lower(), server.drain_seconds)
     return 0

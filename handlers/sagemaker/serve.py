@@ -79,13 +79,16 @@ def create_app(server: ServerConfig, service: Service) -> FastAPI:
         await run_in_threadpool(service.close)
 
     app = FastAPI(title="fish-tts-server (SageMaker)", lifespan=lifespan, docs_url=None, redoc_url=None)
-    app.add_middleware(BodyLimit, limit=server.max_body_bytes, reply=lambda e: error_body(e.status, str(e)))
+    app.add_middleware(BodyLimit, limit=server.max_body_bytes, reply=lambda e: error_body(e.status, str(e)),
+                       read_timeout=server.read_timeout)
     app.add_middleware(HeadAsGet)  # HEAD /ping as GET, without the body
 
     @app.get("/ping")
     async def ping():
         if service.error:
             return error(500, f"the model is not serving: {service.error}")
+        if service.draining:
+            return error(503, "the server is shutting down")
         if not service.ready:
             return error(503, "the model is loading")
         return {"status": "ready"}
@@ -97,6 +100,8 @@ def create_app(server: ServerConfig, service: Service) -> FastAPI:
     async def invocations(request: Request):
         if service.error:
             return error(500, f"the model is not serving: {service.error}")
+        if service.draining:
+            return error(503, "the server is shutting down; retry shortly")
         if not service.ready:
             return error(503, "the model is loading; retry shortly")
         try:
@@ -170,8 +175,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"handlers serve: {problem}", file=sys.stderr)
         return 2
     setup_logging(engine_config.log_level)
-    import uvicorn
+    from ttsengine.serving.shutdown import serve as serve_draining
 
-    uvicorn.run(create_app(server, service), host="0.0.0.0", port=server.port,
-                log_level=engine_config.log_level.lower(), timeout_graceful_shutdown=10)
+    serve_draining(create_app(server, service), service, "0.0.0.0", server.port, engine_config.log_level.lower(),
+                   server.drain_seconds)
     return 0

@@ -30,7 +30,7 @@ def start_server(tmp: Path, **env) -> tuple[subprocess.Popen, str]:
     port = free_port()
     full = {**os.environ, "TTS_MODEL_DIR": str(MODEL_DIR), "TTS_DEVICE": "cpu", "TTS_PORT": str(port),
             "TTS_DATA_DIR": str(tmp / "data"), "TTS_DEFAULT_MAX_NEW_TOKENS": str(FRAMES), "TTS_MAX_BATCH": "4",
-            "TTS_LOG_LEVEL": "WARNING", **env}
+            "TTS_LOG_LEVEL": "WARNING", "TTS_DRAIN_SECONDS": "5", **env}  # stop() waits 20 s
     # the output goes to a file (a pipe nobody reads would fill and block the server); server_log() reads it
     log = open(tmp / f"server-{port}.log", "w")  # noqa: SIM115 - the server process writes it until it ends
     proc = subprocess.Popen([sys.executable, "-m", "handlers", "http"], cwd=ROOT, env=full,

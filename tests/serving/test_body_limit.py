@@ -77,3 +77,38 @@ def test_other_scopes_pass_through():
 
     asyncio.run(BodyLimit(app, 1, reply=dict)({"type": "lifespan"}, None, None))
     assert seen == ["lifespan"]
+
+
+def test_a_stalled_body_gets_408_and_a_finished_one_may_wait_for_its_disconnect():
+    async def scenario(body_complete: bool):
+        sent = []
+        calls = 0
+
+        async def receive():
+            nonlocal calls
+            calls += 1
+            if calls == 1:
+                return {"type": "http.request", "body": b"part", "more_body": not body_complete}
+            await asyncio.sleep(0.5)  # longer than the read timeout
+            return {"type": "http.disconnect"}
+
+        async def send(message):
+            sent.append(message)
+
+        async def app(scope, receive, send):
+            first = await receive()
+            if first.get("more_body"):
+                await receive()  # the stalled rest of the body
+            await send({"type": "http.response.start", "status": 200, "headers": []})
+            assert (await receive())["type"] == "http.disconnect"  # a streaming response's wait: no timeout
+            await send({"type": "http.response.body", "body": b"ok"})
+
+        limited = BodyLimit(app, 100, reply=lambda e: {"error": {"message": str(e), "code": e.status}},
+                            read_timeout=0.1)
+        await limited({"type": "http", "method": "POST", "path": "/", "headers": []}, receive, send)
+        return sent
+
+    stalled = asyncio.run(scenario(body_complete=False))
+    assert status_and_body(stalled) == (408, {"error": {"message": "the request body stalled for 0.1 s", "code": 408}})
+    finished = asyncio.run(scenario(body_complete=True))
+    assert status_and_body(finished) == (200, b"ok")

@@ -19,7 +19,7 @@ import torch
 
 from .. import compat
 from ..config import EngineConfig
-from ..errors import BusyError, EngineDown, TTSError
+from ..errors import BusyError, EngineDown, ShuttingDown, TTSError
 from ..model.checkpoint import Checkpoint
 from ..model.dual_ar import DualAR
 from ..synthesis.output import SynthesisResult
@@ -178,7 +178,7 @@ class Engine:
             if self.down is not None:
                 raise EngineDown(f"the engine on {self.runner.device} is out of service: {self.down}")
             if self._stop:
-                raise TTSError("the engine is shutting down")
+                raise ShuttingDown("the server is shutting down; retry shortly")
             if len(self._inbox) + self.scheduler.queue_depth >= self.settings.max_queue:
                 self.metrics.rejected += 1
                 raise BusyError(f"the engine is busy ({len(self.scheduler.running)} streams running, "
@@ -197,6 +197,12 @@ class Engine:
         with self._cv:
             waiting = self.scheduler.queue_depth + len(self._inbox)
             return self.settings.max_slots - len(self.scheduler.running) - waiting, waiting
+
+    @property
+    def open_streams(self) -> int:
+        """Requests taken in and not yet ended (queued, generating, or their last audio being decoded)."""
+        with self._cv:
+            return len(self._streams)
 
     @property
     def state(self) -> str:
@@ -281,7 +287,7 @@ class Engine:
                     log.exception("engine step failed; failing the in-flight requests")
                     self.metrics.failed_streams += len(self._streams)
                     self._fail_all(TTSError(f"internal engine error: {type(e).__name__}: {e}"))
-        self._fail_all(TTSError("the engine shut down"))
+        self._fail_all(ShuttingDown("the server shut down before this request finished; retry it"))
 
     def _go_down(self, why: str) -> None:
         """Takes the engine out of service: every stream ends with the reason, nothing touches the device

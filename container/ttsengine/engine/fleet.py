@@ -159,6 +159,11 @@ class Fleet:
         """Streams the ready engines decode together at most (RunPod's concurrency)."""
         return sum(e.max_streams for e in self.engines if e.state == "ready")
 
+    @property
+    def open_streams(self) -> int:
+        """Requests taken in and not yet ended, over every engine (a drain waits for 0)."""
+        return sum(e.open_streams for e in self.engines)
+
     def _any(self) -> Engine:
         return next((e for e in self.engines if e.state == "ready"), self.engines[0])
 

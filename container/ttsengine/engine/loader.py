@@ -10,6 +10,7 @@ import torch
 
 from ..config import EngineConfig
 from ..errors import ConfigError
+from ..model import codec_cache
 from ..model.checkpoint import Checkpoint, load_checkpoint
 from ..model.quant import quantize
 from ..model.replicate import copy_to
@@ -57,11 +58,12 @@ def load(config: EngineConfig, random_weights: str | None = None, quantize: bool
 
         ckpt = random_checkpoint(random_weights, device, dtype, codec_dtype, codec_device=codec_device)
     else:
-        ckpt = load_checkpoint(config.model_dir, device, dtype, codec_dtype, codec_device)
-    log.info("loaded %s checkpoint from %s on %s (LLM %s, codec %s%s) in %.1f s", ckpt.family.NAME,
+        ckpt = load_checkpoint(config.model_dir, device, dtype, codec_dtype, codec_device,
+                               codec_cache.make(config.cache_dir, config.codec_cache))
+    log.info("loaded %s checkpoint from %s on %s (LLM %s, codec %s%s, codec cache %s) in %.1f s", ckpt.family.NAME,
              f"random weights ({random_weights})" if random_weights else config.model_dir, device,
              str(dtype).removeprefix("torch."), str(codec_dtype).removeprefix("torch."),
-             f" on {codec_device}" if codec_device != device else "", time.perf_counter() - start)
+             f" on {codec_device}" if codec_device != device else "", ckpt.codec_cache, time.perf_counter() - start)
     if quantize:
         ckpt.quantization = apply_quantization(ckpt, config.quant, config.int8_kernel)
     return ckpt

@@ -104,6 +104,9 @@ class BatchSettings:
                         f"stream needs {mc.cache_len}: raise it, or set TTS_KV_CACHE_TOKENS")
             else:
                 tokens = min(want, (2 << 30) // bytes_per_token)
+        elif tokens < mc.cache_len:  # served, but each request is capped (the planner's capacity guard says so)
+            log.warning("TTS_KV_CACHE_TOKENS=%d holds less than one full-length stream (%d positions): long "
+                        "requests will be refused", tokens, mc.cache_len)
         tokens = max(tokens, PAGE_SIZE)
         num_pages = -(-tokens // PAGE_SIZE) + 1  # + the scratch page
         log.info("memory preset %s: %d streams, KV cache %d positions in %d pages, %.2f GB (memory share %g)",

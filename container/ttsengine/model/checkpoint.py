@@ -10,11 +10,14 @@ import torch
 
 from ..errors import CheckpointError, ConfigError
 from .codec import Codec, CodecConfig, codec_buffer_key, load_codec_config
+from .codec_cache import CodecCache
 from .dual_ar import DualAR
 from .dual_ar_config import DualARConfig
 from .families import detect
+from .readahead import Readahead
 from .tokenizer import Tokenizer
-from .weights import load_strict, read_state_dict
+from .upload import to_device
+from .weights import check_strict, read_state_dict
 
 
 @dataclass
@@ -27,6 +30,7 @@ class Checkpoint:
     model: DualAR
     codec: Codec
     quantization: str = "bf16 (none)"
+    codec_cache: str = "off"  # what the codec cache did: off | hit | miss | damaged (codec_cache.py)
 
 
 def find_weights_file(model_dir: Path, names: tuple[str, ...]) -> Path:
@@ -79,20 +83,60 @@ def read_model_dir(model_dir: Path) -> ModelFiles:
 
 
 def load_checkpoint(model_dir: Path, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32,
-                    codec_dtype: torch.dtype = torch.float32, codec_device: torch.device | str | None = None
-                    ) -> Checkpoint:
-    """codec_device: where the codec goes (None: `device`)."""
+                    codec_dtype: torch.dtype = torch.float32, codec_device: torch.device | str | None = None,
+                    codec_cache: CodecCache | None = None) -> Checkpoint:
+    """codec_device: where the codec goes (None: `device`). codec_cache: where the codec converted to
+    `codec_dtype` is kept (None: read and convert codec.pth every time).
+
+    The weight files are read ahead in the background from the start (readahead.py), the configs and tokenizer
+    are read meanwhile, and each state dict goes to its device through the staged copy (upload.py)."""
     model_dir = Path(model_dir)
-    files = read_model_dir(model_dir)
-    family, cfg, tok, codec_cfg = files.family, files.config, files.tokenizer, files.codec_config
-    model_path, codec_path = files.model_path, files.codec_path
-    with torch.device("meta"):
-        model = DualAR(cfg, tok.semantic_begin_id, tok.semantic_end_id)
-    load_strict(model, family.normalize_model_keys(read_state_dict(model_path)), str(model_path))
-    model = model.to(device=device, dtype=dtype).eval()
-    model.init_buffers()
-    with torch.device("meta"):
-        codec = Codec(codec_cfg)
-    load_strict(codec, family.normalize_codec_keys(read_state_dict(codec_path)), str(codec_path), codec_buffer_key)
-    codec = codec.to(device=device if codec_device is None else codec_device, dtype=codec_dtype).eval()
-    return Checkpoint(model_dir, family, cfg, codec_cfg, tok, model, codec)
+    codec_device = device if codec_device is None else codec_device
+    ahead = Readahead(_weight_files(model_dir, codec_cache, codec_dtype))
+    try:
+        files = read_model_dir(model_dir)
+        family, cfg, tok, codec_cfg = files.family, files.config, files.tokenizer, files.codec_config
+        model_path, codec_path = files.model_path, files.codec_path
+        with torch.device("meta"):
+            model = DualAR(cfg, tok.semantic_begin_id, tok.semantic_end_id)
+            codec = Codec(codec_cfg)
+        sd = check_strict(model, family.normalize_model_keys(read_state_dict(model_path)), str(model_path))
+        model.load_state_dict(to_device(sd, device, lambda t: dtype), strict=True, assign=True)
+        del sd  # the file's mapping goes with it
+        model = model.to(device=device, dtype=dtype).eval()
+        model.init_buffers()
+        sd = _codec_state(codec, family, codec_path, codec_dtype, codec_cache)
+        codec.load_state_dict(to_device(sd, codec_device, lambda t: codec_dtype), strict=True, assign=True)
+        del sd
+        codec = codec.to(device=codec_device, dtype=codec_dtype).eval()
+    finally:
+        ahead.stop()
+    return Checkpoint(model_dir, family, cfg, codec_cfg, tok, model, codec,
+                      codec_cache=codec_cache.status if codec_cache is not None else "off")
+
+
+def _codec_state(codec: Codec, family: ModuleType, path: Path, dtype: torch.dtype, cache: CodecCache | None):
+    """The codec's state dict, checked against the module: the cache's entry when it has a sound one, else the
+    file's (folded; converted to `dtype` and cached when there is a cache)."""
+    expected = codec.state_dict()
+    sd = cache.read(path, dtype, expected) if cache is not None else None
+    if sd is None:
+        sd = family.normalize_codec_keys(read_state_dict(path))
+        if cache is not None:
+            sd = cache.convert(sd, path, dtype, expected)
+    return check_strict(codec, sd, str(path), codec_buffer_key)
+
+
+def _weight_files(model_dir: Path, cache: CodecCache | None, codec_dtype: torch.dtype) -> list[Path]:
+    """The files the load will read: model weights, and the codec's cache entry if there is one, else its file.
+    Problems are left for read_model_dir to report in its words."""
+    try:
+        family = detect(model_dir)
+        model_path = find_weights_file(model_dir, family.MODEL_FILES)
+        codec_path = find_weights_file(model_dir, family.CODEC_FILES)
+        if cache is not None:
+            entry = cache.entry(codec_path, codec_dtype)[0]
+            codec_path = entry if entry.is_file() else codec_path
+    except (CheckpointError, ConfigError, OSError):
+        return []
+    return [model_path, codec_path]

@@ -41,7 +41,19 @@ BASE_VOCAB = 151_643  # ordinary BPE ranks of the real tokenizer.tiktoken (ids 0
 CONTROL_TOKENS = ("<|begin_of_text|>", "<|end_of_text|>", "<|pad|>", "<|im_start|>", "<|im_end|>",
                   "<|phoneme_start|>", "<|phoneme_end|>", "<|tool_call_start|>", "<|tool_call_end|>", "<|text|>",
                   "<|voice|>", "<|interleave|>", "<|audio_start|>", "<|audio_end|>", "<|audio|>")
-FAMILIES = {"s1-mini": S1_MINI_CONFIG}
+
+
+@dataclass(frozen=True)
+class PresetSpec:
+    """What a preset is built from: config.json's keys, the codec config (codec_config.json's form) and
+    how many ordinary BPE ranks its tokenizer has."""
+
+    config: dict[str, Any]
+    codec_config: dict[str, Any]
+    base_vocab: int = BASE_VOCAB
+
+
+FAMILIES = {"s1-mini": PresetSpec(S1_MINI_CONFIG, S1_CODEC)}
 # the letters (and the space a word piece starts with) the made-up multi-byte ranks are spelled from
 _ALPHABET = b" abcdefghijklmnopqrstuvwxyz"
 
@@ -55,6 +67,8 @@ class Preset:
     config: DualARConfig
     codec_config: CodecConfig
     tokenizer: Tokenizer
+    raw_codec_config: dict[str, Any] | None = None  # as codec_config.json would hold it (None: built-in S1)
+    base_vocab: int = BASE_VOCAB
 
 
 def synthetic_ranks(n: int = BASE_VOCAB) -> dict[bytes, int]:
@@ -71,22 +85,28 @@ def synthetic_ranks(n: int = BASE_VOCAB) -> dict[bytes, int]:
     raise AssertionError("unreachable")
 
 
+def synthetic_specials(semantic: int = 4096) -> list[str]:
+    """special_tokens.json's entries in id order: CONTROL_TOKENS, then <|semantic:0..semantic-1|>."""
+    return [*CONTROL_TOKENS, *(f"<|semantic:{i}|>" for i in range(semantic))]
+
+
 def synthetic_tokenizer(semantic: int = 4096, base_vocab: int = BASE_VOCAB) -> Tokenizer:
     """Real id layout: `base_vocab` ranks, then CONTROL_TOKENS, then <|semantic:0..semantic-1|>."""
-    specials = [*CONTROL_TOKENS, *(f"<|semantic:{i}|>" for i in range(semantic))]
-    return Tokenizer(synthetic_ranks(base_vocab), specials, name="synthetic")
+    return Tokenizer(synthetic_ranks(base_vocab), synthetic_specials(semantic), name="synthetic")
 
 
 def load_preset(name: str) -> Preset:
     """The preset `name` (e.g. "s1-mini"), checked the way a model directory is."""
     if name not in FAMILIES:
         raise ConfigError(f"unknown synthetic model {name!r} (known: {', '.join(FAMILIES)})")
-    raw = FAMILIES[name]
-    cfg = parse_dual_ar_config(raw, source=f"synthetic {name}")
-    codec_cfg = parse_codec_config(S1_CODEC, "built-in S1 codec config")
-    tok = synthetic_tokenizer(cfg.codebook_size)
+    spec = FAMILIES[name]
+    cfg = parse_dual_ar_config(spec.config, source=f"synthetic {name}")
+    builtin = spec.codec_config is S1_CODEC
+    codec_cfg = parse_codec_config(spec.codec_config, "built-in S1 codec config" if builtin else f"synthetic {name}")
+    tok = synthetic_tokenizer(cfg.codebook_size, spec.base_vocab)
     check_consistency(cfg, tok, codec_cfg, Path(f"synthetic {name}"))
-    return Preset(name, dict(raw), cfg, codec_cfg, tok)
+    return Preset(name, dict(spec.config), cfg, codec_cfg, tok, None if builtin else dict(spec.codec_config),
+                  spec.base_vocab)
 
 
 def init_weights(model: nn.Module, std: float) -> None:

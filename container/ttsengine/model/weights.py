@@ -75,6 +75,19 @@ def fuse_qkv(sd: StateDict) -> StateDict:
     return out
 
 
+def upstream_order(sd: StateDict) -> StateDict:
+    """The same entries in upstream's file order: its transformer blocks (the DualAR's and the codec's) register
+    `ffn_norm` before `attention_norm`, ours the other way round (for writing files like the real ones)."""
+    keys = list(sd)
+    for i, key in enumerate(keys):
+        if key.endswith(".attention_norm.weight"):
+            ffn = key[: -len("attention_norm.weight")] + "ffn_norm.weight"
+            if ffn in sd and keys.index(ffn) > i:
+                keys.remove(ffn)
+                keys.insert(i, ffn)
+    return {k: sd[k] for k in keys}
+
+
 def _listing(names: list[str], limit: int = 12) -> str:
     shown = ", ".join(names[:limit])
     return shown + (f" ... and {len(names) - limit} more" if len(names) > limit else "")
@@ -83,6 +96,13 @@ def _listing(names: list[str], limit: int = 12) -> str:
 def load_strict(module: nn.Module, sd: StateDict, what: str, ignore: Callable[[str], bool] = lambda k: False) -> None:
     """Assigns `sd` to `module` (keeping the file's tensors and dtype) after checking that names and
     shapes match exactly. `ignore` names file entries that are known and deliberately unused."""
+    module.load_state_dict(check_strict(module, sd, what, ignore), strict=True, assign=True)
+
+
+def check_strict(module: nn.Module, sd: StateDict, what: str, ignore: Callable[[str], bool] = lambda k: False
+                 ) -> StateDict:
+    """`sd` without the ignored entries, after checking that its names and shapes are exactly the module's
+    (a CheckpointError listing what is missing, unexpected or mis-shaped otherwise)."""
     expected = module.state_dict()
     sd = {k: v for k, v in sd.items() if not (k not in expected and ignore(k))}
     missing = sorted(set(expected) - set(sd))
@@ -100,7 +120,7 @@ def load_strict(module: nn.Module, sd: StateDict, what: str, ignore: Callable[[s
         problems.append(f"wrong shape {len(wrong)}: {_listing(wrong)}")
     if problems:
         raise CheckpointError(f"{what}: does not match the model config; " + "; ".join(problems))
-    module.load_state_dict(sd, strict=True, assign=True)
+    return sd
 
 
 def fingerprint(module: nn.Module) -> str:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..errors import BusyError, EngineDown, InputError, TTSError
+from ..errors import BusyError, EngineDown, InputError, ShuttingDown, TTSError
 
 
 class ModelLoading(BusyError):
@@ -36,6 +36,7 @@ TABLE: tuple[tuple[type[TTSError], str, int | None], ...] = (
     (ModelLoading, "busy", 5),
     (BusyError, "busy", 1),
     (EngineDown, "busy", 1),  # another engine takes the retry (or none: the health check says so)
+    (ShuttingDown, "busy", 5),  # this instance is going away: a load balancer sends the retry elsewhere
     (TTSError, "server", None),
 )
 

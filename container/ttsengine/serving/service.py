@@ -11,11 +11,13 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 
 from ..config import DownloadConfig, EngineConfig
 from ..engine.fleet import Fleet
+from ..errors import ShuttingDown
 from ..synthesis.request import SynthesisRequest
 from ..synthesis.stream import Stream
 from .download import ensure_model
@@ -53,6 +55,8 @@ class Service:
         self.voices: VoiceStore | None = None
         self.voices_error: str | None = None  # why stored voices are off although a directory was configured
         self.load_error: str | None = None  # why loading failed
+        self.draining = False  # SIGTERM: no new requests, the ones in flight finish (drain)
+        self._closed = False
         self._thread: threading.Thread | None = None
 
     # ---- boot -----------------------------------------------------------------------------------------------
@@ -98,8 +102,9 @@ class Service:
 
     @property
     def ready(self) -> bool:
-        """At least one engine serves (the others may still warm up, or be out of service: see `health`)."""
-        return self.fleet is not None and self.fleet.ready
+        """At least one engine serves (the others may still warm up, or be out of service: see `health`), and
+        the service is not draining."""
+        return self.fleet is not None and self.fleet.ready and not self.draining
 
     def health(self) -> dict:
         """status ok | degraded (an engine is out of service or still warming up) | loading | failed, with each
@@ -109,13 +114,17 @@ class Service:
         if self.fleet is None:
             return {"status": "loading"}
         stats = self.fleet.stats()
+        if self.draining:
+            stats["state"] = "draining"
         engines = [{k: e[k] for k in ("index", "device", "codec_device", "state", "error", "running", "waiting",
                                       "max_streams")} for e in stats["engines"]]
-        status = {"ready": "ok", "degraded": "degraded"}.get(stats["state"], stats["state"])
+        status = {"ready": "ok"}.get(stats["state"], stats["state"])  # degraded, draining, loading
         return {"status": status, "engines": engines}
 
     def require(self) -> Fleet:
         """The fleet, or ModelFailed / ModelLoading (both 503) for a request that came too early or in vain."""
+        if self.draining:
+            raise ShuttingDown("the server is shutting down; retry shortly")
         if self.load_error:
             raise ModelFailed(f"the model failed to load: {self.load_error}")
         if self.error:
@@ -136,6 +145,23 @@ class Service:
         """The engines' counters (summed, and each under "engines"), or None before they are loaded."""
         return self.fleet.stats() if self.fleet is not None else None
 
+    # ---- shutdown ------------------------------------------------------------------------------------------
+    def drain(self, seconds: float) -> bool:
+        """Stops taking requests (ShuttingDown: 503, /ready 503) and waits up to `seconds` for the ones in flight
+        to end; -> whether they all did. close() then cuts what is left (each such stream ends with an error)."""
+        self.draining = True
+        end = time.monotonic() + seconds
+        while self.fleet is not None and self.fleet.open_streams and time.monotonic() < end:
+            time.sleep(0.05)  # a shutdown-time poll, not the decode path
+        left = self.fleet.open_streams if self.fleet is not None else 0
+        if left:
+            log.warning("drain: %d request(s) still running after %.0f s are cut", left, seconds)
+        return left == 0
+
     def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self.draining = True
         if self.fleet is not None:
             self.fleet.close()

@@ -28,6 +28,7 @@ from ..model.quant import weight_bytes
 from ..synthesis.request import Reference, SynthesisRequest
 from . import codec_bench
 from . import report as report_page
+from .checkpoint_flag import add_write_checkpoint, write_if_asked
 
 FRAME_RATE = 44100 / 2048  # frames per second of audio
 TEXT = ("The quick brown fox jumps over the lazy dog while the bright sun shines warmly on the quiet "
@@ -246,6 +247,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--devices", help="one engine per entry, e.g. cuda:0,cuda:1 (default: $TTS_DEVICES); levels count "
                                       "streams over all engines, each engine gets a share of the largest as slots")
     ap.add_argument("--topology", choices=("replicas", "split"), help="default: $TTS_TOPOLOGY")
+    add_write_checkpoint(ap)
     codec = ap.add_argument_group("--codec-only: the streaming codec alone (streams = --concurrency levels)")
     codec.add_argument("--codec-only", action="store_true")
     codec.add_argument("--chunk-frames", type=int, default=8, help="frames per stream per codec call")
@@ -268,10 +270,11 @@ def main(argv: list[str] | None = None) -> int:
 
     levels = [int(x) for x in args.concurrency.split(",")]
     config = from_env(model_dir=args.model, devices=args.devices, topology=args.topology)
+    config, random_weights, write_s = write_if_asked(args, config)
     engines = len(engine_configs(config, torch.cuda.device_count() if torch.cuda.is_available() else 0))
     config = config.with_(max_batch=-(-max(levels) // engines))
     t0 = time.perf_counter()
-    fleet = Fleet.load(config, args.random_weights, start=False)
+    fleet = Fleet.load(config, random_weights, start=False)
     load_s = time.perf_counter() - t0
     fleet.start()
     fleet.wait_all()  # every engine, not just the first ready: a level must see all of them
@@ -299,7 +302,8 @@ def main(argv: list[str] | None = None) -> int:
     ok = [lv.concurrency for lv in results if lv.realtime_x_min >= 1.2]
     report = {
         "device": torch.cuda.get_device_name() if engine.runner.device.type == "cuda" else "cpu",
-        "torch": torch.__version__, "model": args.random_weights or str(config.model_dir),
+        "torch": torch.__version__, "model": random_weights or str(config.model_dir), "write_checkpoint_s": write_s,
+        "codec_cache": ckpt.codec_cache,
         "dtype": str(engine.runner.dtype), "compile": engine.compiled, "cuda_graphs": engine.graphs is not None,
         "compile_error": engine.compile_error, "load_s": round(load_s, 2),
         "warmup_s": round(max(e.warmup_seconds for e in fleet.engines), 2),
@@ -336,8 +340,8 @@ def _arrival_rate(spec: str) -> float:
 
 
 def _codec_only(args) -> int:
-    config = from_env(model_dir=args.model)
-    ckpt = load(config, args.random_weights)
+    config, random_weights, _ = write_if_asked(args, from_env(model_dir=args.model))
+    ckpt = load(config, random_weights)
     modes = args.codec_modes.split(",")
     unknown = sorted({m.partition("+")[0] for m in modes} - set(codec_bench.MODES))
     if unknown:

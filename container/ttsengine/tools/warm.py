@@ -15,7 +15,9 @@ from ..config import from_env
 from ..engine.engine import Engine
 from ..engine.loader import load
 from ..errors import ConfigError
+from ..model.codec_cache import wait_for_writers
 from ..synthesis.request import SynthesisRequest
+from .checkpoint_flag import add_write_checkpoint, write_if_asked
 
 _TEXT = "Hello there, this is a warm-up sentence."
 
@@ -41,12 +43,17 @@ def main(argv: list[str] | None = None) -> int:
     src.add_argument("--random-weights", metavar="NAME", help="random weights with real shapes: s1-mini")
     ap.add_argument("--cache-dir", type=Path, help="kernel cache directory (default: $TTS_CACHE_DIR)")
     ap.add_argument("--no-blob", action="store_true", help="do not write the portable cache blob")
+    ap.add_argument("--until-first-audio", action="store_true",
+                    help="a start measurement: stop once the warm-up request is done, without capturing the graphs "
+                         "left for later (they add no kernels: the blob is the same), so a run costs its start")
+    add_write_checkpoint(ap)
     args = ap.parse_args(argv)
     config = from_env(model_dir=args.model, cache_dir=args.cache_dir)
     if config.cache_dir is None:
         raise ConfigError("warm needs a cache directory: set TTS_CACHE_DIR or pass --cache-dir")
+    config, random_weights, write_s = write_if_asked(args, config)
     t0 = time.perf_counter()
-    ckpt = load(config, args.random_weights)
+    ckpt = load(config, random_weights)
     load_s = time.perf_counter() - t0
     engine = Engine(ckpt, config)
     engine.start()
@@ -55,12 +62,16 @@ def main(argv: list[str] | None = None) -> int:
         next(iter(stream))
         first_audio = process_age()
         stream.result()
-        engine.settle()  # the graphs captured after ready use no new kernels, but warm promises everything
+        if not args.until_first_audio:
+            engine.settle()  # the graphs captured after ready use no new kernels, but warm promises everything
         blob = None if args.no_blob else engine.kernel_cache.save()
     finally:
         engine.close()
+        wait_for_writers()  # the codec cache's entry too: warm leaves a complete cache
     print(json.dumps({
         "process_to_first_audio_s": round(first_audio, 2), "load_s": round(load_s, 2),
+        "model": f"random weights ({random_weights})" if random_weights else str(config.model_dir),
+        "write_checkpoint_s": write_s, "codec_cache": ckpt.codec_cache,
         "warmup_s": round(engine.warmup_seconds or 0.0, 2), "kernel_cache": engine.kernel_cache.status,
         "precompiled": engine.precompiled,
         "compiled": engine.compiled, "cuda_graphs": engine.graphs is not None,

@@ -1,0 +1,42 @@
+"""A clean stop for the HTTP adapters (`http` and SageMaker's `serve`): on SIGTERM or SIGINT the server keeps
+listening while it drains (new requests 503 with Retry-After, /ready and /ping 503, so a load balancer moves
+away), the requests in flight get up to TTS_DRAIN_SECONDS to finish, then whatever is left is cut so its client
+can tell (an aborted chunked body for raw audio, an error event for SSE, a JSON 503 for a whole file), and only
+then does uvicorn stop. A second signal cuts at once.
+
+uvicorn's own graceful shutdown stops listening first and then cuts open responses after its timeout in a way
+a WAV or PCM client cannot tell from the end of the audio; this runs before it.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+
+from .service import Service
+
+log = logging.getLogger(__name__)
+FLUSH_SECONDS = 10  # after the drain: for the last bytes of finished responses to go out
+
+
+def serve(app, service: Service, host: str, port: int, log_level: str, drain_seconds: int) -> None:
+    """uvicorn.run(app, ...) with the drain above."""
+    import uvicorn
+
+    class DrainingServer(uvicorn.Server):
+        def handle_exit(self, sig, frame) -> None:
+            # the signal handler, on the event loop's thread: it must return at once (the engines' threads end the
+            # streams, and their clients are served by this loop)
+            seconds = 0 if getattr(self, "_draining", False) else drain_seconds
+            self._draining = True
+            if seconds:
+                log.warning("signal %d: draining for up to %d s (a second signal cuts at once)", sig, seconds)
+            threading.Thread(target=self._stop, args=(sig, frame, seconds), daemon=True, name="drain").start()
+
+        def _stop(self, sig, frame, seconds: int) -> None:
+            service.drain(seconds)
+            service.close()  # what is left ends with ShuttingDown (503)
+            super().handle_exit(sig, frame)  # sets uvicorn's exit flags; its main loop polls them
+
+    config = uvicorn.Config(app, host=host, port=port, log_level=log_level, timeout_graceful_shutdown=FLUSH_SECONDS)
+    DrainingServer(config).run()

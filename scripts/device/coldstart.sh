@@ -1,0 +1,140 @@
+#!/usr/bin/env bash
+# Issue 21 on one GPU machine, one device call (< 9 minutes): process start -> first audio of
+# `python -m ttsengine warm`, loading a real-size random S1-mini checkpoint from local disk (model.pth 1.72 GB
+# bf16, codec.pth 1.87 GB fp32, written once by --write-checkpoint's writer), for
+#   empty   an empty cache directory (kernel cache and codec cache both empty: compile + codec conversion)
+#   dir     the cache directory the first `empty` run left (kernels and the bf16 codec entry found)
+#   blob    only the kernel-cache blob copied into an empty directory (SageMaker's model.tar.gz path;
+#           the codec cache is not in the blob, so the codec is converted again)
+# each with TTS_QUANT=bf16 and int8, RUNS runs each, in rounds (every case once, then again), so the deadline
+# cuts the last rounds, never a whole case. Before every run the weight files and the cache directory are
+# evicted from the page cache (posix_fadvise DONTNEED, EVICT=0 keeps them): the disk read is measured.
+# Prints a table of medians; logs and the JSON lines in $OUT.
+#   usage: scripts/device/coldstart.sh      env: BUDGET (s, default 530) RUNS (3) QUANTS ("bf16 int8")
+#                                                CASES ("empty dir blob") WORK (/tmp/coldstart) EVICT (1)
+#                                                COMPILEALL (1: byte-compile site-packages first, as the image)
+set -uo pipefail
+export PYTHONPATH=$PWD/container:$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
+OUT=${OUT:-device-out}
+WORK=${WORK:-/tmp/coldstart}
+RUNS=${RUNS:-3}
+QUANTS=${QUANTS:-bf16 int8}
+CASES=${CASES:-empty dir blob}
+EVICT=${EVICT:-1}
+CK=$WORK/s1-mini
+END=$(( $(date +%s) + ${BUDGET:-530} ))
+mkdir -p "$OUT" "$WORK"
+left() { echo $(( END - $(date +%s) )); }
+
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+python3 -c 'import torch, sys; print("torch", torch.__version__, "| python", sys.version.split()[0])'
+df -h "$WORK" | tail -1
+# the image compiles every module's bytecode at build time; a bare machine would compile torch's at every start
+export PYTHONPYCACHEPREFIX=${PYTHONPYCACHEPREFIX:-/tmp/pyc}
+[ "${COMPILEALL:-1}" = 0 ] || python3 -m compileall -q -j 0 \
+  "$(python3 -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')" container > /dev/null 2>&1
+
+if [ ! -f "$CK/codec.pth" ]; then  # the writer renames a complete directory into place: present = complete
+  rm -rf "$CK"
+  echo "## writing the real-size random checkpoint to $CK"
+  timeout 240 python3 -c "
+import sys, time
+from ttsengine.model.checkpoint_writer import write_random_checkpoint
+t = time.perf_counter()
+d = write_random_checkpoint('s1-mini', sys.argv[1], 'cuda')
+print(f'wrote {d} in {time.perf_counter() - t:.1f} s:', ', '.join(f'{p.name} {p.stat().st_size / 1e9:.3f} GB'
+      for p in sorted(d.iterdir()) if p.suffix == '.pth'))" "$CK" 2>&1 | tail -1
+  [ -f "$CK/codec.pth" ] || { echo "could not write the checkpoint"; exit 1; }
+fi
+
+evict() {  # drop the weight files and the cache directory from the page cache (clean pages only: fsync first)
+  [ "$EVICT" = 1 ] || return 0
+  python3 - "$CK" "$@" <<'PY'
+import os, sys
+for root in sys.argv[1:]:
+    for d, _, names in os.walk(root):
+        for n in names:
+            try:
+                fd = os.open(os.path.join(d, n), os.O_RDONLY)
+            except OSError:
+                continue
+            try:
+                os.fsync(fd)
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            except OSError:
+                pass
+            finally:
+                os.close(fd)
+PY
+}
+
+declare -A LAST  # seconds the last run of each case took (the estimate for the next one)
+run_case() {  # run_case QUANT CASE ROUND
+  local q=$1 c=$2 r=$3 kc="$WORK/kc-$1" dir log est t0 status
+  log="$OUT/coldstart-$q-$c-$r.log"
+  local args=(--model "$CK" --until-first-audio --no-blob)
+  case $c in
+    empty)
+      dir="$kc-new"; rm -rf "$dir"
+      # the first empty run of a quant also writes the blob; its directory is the one the dir and blob cases use
+      [ -d "$kc" ] || args=(--model "$CK" --until-first-audio) ;;
+    dir)
+      [ -d "$kc" ] || { echo "skipped $q $c $r: no cache directory yet"; return; }
+      dir=$kc ;;
+    blob)
+      compgen -G "$kc/artifacts-*.bin" > /dev/null || { echo "skipped $q $c $r: no blob"; return; }
+      dir="$WORK/kc-$q-blob"; rm -rf "$dir"; mkdir -p "$dir"; cp "$kc"/artifacts-*.bin "$dir"/ ;;
+  esac
+  est=${LAST[$q-$c]:-$([ "$c" = empty ] && echo 75 || echo 30)}
+  if [ "$(left)" -lt $(( est + 10 )) ]; then
+    echo "skipped $q $c run $r: $(left) s left, it takes ~$est s"
+    return
+  fi
+  evict "$dir"
+  t0=$(date +%s)
+  TTS_QUANT=$q timeout $(( $(left) - 5 )) python3 -m ttsengine warm "${args[@]}" --cache-dir "$dir" > "$log" 2>&1
+  status=$?
+  LAST[$q-$c]=$(( $(date +%s) - t0 ))
+  if [ "$c" = empty ] && [ $status = 0 ]; then  # this run's cache is the newest complete one
+    [ -d "$kc" ] || mv "$dir" "$kc"
+  fi
+  echo "$q $c run $r: exit $status, ${LAST[$q-$c]} s wall | $(grep '^{' "$log" | tail -1 | cut -c1-160)"
+  [ $status = 0 ] || grep -v "^\s*$" "$log" | tail -3
+}
+
+rm -rf "$WORK"/kc-*  # every invocation starts from empty caches (the checkpoint is kept)
+for r in $(seq 1 "$RUNS"); do
+  for q in $QUANTS; do
+    for c in $CASES; do
+      run_case "$q" "$c" "$r"
+    done
+  done
+done
+
+echo
+python3 - "$OUT" <<'PY'
+import glob, json, os, statistics, sys
+rows = {}
+for path in sorted(glob.glob(os.path.join(sys.argv[1], "coldstart-*-*-*.log"))):
+    q, c, _ = os.path.basename(path)[len("coldstart-"):-len(".log")].split("-")
+    lines = [line for line in open(path, errors="replace") if line.startswith("{")]
+    if lines:
+        rows.setdefault((q, c), []).append(json.loads(lines[-1]))
+names = {"empty": "empty cache", "dir": "warm cache directory", "blob": "blob into an empty directory"}
+print("| case | quant | runs | start -> first audio, median (all) | load s, median | codec cache | kernel cache |")
+print("|---|---|---|---|---|---|---|")
+for q in ("bf16", "int8", "int4"):
+    for c in ("empty", "dir", "blob"):
+        runs = rows.get((q, c))
+        if not runs:
+            continue
+        first = [r["process_to_first_audio_s"] for r in runs]
+        print(f"| {names[c]} | {q} | {len(runs)} | {statistics.median(first):.1f} s "
+              f"({', '.join(f'{x:.1f}' for x in first)}) | {statistics.median(r['load_s'] for r in runs):.2f} | "
+              f"{'/'.join(sorted({r['codec_cache'] for r in runs}))} | "
+              f"{'/'.join(sorted({r['kernel_cache'] for r in runs}))} |")
+any_run = next(iter(rows.values()), [{}])[0]
+print(f"torch {any_run.get('torch')}, precompiled {any_run.get('precompiled')}, compiled {any_run.get('compiled')}, "
+      f"checkpoint {any_run.get('model')}")
+PY
+echo "left $(left) s"

@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# Issue 22's soak on one GPU, one device call: the HTTP server on a real-format random S1-mini checkpoint (written
+# once by `warm --write-checkpoint`, kept in $CKPT between calls on a warm machine), `python -m ttsengine soak`
+# with 256 clients for 8 minutes (streams in every format, a stored voice, hang-ups, SSE, bad requests), then
+# SIGTERM and the drain. Prints the per-minute table and the server's errors.
+# Usage: scripts/device/soak.sh   (env: CKPT, CACHE, CLIENTS=256, MINUTES=8, INTERVAL=60)
+set -uo pipefail
+OUT=${OUT:-device-out}
+mkdir -p "$OUT"
+export PYTHONPATH=$PWD/container:$PWD${PYTHONPATH:+:$PYTHONPATH}
+CKPT=${CKPT:-/tmp/s1-random} CACHE=${CACHE:-/tmp/tts-cache} PORT=${PORT:-8080}
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+python3 -c "import torch; print('torch', torch.__version__)"
+if [ ! -f "$CKPT/model.pth" ]; then
+  t=$(date +%s)
+  python3 -m ttsengine warm --random-weights s1-mini --write-checkpoint "$CKPT" > "$OUT/write.log" 2>&1 \
+    || { tail -20 "$OUT/write.log"; exit 1; }
+  echo "wrote $CKPT in $(( $(date +%s) - t )) s: $(du -sh "$CKPT" | cut -f1)"
+fi
+TTS_MODEL_DIR=$CKPT TTS_CACHE_DIR=$CACHE TTS_DATA_DIR=/tmp/tts-data TTS_PORT=$PORT TTS_LOG_LEVEL=WARNING \
+  python3 -m handlers http > "$OUT/server.log" 2>&1 &
+PID=$!
+python3 - "$PORT" "$PID" <<'PY' || { tail -30 "$OUT/server.log"; kill $PID; exit 1; }
+import json, os, sys, time, urllib.request
+port, pid, t0 = sys.argv[1], int(sys.argv[2]), time.time()
+while time.time() - t0 < 400:
+    try:
+        r = json.load(urllib.request.urlopen(f"http://127.0.0.1:{port}/ready", timeout=5))
+        print(f"ready after {time.time() - t0:.1f} s:", {k: r.get(k) for k in ("kernel_cache", "max_streams", "memory_preset")})
+        sys.exit(0)
+    except Exception:
+        os.kill(pid, 0)
+        time.sleep(1)
+sys.exit("not ready after 400 s")
+PY
+python3 -m ttsengine soak "http://127.0.0.1:$PORT" --clients "${CLIENTS:-256}" --minutes "${MINUTES:-8}" \
+  --interval "${INTERVAL:-60}" --server-pid $PID --out "$OUT/soak" 2> "$OUT/soak.err"
+echo "soak exit $?"
+t=$(date +%s)
+kill -TERM $PID
+wait $PID
+echo "server exit $? after $(( $(date +%s) - t )) s of drain"
+echo "server log: $(grep -c Traceback "$OUT/server.log") tracebacks, $(grep -c ' ERROR ' "$OUT/server.log") errors"
+grep -E " ERROR |Traceback" "$OUT/server.log" | head -10
