@@ -11,6 +11,7 @@ limit) are not named here: the adapters pass them to `read` as `defaults`, below
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
@@ -309,6 +310,11 @@ class ServerConfig:
     data_dir: Path = Path("data")
     max_body_bytes: int = 25 << 20
     max_upload_bytes: int = 20 << 20
+    voice_aliases: tuple[tuple[str, str], ...] = ()  # (name, voice id or "default"); OpenAI's names fall back too
+    strict_fields: bool = False  # unknown request fields: False ignores them (named in a header), True is a 400
+    cors_origins: tuple[str, ...] = ()  # () = no CORS headers: browsers keep other origins out
+    download_ttl: int = 3600  # seconds a finished file behind a download link is kept
+    download_max_bytes: int = 512 << 20  # all kept download files together; the oldest go first
     drain_seconds: int = 30
     read_timeout: float = 30.0
 
@@ -316,6 +322,50 @@ class ServerConfig:
     def from_env(env: Mapping[str, str] | None = None, defaults: Mapping[str, object] | None = None,
                  **overrides) -> ServerConfig:
         return read(ServerConfig, SERVER_VARS, env, defaults, overrides)
+
+
+# voices.ID_PATTERN (config imports nothing of the serving layer; a test keeps the two equal)
+VOICE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9 _-]{0,63}$")
+
+
+def _pairs(text: str) -> tuple[tuple[str, str], ...]:
+    """"alloy=alice, nova=default" -> (("alloy", "alice"), ("nova", "default")); an item without "=" keeps an
+    empty target for `_aliases` to name. Names are matched in any letter case, so they are kept lower case."""
+    items = [item.partition("=") for item in text.split(",") if item.strip()]
+    return tuple((name.strip().lower(), target.strip() if eq else "") for name, eq, target in items)
+
+
+def _aliases(value) -> str | None:
+    names = [name for name, _ in value]
+    for name, target in value:
+        if not target:
+            return f"{name!r} names no voice (write NAME=VOICE, e.g. alloy=alice)"
+        for word in (name, target):
+            if not VOICE_ID.fullmatch(word):
+                return f"{word!r} is not a voice name (1-64 letters, digits, spaces, _ or -)"
+        if names.count(name) > 1:
+            return f"{name!r} is given twice"
+        if name == "default":
+            return "'default' is the model's own voice: it cannot stand for another"
+    return None
+
+
+def _origins(text: str) -> tuple[str, ...]:
+    return tuple(o.strip() for o in text.split(",") if o.strip())
+
+
+ORIGIN = re.compile(r"^[a-z][a-z0-9+.-]*://[^/?#\s]+$", re.I)
+
+
+def _origins_check(value) -> str | None:
+    if "*" in value:
+        return None if value == ("*",) else "'*' allows every origin: give it alone"
+    for origin in value:
+        if not ORIGIN.fullmatch(origin):
+            why = "a browser's Origin has no path (drop the trailing /)" if origin.endswith("/") else \
+                "expected scheme://host[:port]"
+            return f"{origin!r}: {why}"
+    return None
 
 
 PORT = integer(1, 65535)
@@ -329,6 +379,16 @@ SERVER_VARS = (
     DATA_DIR,
     Var("TTS_MAX_BODY_BYTES", "max_body_bytes", integer(1024), "largest request body (default 25 MB)"),
     Var("TTS_MAX_UPLOAD_BYTES", "max_upload_bytes", integer(1024), "largest uploaded reference audio (default 20 MB)"),
+    Var("TTS_VOICE_ALIASES", "voice_aliases", Kind(_pairs, "NAME=VOICE,...", _aliases),
+        "voice names that stand for a stored voice or `default`, e.g. alloy=alice,nova=bob; OpenAI's voice names "
+        "not listed (and not stored voices themselves) mean `default`"),
+    Var("TTS_STRICT_FIELDS", "strict_fields", toggle(auto=False),
+        "on: an unknown request field is a 400 | auto (= off): it is ignored and named in X-Ignored-Fields"),
+    Var("TTS_CORS_ORIGINS", "cors_origins", Kind(_origins, "* or a list of scheme://host[:port]", _origins_check),
+        "origins a browser app may call the API from: * or a comma-separated list (default: none)"),
+    Var("TTS_DOWNLOAD_TTL", "download_ttl", integer(1), "seconds a file behind a download link is kept (default 3600)"),
+    Var("TTS_DOWNLOAD_MAX_BYTES", "download_max_bytes", integer(0),
+        "total size of the files kept for download links; the oldest go first (default 512 MB; 0: no links)"),
     Var("TTS_DRAIN_SECONDS", "drain_seconds", integer(0, 3600),
         "on SIGTERM: seconds the requests in flight may take to finish while new ones get 503 (default 30; "
         "0 cuts them at once); a second signal cuts them too"),

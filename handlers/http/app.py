@@ -1,6 +1,7 @@
 """The HTTP app, assembled: the service (the engines load in the background, so /health answers at once and
-/ready says 503 until one engine is warm), the middlewares (body limit, request counts), the JSON error
-handlers, the routes (routes.py) and the OpenAPI schema. Nothing returns a stack trace.
+/ready says 503 until one engine is warm), the middlewares (body limit, request counts, CORS when configured),
+the JSON error handlers, the routes (routes.py, catalog.py, downloads.py), the OpenAPI schema and its offline
+/docs page (docs.py). Nothing returns a stack trace.
 """
 
 from __future__ import annotations
@@ -8,17 +9,26 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from fastapi import FastAPI
+from fastapi.middleware.cors import CORSMiddleware
 from starlette.concurrency import run_in_threadpool
 
 from ttsengine import EngineConfig, Fleet, ServerConfig
+from ttsengine.serving.audio_store import AudioStore
 from ttsengine.serving.body_limit import BodyLimit
 from ttsengine.serving.listen import HeadAsGet
-from ttsengine.serving.protocol import FishTTSRequest
+from ttsengine.serving.protocol import FishTTSRequest, OpenAISpeechRequest, ReferenceUpdate
 from ttsengine.serving.service import Service, engine_loader
 
+from . import catalog, downloads
+from .docs import add_docs
 from .errors import add_error_handlers, error_body
 from .metrics import CountRequests, RequestCounter
 from .routes import router
+
+# what a browser app on another origin may send and read (TTS_CORS_ORIGINS): the key, JSON, and our headers
+CORS_HEADERS = ["Authorization", "Content-Type", "X-Api-Key"]
+CORS_EXPOSED = ["X-Seed", "X-Sample-Rate", "X-Download-Path", "X-Download-URL", "X-Download-Status",
+                "X-Ignored-Fields", "Content-Disposition", "Retry-After"]
 
 
 def create_app(server: ServerConfig, engine_config: EngineConfig,
@@ -30,29 +40,38 @@ def create_app(server: ServerConfig, engine_config: EngineConfig,
         yield
         await run_in_threadpool(service.close)
 
-    app = FastAPI(title="fish-tts-server", version="0.1.0", lifespan=lifespan,
+    app = FastAPI(title="fish-tts-server", version="0.1.0", lifespan=lifespan, docs_url=None, redoc_url=None,
                   description="Fish-Speech / OpenAudio S1-mini text to speech.")
     app.state.service, app.state.server, app.state.counter = service, server, RequestCounter()
+    app.state.downloads = AudioStore(server.data_dir / "downloads", server.download_ttl, server.download_max_bytes)
     app.add_middleware(CountRequests, counter=app.state.counter)
     app.add_middleware(BodyLimit, limit=server.max_body_bytes,
                        reply=lambda e: error_body(str(e), "too_large", e.status))
-    app.add_middleware(HeadAsGet)  # outermost: HEAD is counted and limited as the GET it becomes
+    app.add_middleware(HeadAsGet)  # HEAD is counted and limited as the GET it becomes
+    if server.cors_origins:  # outermost: preflights are answered before auth, and errors carry the CORS headers
+        app.add_middleware(CORSMiddleware, allow_origins=list(server.cors_origins), allow_headers=CORS_HEADERS,
+                           allow_methods=["GET", "HEAD", "POST", "DELETE"], expose_headers=CORS_EXPOSED,
+                           max_age=600)
     add_error_handlers(app)
     app.include_router(router)
+    app.include_router(catalog.router)
+    app.include_router(downloads.router)
+    add_docs(app)
     app.openapi = lambda: openapi(app)
     return app
 
 
 def openapi(app: FastAPI) -> dict:
-    """The generated schema plus the fish-speech body models (/v1/tts parses its body itself to take JSON and
-    msgpack, so FastAPI cannot see them)."""
+    """The generated schema plus the body models of the routes that parse their body themselves (to take JSON
+    and msgpack and answer 415 for anything else), which FastAPI cannot see."""
     if app.openapi_schema is None:
         from fastapi.openapi.utils import get_openapi
 
         schema = get_openapi(title=app.title, version=app.version, description=app.description, routes=app.routes)
-        fish = FishTTSRequest.model_json_schema(ref_template="#/components/schemas/{model}")
         components = schema.setdefault("components", {}).setdefault("schemas", {})
-        components.update(fish.pop("$defs", {}))
-        components["FishTTSRequest"] = fish
+        for model in (OpenAISpeechRequest, FishTTSRequest, ReferenceUpdate):
+            body = model.model_json_schema(ref_template="#/components/schemas/{model}")
+            components.update(body.pop("$defs", {}))
+            components[model.__name__] = body
         app.openapi_schema = schema
     return app.openapi_schema

@@ -13,12 +13,24 @@ from typing import Annotated
 from fastapi import APIRouter, Depends, File, Form, Request, UploadFile
 from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.concurrency import run_in_threadpool
+from starlette.datastructures import UploadFile as FormFile
 
 from ttsengine import CONTENT_TYPES, ServerConfig, VoiceStore, audio_bytes, check_id, output_rate, sse_events, whole
-from ttsengine.serving.protocol import OpenAISpeechRequest, SpeechJob, fish_job, openai_job, parse_body
+from ttsengine.serving.protocol import (
+    FishTTSRequest,
+    OpenAISpeechRequest,
+    ReferenceUpdate,
+    SpeechJob,
+    fish_job,
+    openai_job,
+    unknown_fields,
+    validate,
+)
 from ttsengine.serving.service import Service
 
 from .audio_stream import AudioStream
+from .body import FORM_TYPES, form_only, json_body, media_type, optional_json_body
+from .downloads import keep_stream, keep_whole
 from .errors import ApiError
 from .metrics import render
 
@@ -47,8 +59,14 @@ def check_key(request: Request) -> None:
 Svc = Annotated[Service, Depends(get_service)]
 Server = Annotated[ServerConfig, Depends(get_server)]
 AUTH = [Depends(check_key)]
-FISH_REF = {"$ref": "#/components/schemas/FishTTSRequest"}
 router = APIRouter()
+
+
+def body_schema(name: str) -> dict:
+    """The OpenAPI request body of a route that reads its body itself (json_body: JSON or msgpack, so FastAPI
+    cannot see the model; app.openapi adds the named schema)."""
+    ref = {"schema": {"$ref": f"#/components/schemas/{name}"}}
+    return {"requestBody": {"required": True, "content": {"application/json": ref, "application/msgpack": ref}}}
 
 
 # ---- health -------------------------------------------------------------------------------------------------
@@ -89,38 +107,54 @@ async def index():
 
 
 # ---- speech -------------------------------------------------------------------------------------------------
-@router.post("/v1/audio/speech", dependencies=AUTH, tags=["speech"],
+@router.post("/v1/audio/speech", dependencies=AUTH, tags=["speech"], openapi_extra=body_schema("OpenAISpeechRequest"),
              responses={200: {"content": {"audio/mpeg": {}, "text/event-stream": {}}}})
-async def speech(body: OpenAISpeechRequest, svc: Svc):
-    """OpenAI-compatible speech; the audio streams as it is generated (chunked transfer or SSE)."""
+async def speech(request: Request, svc: Svc, server: Server):
+    """OpenAI-compatible speech; the audio streams as it is generated (chunked transfer or SSE), or comes whole
+    with `stream: false` (Kokoro-FastAPI's field)."""
+    body = await json_body(request)
+    req = validate(OpenAISpeechRequest, body, server.strict_fields)  # a bad body is a 400 even while loading
     svc.require()  # a loading model answers 503 before the voice lookup says "unknown voice"
-    job = openai_job(body, svc.voices)  # FastAPI validated the body: not again
-    stream = await run_in_threadpool(svc.submit, job.request)
-    if job.sse:
-        return StreamingResponse(sse_events(stream, job), media_type="text/event-stream",
-                                 headers=audio_headers(job, stream))
-    return AudioStream(audio_bytes(stream, job), media_type=CONTENT_TYPES[job.format],
-                             headers=audio_headers(job, stream))
+    job = openai_job(req, svc.voices, aliases=dict(server.voice_aliases))
+    return await respond(request, svc, job, unknown_fields(OpenAISpeechRequest, body))
 
 
-@router.post("/v1/tts", dependencies=AUTH, tags=["speech"], openapi_extra={"requestBody": {
-    "required": True, "content": {"application/json": {"schema": FISH_REF},
-                                  "application/msgpack": {"schema": FISH_REF}}}})
-async def tts(request: Request, svc: Svc):
+@router.post("/v1/tts", dependencies=AUTH, tags=["speech"], openapi_extra=body_schema("FishTTSRequest"))
+async def tts(request: Request, svc: Svc, server: Server):
     """fish-speech-compatible; JSON (base64 reference audio) or msgpack (raw bytes)."""
+    body = await json_body(request)
     svc.require()
-    job = fish_job(parse_body(await request.body(), request.headers.get("content-type")), svc.voices)
+    job = fish_job(body, svc.voices, strict=server.strict_fields)
+    return await respond(request, svc, job, unknown_fields(FishTTSRequest, body))
+
+
+async def respond(request: Request, svc: Service, job: SpeechJob, ignored: tuple[str, ...]) -> Response:
+    """One job's audio: SSE events, a stream, or one whole file (exact sizes), kept behind a download link
+    when the job asks."""
     stream = await run_in_threadpool(svc.submit, job.request)
+    headers = audio_headers(job, stream, ignored)
+    if job.sse:
+        return StreamingResponse(sse_events(stream, job), media_type="text/event-stream", headers=headers)
+    downloads = request.app.state.downloads if job.download_link else None
     if job.streaming:
-        return AudioStream(audio_bytes(stream, job), media_type=CONTENT_TYPES[job.format],
-                                 headers=audio_headers(job, stream))
+        chunks = audio_bytes(stream, job)
+        if downloads is not None:
+            chunks = keep_stream(downloads, job.format, chunks, headers)
+        return AudioStream(chunks, media_type=CONTENT_TYPES[job.format], headers=headers)
     result = await until_disconnect(request, whole(stream, job), stream)
-    return Response(result.data, media_type=result.content_type, headers=audio_headers(job, stream))
+    if downloads is not None:
+        headers.update(await keep_whole(downloads, job.format, result.data))
+    return Response(result.data, media_type=result.content_type, headers=headers)
 
 
-def audio_headers(job: SpeechJob, stream) -> dict:
+def audio_headers(job: SpeechJob, stream, ignored: tuple[str, ...] = ()) -> dict:
     rate = output_rate(job.format, stream.sample_rate, job.sample_rate)  # the rate the audio is encoded at
-    return {"X-Seed": str(stream.seed), "X-Sample-Rate": str(rate), "Cache-Control": "no-store"}
+    headers = {"X-Seed": str(stream.seed), "X-Sample-Rate": str(rate), "Cache-Control": "no-store",
+               # a name for browsers and `curl -OJ`; inline, so a browser plays it rather than saving it
+               "Content-Disposition": f'inline; filename="speech.{job.format}"'}
+    if ignored:  # tolerant reading (TTS_STRICT_FIELDS off): say what was dropped, so a typo is not silent
+        headers["X-Ignored-Fields"] = ",".join(ignored)[:1000]
+    return headers
 
 
 async def until_disconnect(request: Request, work, stream):
@@ -143,7 +177,7 @@ def store(svc: Service) -> VoiceStore:
     return svc.voices
 
 
-@router.post("/v1/references/add", dependencies=AUTH, tags=["voices"], status_code=201)
+@router.post("/v1/references/add", dependencies=[*AUTH, Depends(form_only)], tags=["voices"], status_code=201)
 async def add_reference(
         id: Annotated[str, Form(description="voice id: letters, digits, space, _ or -, <= 64 characters")],
         text: Annotated[str, Form(description="transcript of the audio")],
@@ -170,8 +204,8 @@ async def list_references(svc: Svc):
 @router.delete("/v1/references/delete", dependencies=AUTH, tags=["voices"])
 async def delete_reference(request: Request, svc: Svc, reference_id: str | None = None):
     if reference_id is None:  # upstream sends it in a JSON body
-        raw = await request.body()
-        reference_id = parse_body(raw, request.headers.get("content-type")).get("reference_id") if raw else None
+        body = await optional_json_body(request)
+        reference_id = body.get("reference_id") if body else None
     if reference_id is None:
         raise ApiError(400, "reference_id is required (query parameter or JSON body)")
     if not await run_in_threadpool(store(svc).delete, check_id(reference_id)):
@@ -183,3 +217,41 @@ async def delete_reference(request: Request, svc: Svc, reference_id: str | None 
 async def voices(svc: Svc):
     return {"default": "default", "voices": [{"id": "default", "text": "", "seconds": 0},
                                              *await run_in_threadpool(store(svc).summary)]}
+
+
+@router.post("/v1/references/update", dependencies=AUTH, tags=["voices"], openapi_extra={"requestBody": {
+    "required": True, "content": {
+        "application/json": {"schema": {"$ref": "#/components/schemas/ReferenceUpdate"}},
+        "multipart/form-data": {"schema": {"type": "object", "required": ["id", "text", "audio"], "properties": {
+            "id": {"type": "string"}, "text": {"type": "string"},
+            "audio": {"type": "string", "format": "binary"}}}}}}})
+async def update_reference(request: Request, svc: Svc, server: Server):
+    """Rename a stored voice (fish-speech's body: JSON or msgpack `old_reference_id`, `new_reference_id`), or
+    replace its audio and transcript (multipart `id`, `text`, `audio`, as /v1/references/add)."""
+    if media_type(request) in FORM_TYPES:
+        return await replace_reference(request, svc, server)
+    body = await json_body(request)
+    update = validate(ReferenceUpdate, body, server.strict_fields)
+    old, new = check_id(update.old_reference_id), check_id(update.new_reference_id)
+    if new == "default":
+        raise ApiError(400, "'default' is reserved (it means: no reference voice)")
+    if not await run_in_threadpool(store(svc).rename, old, new):
+        raise ApiError(404, f"voice {old!r} not found")
+    return {"success": True, "message": f"voice {old!r} renamed to {new!r}", "old_reference_id": old,
+            "new_reference_id": new}
+
+
+async def replace_reference(request: Request, svc: Service, server: ServerConfig) -> dict:
+    form = await request.form(max_files=1, max_fields=8)
+    voice_id, text, audio = form.get("id"), form.get("text"), form.get("audio")
+    if not isinstance(voice_id, str) or not isinstance(text, str) or not isinstance(audio, FormFile):
+        raise ApiError(400, "replacing a voice takes multipart fields id, text and audio (a file)")
+    voices = store(svc)
+    if check_id(voice_id) not in voices.ids():
+        raise ApiError(404, f"voice {voice_id!r} not found (add it with /v1/references/add)")
+    data = await audio.read(server.max_upload_bytes + 1)
+    if len(data) > server.max_upload_bytes:
+        raise ApiError(413, f"audio over {server.max_upload_bytes} bytes", "too_large")
+    voice = await run_in_threadpool(voices.add, voice_id, data, text, audio.filename or "audio.wav", True)
+    return {"success": True, "reference_id": voice.id, "seconds": round(voice.seconds, 2),
+            "message": f"voice {voice.id!r} replaced"}

@@ -11,6 +11,8 @@ import json
 import logging
 from collections.abc import AsyncIterator
 
+import numpy as np
+
 from ..audio.encode import CONTENT_TYPES, AudioEncoder, EncodedAudio
 from ..synthesis.stream import Stream
 from .protocol import SpeechJob
@@ -22,12 +24,18 @@ def encoder_for(job: SpeechJob, native_rate: int, streaming: bool = True) -> Aud
     return AudioEncoder(job.format, native_rate, job.sample_rate, job.speed, streaming=streaming)
 
 
+def scaled(audio: np.ndarray, volume: float) -> np.ndarray:
+    """A job's volume (Kokoro's volume_multiplier, fish's prosody.volume), clipped at full scale so a loud
+    request saturates; every encoder then sees samples within [-1, 1]."""
+    return audio if volume == 1.0 else np.clip(audio * np.float32(volume), -1.0, 1.0)
+
+
 async def audio_bytes(stream: Stream, job: SpeechJob) -> AsyncIterator[bytes]:
     """Encoded audio bytes as the engine produces them (one stream, one encoder)."""
     enc = encoder_for(job, stream.sample_rate)
     try:
         async for chunk in stream:
-            data = await asyncio.to_thread(enc.encode, chunk.audio)
+            data = await asyncio.to_thread(enc.encode, scaled(chunk.audio, job.volume))
             if data:
                 yield data
         tail = await asyncio.to_thread(enc.finish)
@@ -67,7 +75,7 @@ async def whole(stream: Stream, job: SpeechJob) -> EncodedAudio:
     parts = []
     try:
         async for chunk in stream:
-            parts.append(await asyncio.to_thread(enc.encode, chunk.audio))
+            parts.append(await asyncio.to_thread(enc.encode, scaled(chunk.audio, job.volume)))
         parts.append(await asyncio.to_thread(enc.finish))
     finally:
         if not stream.done:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import base64
 import binascii
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Literal
 
@@ -22,15 +23,28 @@ from .voices import VoiceStore
 
 AudioFormat = Literal["mp3", "opus", "aac", "flac", "wav", "pcm"]
 DEFAULT_VOICES = ("default", "")  # OpenAI-style requests with these voices use no reference
+# OpenAI's built-in voices (openai-python's speech_create_params): clients send them, most examples use "alloy".
+# Each means the model's own voice unless TTS_VOICE_ALIASES maps it, or a stored voice has that very id.
+OPENAI_VOICES = ("alloy", "ash", "ballad", "coral", "echo", "fable", "onyx", "nova", "sage", "shimmer", "verse",
+                 "marin", "cedar")
+
+
+class VoiceID(BaseModel):
+    """OpenAI's custom-voice form of `voice`: {"id": "..."}; here the id of a stored voice or an alias."""
+
+    model_config = ConfigDict(extra="forbid")
+    id: str
 
 
 class OpenAISpeechRequest(BaseModel):
-    """OpenAI `POST /v1/audio/speech`, plus optional sampling fields of this server."""
+    """OpenAI `POST /v1/audio/speech`, Kokoro-FastAPI's extension fields, and this server's sampling fields."""
 
     model_config = ConfigDict(extra="forbid")
     model: str = Field("s1-mini", max_length=200, description="accepted for compatibility; one model is served")
     input: str = Field(..., description="text to speak")
-    voice: str | None = Field(None, description="a stored voice id (GET /v1/voices); 'default' or absent: none")
+    voice: str | VoiceID | None = Field(
+        None, description="a stored voice id (GET /v1/voices), an alias (TTS_VOICE_ALIASES; OpenAI's voice names "
+                          "mean 'default' unless mapped), or {\"id\": ...}; 'default' or absent: the model's own")
     response_format: AudioFormat = "mp3"
     speed: float = Field(1.0, ge=0.25, le=4.0, description="tempo, pitch kept")
     stream_format: Literal["audio", "sse"] = "audio"
@@ -42,6 +56,22 @@ class OpenAISpeechRequest(BaseModel):
     top_p: float | None = None
     repetition_penalty: float | None = None
     max_new_tokens: int | None = None
+    # Kokoro-FastAPI's extensions
+    stream: bool = Field(True, description="false: one whole response with exact sizes (a WAV's real header)")
+    volume_multiplier: float = Field(1.0, ge=0.0, le=10.0, description="scales the samples (clipped at full scale)")
+    return_download_link: bool = Field(False, description="keep the finished file: X-Download-Path names it "
+                                                          "(GET /v1 + that path)")
+    lang_code: str | None = Field(None, max_length=32, description="accepted and ignored: S1 reads the text's "
+                                                                   "language itself")
+    normalization_options: dict | None = Field(None, description="accepted and ignored: S1 takes the text as is")
+
+
+class FishProsody(BaseModel):
+    """fish-audio's SDK sends it: speed (tempo, pitch kept) and volume in dB."""
+
+    model_config = ConfigDict(extra="forbid")
+    speed: float = Field(1.0, ge=0.5, le=2.0)
+    volume: float = Field(0.0, ge=-20.0, le=20.0)
 
 
 class FishReference(BaseModel):
@@ -70,6 +100,18 @@ class FishTTSRequest(BaseModel):
     repetition_penalty: float | None = None
     temperature: float | None = None
     sample_rate: int | None = Field(None, ge=8000, le=48000)
+    # fish-audio's SDK always sends these (its TTSRequest model, dumped whole)
+    mp3_bitrate: int | None = None  # accepted and ignored: mp3 is 128 kbit/s
+    opus_bitrate: int | None = None  # accepted and ignored: opus is libopus's default for the rate
+    prosody: FishProsody | None = None
+
+
+class ReferenceUpdate(BaseModel):
+    """fish-speech `POST /v1/references/update` (d3df505): rename a stored voice."""
+
+    model_config = ConfigDict(extra="forbid")
+    old_reference_id: str
+    new_reference_id: str
 
 
 @dataclass(frozen=True)
@@ -81,6 +123,8 @@ class SpeechJob:
     streaming: bool
     sse: bool = False
     characters: int = 0
+    volume: float = 1.0  # sample scale before encoding (clipped at full scale)
+    download_link: bool = False  # keep the finished file for GET /v1/download/{id}
 
 
 MAX_DEPTH = 32  # nesting a body may have (ours nest 3 deep: body -> references -> reference)
@@ -130,7 +174,16 @@ def _check_shape(body: dict) -> None:
             raise InputError("body has an integer with too many digits (the limit is 64 bits)")
 
 
-def _validate(model: type[BaseModel], body: dict) -> BaseModel:
+def unknown_fields(model: type[BaseModel], body: dict) -> tuple[str, ...]:
+    """The body's top-level keys the model does not know, in body order."""
+    return tuple(str(k) for k in body if k not in model.model_fields)
+
+
+def validate(model: type[BaseModel], body: dict, strict: bool = True) -> BaseModel:
+    """body -> the model, or an InputError naming the first bad field. strict: an unknown field is one
+    (pydantic's "Extra inputs are not permitted"); else it is dropped (the adapter names it: unknown_fields)."""
+    if not strict:
+        body = {k: v for k, v in body.items() if k in model.model_fields}
     try:
         return model.model_validate(body)
     except ValidationError as e:
@@ -140,24 +193,53 @@ def _validate(model: type[BaseModel], body: dict) -> BaseModel:
         raise InputError(f"{where}: {err.get('msg', 'invalid')}{more}") from None
 
 
-def _voice_reference(voice: str, voices: VoiceStore | None) -> tuple[Reference, ...]:
+def _voice_reference(voice: str, voices: VoiceStore | None, alias: str = "") -> tuple[Reference, ...]:
     found = voices.get(voice) if voices is not None else None
     if found is None:
         available = voices.ids() if voices is not None else []
-        raise InputError(f"unknown voice {voice!r}; available: {', '.join(['default', *available])}")
+        via = f"{alias!r} stands for voice {voice!r} (TTS_VOICE_ALIASES), which is not stored" if alias else \
+            f"unknown voice {voice!r}"
+        raise InputError(f"{via}; available: {', '.join(['default', *available])}")
     return (Reference(text=found.text, codes=found.codes),)
 
 
-def openai_job(body: dict | OpenAISpeechRequest, voices: VoiceStore | None) -> SpeechJob:
-    """A body is validated here, once; a request FastAPI already validated is taken as it is."""
-    req = body if isinstance(body, OpenAISpeechRequest) else _validate(OpenAISpeechRequest, body)
-    refs = () if req.voice is None or req.voice in DEFAULT_VOICES else _voice_reference(req.voice, voices)
+def voice_references(voice: str | None, voices: VoiceStore | None,
+                     aliases: Mapping[str, str] | None = None) -> tuple[Reference, ...]:
+    """An OpenAI-style voice name -> the references it means. In order: no name or 'default' (the model's own
+    voice); a configured alias (names in any case); a stored voice of that id; one of OpenAI's names ('default',
+    so clients' "alloy" works); else an unknown voice (400, listing the stored ones)."""
+    if voice is None or voice in DEFAULT_VOICES:
+        return ()
+    target = (aliases or {}).get(voice.lower())
+    if target is not None:
+        return () if target in DEFAULT_VOICES else _voice_reference(target, voices, alias=voice)
+    stored = voices.get(voice) if voices is not None else None
+    if stored is not None:
+        return (Reference(text=stored.text, codes=stored.codes),)
+    if voice.lower() in OPENAI_VOICES:
+        return ()
+    return _voice_reference(voice, voices)
+
+
+def openai_job(body: dict | OpenAISpeechRequest, voices: VoiceStore | None, *,
+               aliases: Mapping[str, str] | None = None, strict: bool = True) -> SpeechJob:
+    """A body is validated here, once; a request already validated (validate) is taken as it is.
+    aliases: voice name (lower case) -> stored voice id or 'default'. strict: see validate."""
+    req = body if isinstance(body, OpenAISpeechRequest) else validate(OpenAISpeechRequest, body, strict)
+    voice = req.voice.id if isinstance(req.voice, VoiceID) else req.voice
+    refs = voice_references(voice, voices, aliases)
     synth = SynthesisRequest(text=req.input, references=refs, seed=req.seed, temperature=req.temperature,
                              top_p=req.top_p, repetition_penalty=req.repetition_penalty,
                              max_new_tokens=req.max_new_tokens)
     check_output(req.response_format, req.sample_rate, req.speed)
-    return SpeechJob(synth, req.response_format, req.sample_rate, req.speed, streaming=True,
-                     sse=req.stream_format == "sse", characters=len(req.input))
+    sse = req.stream_format == "sse"
+    if sse and not req.stream:
+        raise InputError("stream: false asks for one whole file; stream_format 'sse' is a stream of events")
+    if sse and req.return_download_link:
+        raise InputError("return_download_link keeps an audio file: use it with stream_format 'audio'")
+    return SpeechJob(synth, req.response_format, req.sample_rate, req.speed, streaming=req.stream, sse=sse,
+                     characters=len(req.input), volume=req.volume_multiplier,
+                     download_link=req.return_download_link)
 
 
 def _audio_bytes(value: bytes | str, where: str) -> bytes:
@@ -169,8 +251,8 @@ def _audio_bytes(value: bytes | str, where: str) -> bytes:
         raise InputError(f"{where}: not valid base64") from None
 
 
-def fish_job(body: dict | FishTTSRequest, voices: VoiceStore | None) -> SpeechJob:
-    req = body if isinstance(body, FishTTSRequest) else _validate(FishTTSRequest, body)
+def fish_job(body: dict | FishTTSRequest, voices: VoiceStore | None, *, strict: bool = True) -> SpeechJob:
+    req = body if isinstance(body, FishTTSRequest) else validate(FishTTSRequest, body, strict)
     if req.reference_id:  # takes precedence over inline references, as upstream
         refs = _voice_reference(req.reference_id, voices)
     else:
@@ -181,8 +263,10 @@ def fish_job(body: dict | FishTTSRequest, voices: VoiceStore | None) -> SpeechJo
                              max_new_tokens=req.max_new_tokens,
                              # upstream declares 100..300 but ignores the field; clamp to what splitting supports
                              chunk_length=max(50, min(1000, req.chunk_length)))
-    check_output(req.format, req.sample_rate, 1.0)
-    return SpeechJob(synth, req.format, req.sample_rate, 1.0, streaming=req.streaming, characters=len(req.text))
+    prosody = req.prosody or FishProsody()
+    check_output(req.format, req.sample_rate, prosody.speed)
+    return SpeechJob(synth, req.format, req.sample_rate, prosody.speed, streaming=req.streaming,
+                     characters=len(req.text), volume=10 ** (prosody.volume / 20))
 
 
 def job_from_body(body: dict, voices: VoiceStore | None, check_only: bool = False) -> SpeechJob:
@@ -200,5 +284,5 @@ def job_from_body(body: dict, voices: VoiceStore | None, check_only: bool = Fals
     raise InputError("the body needs `text` (fish-speech /v1/tts fields) or `input` (OpenAI speech fields)")
 
 
-__all__ = ["FORMATS", "FishTTSRequest", "OpenAISpeechRequest", "SpeechJob", "fish_job", "job_from_body", "openai_job",
-           "parse_body"]
+__all__ = ["FORMATS", "OPENAI_VOICES", "FishTTSRequest", "OpenAISpeechRequest", "ReferenceUpdate", "SpeechJob",
+           "fish_job", "job_from_body", "openai_job", "parse_body", "unknown_fields", "validate", "voice_references"]

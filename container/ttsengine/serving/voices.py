@@ -37,6 +37,12 @@ class Voice:
 
 log = logging.getLogger(__name__)
 
+class VoiceExists(InputError):
+    """The id a voice would take is already a stored voice's (HTTP 409)."""
+
+    status = 409
+
+
 def check_id(voice_id: object) -> str:
     if not isinstance(voice_id, str) or not ID_PATTERN.fullmatch(voice_id) or voice_id != voice_id.strip():
         raise InputError(f"invalid voice id {str(voice_id)[:80]!r}: use 1-64 letters, digits, spaces, '_' or '-', "
@@ -68,7 +74,7 @@ class VoiceStore:
         codes = np.asarray(self.encode(audio), dtype=np.int64)  # validates the audio before anything is written
         with self._lock:
             if target.exists() and not replace:
-                raise InputError(f"voice {voice_id!r} already exists (delete it first)")
+                raise VoiceExists(f"voice {voice_id!r} already exists (delete it first)")
             tmp = Path(tempfile.mkdtemp(prefix=".tmp-", dir=self.root))
             (tmp / f"audio.{ext}").write_bytes(audio)
             (tmp / "text.txt").write_text(text, encoding="utf-8")
@@ -103,6 +109,20 @@ class VoiceStore:
             np.save(path / "codes.npy", codes)
             (path / "meta.json").write_text(json.dumps({"codec": self.codec_tag, "frames": int(codes.shape[1])}))
         return Voice(voice_id, text, codes, codes.shape[1] / self.frame_rate)
+
+    def rename(self, old_id: str, new_id: str) -> bool:
+        """False when there is no voice `old_id`; VoiceExists when `new_id` is taken. One directory rename, so
+        a reader sees the voice under one name or the other, never half of it."""
+        source, target = self._dir(old_id), self._dir(new_id)
+        if source == target:
+            raise InputError("the new voice id is the old one")
+        with self._lock:
+            if not (source / "text.txt").is_file():
+                return False
+            if target.exists():
+                raise VoiceExists(f"voice {new_id!r} already exists (delete it first)")
+            source.rename(target)
+            return True
 
     def delete(self, voice_id: str) -> bool:
         path = self._dir(voice_id)

@@ -1,0 +1,49 @@
+"""Renaming a stored voice (fish-speech's /v1/references/update) and replacing one: real files, a stand-in
+encoder (the codes are the audio's length)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from ttsengine import InputError
+from ttsengine.serving.voices import VoiceExists, VoiceStore
+
+
+def encode(audio: bytes) -> np.ndarray:
+    return np.full((4, len(audio)), 7, np.int64)
+
+
+@pytest.fixture
+def store(tmp_path) -> VoiceStore:
+    s = VoiceStore(tmp_path, encode, "test", 21.5)
+    s.add("alice", b"aaaa", "hello alice")
+    s.add("bob", b"bb", "hello bob")
+    return s
+
+
+def test_rename(store):
+    assert store.rename("alice", "Alice 2") is True
+    assert store.ids() == ["Alice 2", "bob"] and store.get("alice") is None
+    voice = store.get("Alice 2")
+    assert voice.text == "hello alice" and voice.codes.shape == (4, 4)
+
+
+def test_rename_refusals(store):
+    assert store.rename("nobody", "carol") is False
+    with pytest.raises(VoiceExists, match="voice 'bob' already exists") as e:
+        store.rename("alice", "bob")
+    assert e.value.status == 409
+    with pytest.raises(InputError, match="the new voice id is the old one"):
+        store.rename("alice", "alice")
+    with pytest.raises(InputError, match="invalid voice id"):
+        store.rename("alice", "../escape")
+    assert store.ids() == ["alice", "bob"]
+
+
+def test_replace_keeps_the_id_with_new_audio_and_text(store):
+    store.add("alice", b"a" * 9, "new words", replace=True)
+    voice = store.get("alice")
+    assert voice.text == "new words" and voice.codes.shape == (4, 9)
+    with pytest.raises(VoiceExists):
+        store.add("alice", b"x", "no replace")
