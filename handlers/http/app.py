@@ -13,6 +13,7 @@ from fastapi.middleware.cors import CORSMiddleware
 from starlette.concurrency import run_in_threadpool
 
 from ttsengine import EngineConfig, Fleet, ServerConfig
+from ttsengine.serving.api_key import ApiKey
 from ttsengine.serving.audio_store import AudioStore
 from ttsengine.serving.body_limit import BodyLimit
 from ttsengine.serving.listen import HeadAsGet
@@ -44,9 +45,11 @@ def create_app(server: ServerConfig, engine_config: EngineConfig,
                   description="Fish-Speech / OpenAudio S1-mini text to speech.")
     app.state.service, app.state.server, app.state.counter = service, server, RequestCounter()
     app.state.downloads = AudioStore(server.data_dir / "downloads", server.download_ttl, server.download_max_bytes)
+    # innermost first: the key is checked before anything reads the body, and the 401s are counted
+    app.add_middleware(ApiKey, key=server.api_key, reply=lambda m: error_body(m, "authentication_error", 401))
     app.add_middleware(CountRequests, counter=app.state.counter)
-    app.add_middleware(BodyLimit, limit=server.max_body_bytes,
-                       reply=lambda e: error_body(str(e), "too_large", e.status))
+    app.add_middleware(BodyLimit, limit=server.max_body_bytes, read_timeout=server.read_timeout,
+                       reply=lambda e: error_body(str(e), body_error_kind(e.status), e.status))
     app.add_middleware(HeadAsGet)  # HEAD is counted and limited as the GET it becomes
     if server.cors_origins:  # outermost: preflights are answered before auth, and errors carry the CORS headers
         app.add_middleware(CORSMiddleware, allow_origins=list(server.cors_origins), allow_headers=CORS_HEADERS,
@@ -59,6 +62,10 @@ def create_app(server: ServerConfig, engine_config: EngineConfig,
     add_docs(app)
     app.openapi = lambda: openapi(app)
     return app
+
+
+def body_error_kind(status: int) -> str:
+    return "too_large" if status == 413 else "invalid_request_error"  # 408: the body stalled
 
 
 def openapi(app: FastAPI) -> dict:

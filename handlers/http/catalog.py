@@ -12,7 +12,7 @@ from starlette.concurrency import run_in_threadpool
 from ttsengine.serving.protocol import OPENAI_VOICES
 
 from .errors import ApiError
-from .routes import AUTH, Server, Svc, store
+from .routes import Server, Svc, store
 
 router = APIRouter()
 MODELS = ("s1-mini", "tts-1", "tts-1-hd", "gpt-4o-mini-tts", "gpt-4o-mini-tts-2025-12-15")
@@ -23,20 +23,20 @@ def model_object(model_id: str) -> dict:
     return {"id": model_id, "object": "model", "created": CREATED, "owned_by": "fishaudio"}
 
 
-@router.get("/v1/models", dependencies=AUTH, tags=["models"])
+@router.get("/v1/models", tags=["models"])
 async def models():
     """Every model name the speech route takes (all of them are S1-mini)."""
     return {"object": "list", "data": [model_object(m) for m in MODELS]}
 
 
-@router.get("/v1/models/{model_id}", dependencies=AUTH, tags=["models"])
+@router.get("/v1/models/{model_id}", tags=["models"])
 async def model(model_id: str):
     if model_id not in MODELS:
         raise ApiError(404, f"model {model_id[:200]!r} not found; served: {', '.join(MODELS)}")
     return model_object(model_id)
 
 
-@router.get("/v1/audio/voices", dependencies=AUTH, tags=["voices"])
+@router.get("/v1/audio/voices", tags=["voices"])
 async def audio_voices(request: Request, svc: Svc, server: Server, legacy: bool = False):
     """Every voice name the speech route takes, as it resolves them: `default`, the stored voices (but those a
     configured alias shadows), then the aliases with the voice each stands for (TTS_VOICE_ALIASES, then OpenAI's

@@ -6,7 +6,6 @@ page. They reach the engine through the app's Service and read the settings from
 from __future__ import annotations
 
 import asyncio
-import hmac
 from pathlib import Path
 from typing import Annotated
 
@@ -45,20 +44,8 @@ def get_server(request: Request) -> ServerConfig:
     return request.app.state.server
 
 
-def check_key(request: Request) -> None:
-    key = get_server(request).api_key
-    if not key:
-        return
-    auth = request.headers.get("authorization", "")
-    token = auth[7:] if auth.lower().startswith("bearer ") else request.headers.get("x-api-key", "")
-    if not hmac.compare_digest(token.encode(), key.encode()):
-        raise ApiError(401, "missing or wrong API key (Authorization: Bearer <key>)", "authentication_error",
-                       {"WWW-Authenticate": "Bearer"})
-
-
 Svc = Annotated[Service, Depends(get_service)]
 Server = Annotated[ServerConfig, Depends(get_server)]
-AUTH = [Depends(check_key)]
 router = APIRouter()
 
 
@@ -107,7 +94,7 @@ async def index():
 
 
 # ---- speech -------------------------------------------------------------------------------------------------
-@router.post("/v1/audio/speech", dependencies=AUTH, tags=["speech"], openapi_extra=body_schema("OpenAISpeechRequest"),
+@router.post("/v1/audio/speech", tags=["speech"], openapi_extra=body_schema("OpenAISpeechRequest"),
              responses={200: {"content": {"audio/mpeg": {}, "text/event-stream": {}}}})
 async def speech(request: Request, svc: Svc, server: Server):
     """OpenAI-compatible speech; the audio streams as it is generated (chunked transfer or SSE), or comes whole
@@ -119,7 +106,7 @@ async def speech(request: Request, svc: Svc, server: Server):
     return await respond(request, svc, job, unknown_fields(OpenAISpeechRequest, body))
 
 
-@router.post("/v1/tts", dependencies=AUTH, tags=["speech"], openapi_extra=body_schema("FishTTSRequest"))
+@router.post("/v1/tts", tags=["speech"], openapi_extra=body_schema("FishTTSRequest"))
 async def tts(request: Request, svc: Svc, server: Server):
     """fish-speech-compatible; JSON (base64 reference audio) or msgpack (raw bytes)."""
     body = await json_body(request)
@@ -177,7 +164,7 @@ def store(svc: Service) -> VoiceStore:
     return svc.voices
 
 
-@router.post("/v1/references/add", dependencies=[*AUTH, Depends(form_only)], tags=["voices"], status_code=201)
+@router.post("/v1/references/add", dependencies=[Depends(form_only)], tags=["voices"], status_code=201)
 async def add_reference(
         id: Annotated[str, Form(description="voice id: letters, digits, space, _ or -, <= 64 characters")],
         text: Annotated[str, Form(description="transcript of the audio")],
@@ -196,12 +183,12 @@ async def add_reference(
             "message": f"voice {voice.id!r} added"}
 
 
-@router.get("/v1/references/list", dependencies=AUTH, tags=["voices"])
+@router.get("/v1/references/list", tags=["voices"])
 async def list_references(svc: Svc):
     return {"success": True, "reference_ids": store(svc).ids()}
 
 
-@router.delete("/v1/references/delete", dependencies=AUTH, tags=["voices"])
+@router.delete("/v1/references/delete", tags=["voices"])
 async def delete_reference(request: Request, svc: Svc, reference_id: str | None = None):
     if reference_id is None:  # upstream sends it in a JSON body
         body = await optional_json_body(request)
@@ -213,13 +200,13 @@ async def delete_reference(request: Request, svc: Svc, reference_id: str | None 
     return {"success": True, "message": f"voice {reference_id!r} deleted"}
 
 
-@router.get("/v1/voices", dependencies=AUTH, tags=["voices"])
+@router.get("/v1/voices", tags=["voices"])
 async def voices(svc: Svc):
     return {"default": "default", "voices": [{"id": "default", "text": "", "seconds": 0},
                                              *await run_in_threadpool(store(svc).summary)]}
 
 
-@router.post("/v1/references/update", dependencies=AUTH, tags=["voices"], openapi_extra={"requestBody": {
+@router.post("/v1/references/update", tags=["voices"], openapi_extra={"requestBody": {
     "required": True, "content": {
         "application/json": {"schema": {"$ref": "#/components/schemas/ReferenceUpdate"}},
         "multipart/form-data": {"schema": {"type": "object", "required": ["id", "text", "audio"], "properties": {

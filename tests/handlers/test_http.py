@@ -396,9 +396,21 @@ def test_api_key(tmp_path):
         assert r.status_code == 401 and r.headers["www-authenticate"] == "Bearer"
         assert speech(url).json()["error"]["type"] == "authentication_error"
         assert httpx.get(url + "/v1/voices", headers={"Authorization": "Bearer nope"}).status_code == 401
+        # the key is checked before the body is read: an invalid body, a wrong content type or an upload without
+        # the key is a 401, never a 400/415 that would say the server looked at it
+        for body, ctype in ((b'{"input": ', "application/json"), (b"x", "text/plain")):
+            r = httpx.post(url + "/v1/audio/speech", content=body, headers={"content-type": ctype})
+            assert r.status_code == 401, (ctype, r.text)
+        r = httpx.post(url + "/v1/references/add", data={"id": "v", "text": "t"},
+                       files={"audio": ("a.wav", wav_bytes(), "audio/wav")})
+        assert r.status_code == 401 and not (tmp_path / "data" / "voices" / "v").exists()
+        # described openly: the schema and its page hold no data
+        assert httpx.get(url + "/openapi.json").status_code == 200 and httpx.get(url + "/docs").status_code == 200
+        assert httpx.get(url + "/v1/models").status_code == 401
         ok = httpx.post(url + "/v1/audio/speech", headers={"Authorization": "Bearer s3cret"}, timeout=120,
                         json={"input": "Authorised.", "response_format": "wav"})
         assert ok.status_code == 200
+        assert httpx.get(url + "/v1/voices", headers={"X-API-Key": "s3cret"}).status_code == 200
     finally:
         stop(proc)
 

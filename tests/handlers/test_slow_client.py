@@ -44,3 +44,20 @@ def test_serve_answers_a_stalled_body_with_408(serve):
     assert json.loads(body)["error"] == {"message": "the request body stalled for 1.5 s", "code": 408}
     assert 1.4 < seconds < 10
     assert httpx.get(serve + "/ping").status_code == 200
+
+
+def test_http_answers_a_stalled_body_with_408(tmp_path):
+    from test_http import start_server, stop, wait_ready
+
+    proc, url = start_server(tmp_path, TTS_READ_TIMEOUT="1.5")
+    try:
+        wait_ready(url, proc)
+        seconds, answer = stalled_post(url, "/v1/audio/speech")
+        head, body = answer.split(b"\r\n\r\n", 1)
+        assert head.startswith(b"HTTP/1.1 408"), answer[:300]
+        assert json.loads(body)["error"]["message"] == "the request body stalled for 1.5 s"
+        assert json.loads(body)["error"]["type"] == "invalid_request_error"
+        assert 1.4 < seconds < 10
+        assert httpx.get(url + "/ready").status_code == 200
+    finally:
+        stop(proc)
