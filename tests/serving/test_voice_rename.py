@@ -47,3 +47,12 @@ def test_replace_keeps_the_id_with_new_audio_and_text(store):
     assert voice.text == "new words" and voice.codes.shape == (4, 9)
     with pytest.raises(VoiceExists):
         store.add("alice", b"x", "no replace")
+
+
+def test_a_transcript_no_clip_could_have_is_refused_before_encoding(tmp_path):
+    encoded = []
+    s = VoiceStore(tmp_path, lambda audio: encoded.append(audio) or encode(audio), "test", 21.5)
+    with pytest.raises(InputError, match="the transcript has 1000000 characters; a reference's is at most 5000"):
+        s.add("long", b"aaaa", "x" * 1_000_000)
+    assert encoded == [] and s.ids() == []
+    assert s.add("fine", b"aaaa", "y" * 5000).text == "y" * 5000

@@ -25,9 +25,13 @@ from ..errors import InputError
 
 ID_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9 _-]{0,63}$")
 AUDIO_EXTENSIONS = ("wav", "flac", "mp3", "ogg", "opus", "m4a", "aac", "aiff", "aif", "webm")
+# a reference transcript longer than this cannot be what a clip of at most a minute says, and its prompt would
+# leave no room for a request's own text
+MAX_TRANSCRIPT_CHARS = 5000
 
 
 @dataclass(frozen=True)
+
 class Voice:
     id: str
     text: str
@@ -69,6 +73,9 @@ class VoiceStore:
         target = self._dir(voice_id)
         if not isinstance(text, str):
             raise InputError("text must be a string")
+        if len(text) > MAX_TRANSCRIPT_CHARS:  # before the encode: a voice no request could use is not stored
+            raise InputError(f"text: the transcript has {len(text)} characters; a reference's is at most "
+                             f"{MAX_TRANSCRIPT_CHARS} (a 60 s clip's is about 1,000)")
         ext = Path(filename or "").suffix.lstrip(".").lower()
         ext = ext if ext in AUDIO_EXTENSIONS else "bin"
         codes = np.asarray(self.encode(audio), dtype=np.int64)  # validates the audio before anything is written
