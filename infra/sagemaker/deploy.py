@@ -67,6 +67,7 @@ class DeploySpec:
     max_instances: int = 0  # 0: no autoscaling
     target_invocations: float = 100.0  # per instance per minute
     scale_in: bool = True
+    codec_cache: Path | None = None  # weights/codec-KEY.pt from the warm run that made cache_blob
 
 
 def _clients(region: str | None, session=None):
@@ -97,7 +98,7 @@ def model_archive(spec: DeploySpec, s3) -> str:
     with tempfile.TemporaryDirectory() as tmp:
         archive = Path(tmp) / "model.tar.gz"
         try:
-            package.build(spec.model_dir, archive, spec.code, spec.cache_blob)
+            package.build(spec.model_dir, archive, spec.code, spec.cache_blob, spec.codec_cache)
         except SystemExit as e:
             raise DeployError(str(e)) from None
         digest = hashlib.sha256(archive.read_bytes()).hexdigest()[:16]
@@ -122,7 +123,7 @@ def deploy(spec: DeploySpec, region: str | None = None, wait: bool = True, poll_
     stamp = time.strftime("%Y%m%d-%H%M%S")
     model_name, config_name = f"{spec.name}-{stamp}", f"{spec.name}-{stamp}"
     env = dict(spec.env)
-    if spec.cache_blob is not None:
+    if spec.cache_blob is not None or spec.codec_cache is not None:
         env.setdefault("TTS_CACHE_DIR", "/opt/ml/model/kernel-cache")
     try:
         sm.create_model(ModelName=model_name, ExecutionRoleArn=spec.role,
@@ -238,6 +239,7 @@ def main(argv: list[str] | None = None) -> int:
     d.add_argument("--bucket", help="where model.tar.gz is uploaded")
     d.add_argument("--code", action="store_true", help="add script-mode code/ (AWS PyTorch containers)")
     d.add_argument("--cache-blob", type=Path, help="kernel-cache blob from `python -m ttsengine warm`")
+    d.add_argument("--codec-cache", type=Path, help="weights/codec-KEY.pt from the cache dir of the same warm run")
     d.add_argument("--instance-type", default="ml.g5.xlarge")
     d.add_argument("--instance-count", type=int, default=1)
     d.add_argument("--env", action="append", default=[], metavar="KEY=VALUE", help="container environment")
@@ -276,7 +278,7 @@ def main(argv: list[str] | None = None) -> int:
         spec = DeploySpec(args.name, args.image, args.role, args.instance_type, args.instance_count, args.bucket,
                           args.model_dir, args.model_data, args.code, args.cache_blob, env, args.startup_timeout,
                           args.async_output, args.sns_topic, args.min_instances, args.max_instances,
-                          args.target_invocations, not args.no_scale_in)
+                          args.target_invocations, not args.no_scale_in, args.codec_cache)
         result = deploy(spec, args.region, wait=not args.no_wait)
         print(f"deploy: {result['endpoint']} {result['status']}")
         return 0

@@ -1,8 +1,11 @@
-"""`python -m infra.sagemaker.package --model DIR --out model.tar.gz [--code] [--cache-blob FILE]`
+"""`python -m infra.sagemaker.package --model DIR --out model.tar.gz [--code] [--cache-blob FILE] [--codec-cache FILE]`
 
 Builds the model.tar.gz SageMaker unpacks into /opt/ml/model: the model files at the top, stored
 voices (voices/) if the model dir has them, optionally the kernel-cache blob (kernel-cache/, point
-TTS_CACHE_DIR there) and, with --code, the script-mode code/ for AWS's PyTorch inference containers:
+TTS_CACHE_DIR there) and the codec converted to bf16 (kernel-cache/weights/codec-KEY.pt, from the cache
+directory of a `warm` run in the serving image: its key holds the torch version, so an entry made elsewhere
+is simply not found), so a new instance neither compiles nor converts the codec; and, with --code, the
+script-mode code/ for AWS's PyTorch inference containers:
 code/inference.py (handlers/sagemaker/inference.py, unchanged), code/ttsengine/ (the engine) and
 code/requirements.txt (our dependencies, minus torch and numpy, which the container provides).
 """
@@ -42,7 +45,8 @@ def _add_bytes(tar: tarfile.TarFile, name: str, data: bytes) -> None:
     tar.addfile(info, io.BytesIO(data))
 
 
-def build(model_dir: Path, out: Path, code: bool = False, cache_blob: Path | None = None) -> list[str]:
+def build(model_dir: Path, out: Path, code: bool = False, cache_blob: Path | None = None,
+          codec_cache: Path | None = None) -> list[str]:
     """-> the archive's member names."""
     model_dir = Path(model_dir)
     files = [model_dir / name for name in MODEL_FILES if (model_dir / name).is_file()]
@@ -67,6 +71,8 @@ def build(model_dir: Path, out: Path, code: bool = False, cache_blob: Path | Non
             tar.add(voices, arcname="voices", filter=_normalized)
         if cache_blob is not None:
             tar.add(cache_blob, arcname=f"kernel-cache/{Path(cache_blob).name}", filter=_normalized)
+        if codec_cache is not None:
+            tar.add(codec_cache, arcname=f"kernel-cache/weights/{Path(codec_cache).name}", filter=_normalized)
         if code:
             tar.add(ROOT / "handlers" / "sagemaker" / "inference.py", arcname="code/inference.py", filter=_normalized)
             tar.add(ROOT / "container" / "ttsengine", arcname="code/ttsengine",
@@ -82,10 +88,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--code", action="store_true", help="add code/ for AWS's PyTorch containers (script mode)")
     ap.add_argument("--cache-blob", type=Path, help="kernel-cache blob from `python -m ttsengine warm`")
+    ap.add_argument("--codec-cache", type=Path, help="weights/codec-KEY.pt from the cache dir of the same warm run")
     args = ap.parse_args(argv)
     if args.cache_blob is not None and not args.cache_blob.is_file():
         raise SystemExit(f"package: --cache-blob {args.cache_blob}: not a file")
-    names = build(args.model, args.out, args.code, args.cache_blob)
+    if args.codec_cache is not None and not (args.codec_cache.is_file() and args.codec_cache.name.startswith("codec-")
+                                             and args.codec_cache.suffix == ".pt"):
+        raise SystemExit(f"package: --codec-cache {args.codec_cache}: not a codec cache entry (weights/codec-KEY.pt)")
+    names = build(args.model, args.out, args.code, args.cache_blob, args.codec_cache)
     print(f"wrote {args.out}: {len(names)} entries, {args.out.stat().st_size / 1e6:.1f} MB")
     return 0
 

@@ -112,7 +112,8 @@ class CodecCache:
             sd = self._check(load_torch_file(path), key, dtype, expected)
         except (CheckpointError, ValueError, TypeError, KeyError) as e:
             log.warning("codec cache entry %s is damaged (%s): reading %s instead", path, e, source)
-            path.unlink(missing_ok=True)
+            with contextlib.suppress(OSError):  # a read-only cache (SageMaker's /opt/ml/model) keeps it
+                path.unlink(missing_ok=True)
             self.status = "damaged"
             return None
         with contextlib.suppress(OSError):  # a read-only cache (baked into an image) still serves
