@@ -66,6 +66,13 @@ class ModelFiles:
     model_path: Path
     codec_path: Path
 
+    def meta_modules(self) -> tuple[DualAR, Codec]:
+        """The model and codec these files describe, on the meta device (no memory): what loading fills and
+        what info checks shapes against."""
+        with torch.device("meta"):
+            return (DualAR(self.config, self.tokenizer.semantic_begin_id, self.tokenizer.semantic_end_id),
+                    Codec(self.codec_config))
+
 
 def read_model_dir(model_dir: Path) -> ModelFiles:
     """Everything load_checkpoint checks before it reads a weight (info runs the same checks on shapes)."""
@@ -97,9 +104,7 @@ def load_checkpoint(model_dir: Path, device: torch.device | str = "cpu", dtype: 
         files = read_model_dir(model_dir)
         family, cfg, tok, codec_cfg = files.family, files.config, files.tokenizer, files.codec_config
         model_path, codec_path = files.model_path, files.codec_path
-        with torch.device("meta"):
-            model = DualAR(cfg, tok.semantic_begin_id, tok.semantic_end_id)
-            codec = Codec(codec_cfg)
+        model, codec = files.meta_modules()
         sd = check_strict(model, family.normalize_model_keys(read_state_dict(model_path)), str(model_path))
         model.load_state_dict(to_device(sd, device, lambda t: dtype), strict=True, assign=True)
         del sd  # the file's mapping goes with it

@@ -93,9 +93,7 @@ def from_model_dir(model_dir: Path) -> Described:
     files = read_model_dir(model_dir)
     family, cfg, tok, codec_cfg = files.family, files.config, files.tokenizer, files.codec_config
     model_path, codec_path = files.model_path, files.codec_path
-    with torch.device("meta"):
-        dual_ar = DualAR(cfg, tok.semantic_begin_id, tok.semantic_end_id)
-        codec = Codec(codec_cfg)
+    dual_ar, codec = files.meta_modules()
     load_strict(dual_ar, family.normalize_model_keys(read_shapes(model_path)), str(model_path))
     load_strict(codec, family.normalize_codec_keys(read_shapes(codec_path)), str(codec_path), codec_buffer_key)
     return Described(str(model_dir), family, cfg, codec_cfg, tok, dual_ar, codec,
