@@ -20,6 +20,30 @@ def test_synth_writes_whole_frames(tmp_path):
     assert f"wrote {out}" in proc.stdout and "seed 4" in proc.stdout
 
 
+def test_synth_writes_captions_one_cue_per_text_chunk(tmp_path):
+    out, srt, vtt = tmp_path / "c.wav", tmp_path / "c.srt", tmp_path / "sub" / "c.vtt"
+    first, second, third = ("The first sentence is right here, long enough.",
+                            "The second sentence follows it, also long.", "The third sentence closes the whole thing.")
+    for captions in (srt, vtt):
+        proc = run_cli("ttsengine", "synth", "--model", str(MODEL_DIR), "--text", f"{first} {second} {third}",
+                       "--chunk-length", "50",
+                       "--max-new-tokens", "12", "--seed", "4", "--out", str(out), "--captions", str(captions))
+        assert proc.returncode == 0, proc.stderr
+        assert f"wrote {captions}: 3 cue(s)" in proc.stdout
+    seconds = len(sf.read(out)[0]) / 44100
+    blocks = srt.read_text().strip().split("\n\n")
+    assert [b.splitlines()[0] for b in blocks] == ["1", "2", "3"]
+    assert [b.splitlines()[2] for b in blocks] == [first, second, third]
+    times = [b.splitlines()[1].split(" --> ") for b in blocks]
+    assert times[0][0] == "00:00:00,000" and times[0][1] == times[1][0] and times[1][1] == times[2][0]
+    end = times[2][1]
+    assert abs(int(end[6:8]) + int(end[9:]) / 1000 - seconds) < 0.001  # the last cue ends with the audio
+    assert vtt.read_text().startswith("WEBVTT\n\n00:00:00.000 --> ") and vtt.read_text().count(" --> ") == 3
+    bad = run_cli("ttsengine", "synth", "--model", str(MODEL_DIR), "--text", "x", "--out", str(out), "--captions",
+                  str(tmp_path / "c.txt"))
+    assert "--captions" in _one_line_error(bad) and "use .srt or .vtt" in bad.stderr
+
+
 def test_synth_with_reference_and_model_dir_from_env(tmp_path):
     ref = tmp_path / "ref.flac"
     sf.write(ref, (0.2 * np.random.default_rng(0).standard_normal((48000, 2))).astype(np.float32), 48000)

@@ -36,6 +36,9 @@ def _synth(args: argparse.Namespace) -> int:
     fmt = args.out.suffix.lstrip(".").upper() or "WAV"
     if fmt not in ("WAV", "FLAC", "OGG", "MP3"):
         raise TTSError(f"--out {args.out}: unsupported extension (use .wav, .flac, .ogg or .mp3)")
+    caption_fmt = args.captions.suffix.lstrip(".").lower() if args.captions else None
+    if caption_fmt is not None and caption_fmt not in ("srt", "vtt"):
+        raise TTSError(f"--captions {args.captions}: unsupported extension (use .srt or .vtt)")
 
     config = from_env(model_dir=args.model, device=args.device)
     engine = Engine.load(config)
@@ -48,6 +51,14 @@ def _synth(args: argparse.Namespace) -> int:
         engine.close()
     args.out.parent.mkdir(parents=True, exist_ok=True)
     sf.write(str(args.out), result.audio, result.sample_rate, format=fmt)
+    if caption_fmt is not None:
+        from .synthesis.captions import cues, render
+
+        per_frame = len(result.audio) / result.sample_rate / max(result.frames, 1)  # the codec's hop, exactly
+        cue_list = cues(result.chunks, per_frame)
+        args.captions.parent.mkdir(parents=True, exist_ok=True)
+        args.captions.write_text(render(cue_list, caption_fmt), encoding="utf-8")
+        print(f"wrote {args.captions}: {len(cue_list)} cue(s), one per text chunk")
     seconds = len(result.audio) / result.sample_rate
     print(f"wrote {args.out}: {len(result.audio)} samples, {seconds:.2f} s at {result.sample_rate} Hz, "
           f"{result.frames} frames, {len(result.chunks)} text chunk(s), seed {result.seed}")
@@ -106,6 +117,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--chunk-length", type=int, help="characters per text chunk of a long text")
     s.add_argument("--device", help="auto | cpu | cuda | cuda:N")
     s.add_argument("--out", type=Path, required=True, help=".wav, .flac, .ogg or .mp3")
+    s.add_argument("--captions", type=Path, help="also write captions, one cue per text chunk: .srt or .vtt")
     s.set_defaults(func=_synth)
 
     d = sub.add_parser("download", help="fetch a model dir from the Hugging Face Hub or S3")
