@@ -24,6 +24,8 @@ from .errors import (
 from .serving.delivery import audio_bytes, audio_record, sse_events, whole
 from .serving.download import ensure_model
 from .serving.voices import Voice, VoiceStore, check_id
+from .synthesis.captions import cues as caption_cues
+from .synthesis.captions import render as render_captions
 from .synthesis.output import AudioChunk, SynthesisResult
 from .synthesis.plan import ChunkReport
 from .synthesis.request import Reference, SynthesisRequest
@@ -36,5 +38,6 @@ __all__ = [
     "InputError", "MediaTypeError", "Reference", "EagerEngine", "RunPodConfig", "SageMakerConfig", "ServerConfig",
     "ShuttingDown",
     "Stream", "SynthesisRequest", "SynthesisResult", "TTSError", "Voice", "VoiceStore", "audio_bytes", "audio_record",
-    "check_id", "check_output", "encode_audio", "ensure_model", "from_env", "output_rate", "sse_events", "whole",
+    "caption_cues", "check_id", "check_output", "encode_audio", "ensure_model", "from_env", "output_rate",
+    "render_captions", "sse_events", "whole",
 ]

@@ -20,7 +20,7 @@ from ttsengine.serving.listen import HeadAsGet
 from ttsengine.serving.protocol import FishTTSRequest, OpenAISpeechRequest, ReferenceUpdate
 from ttsengine.serving.service import Service, engine_loader
 
-from . import catalog, downloads
+from . import captioned, catalog, downloads
 from .docs import add_docs
 from .errors import add_error_handlers, error_body
 from .metrics import CountRequests, RequestCounter
@@ -58,6 +58,7 @@ def create_app(server: ServerConfig, engine_config: EngineConfig,
     add_error_handlers(app)
     app.include_router(router)
     app.include_router(catalog.router)
+    app.include_router(captioned.router)
     app.include_router(downloads.router)
     add_docs(app)
     app.openapi = lambda: openapi(app)

@@ -506,3 +506,21 @@ def test_hostile_json_is_a_400_not_a_traceback(server, raw, words):
         assert r.status_code == 400, (path, r.status_code, r.text[:300])
         assert words in r.json()["error"]["message"] and "Traceback" not in r.text
     assert httpx.get(server + "/health").json()["status"] == "ok"
+
+
+def test_captioned_speech(server):
+    sentence = "This sentence is one of several that make the text long enough for three chunks of speech."
+    r = httpx.post(server + "/v1/audio/speech/captioned", timeout=120,
+                   json={"input": " ".join([sentence] * 6), "response_format": "wav", "seed": 3, "speed": 1.25})
+    assert r.status_code == 200 and r.headers["content-type"] == "application/json", r.text
+    body = r.json()
+    audio, rate = sf.read(io.BytesIO(base64.b64decode(body["audio"])))
+    assert rate == body["sample_rate"] and abs(len(audio) / rate - body["seconds"]) < 0.002
+    cues = body["captions"]
+    assert len(cues) == 3 and cues[0]["start"] == 0 and all(c["text"] == f"{sentence} {sentence}" for c in cues)
+    assert all(a["end"] == b["start"] for a, b in zip(cues, cues[1:]))
+    assert abs(cues[-1]["end"] - body["seconds"]) < 0.002  # speed 1.25: the times are the audio's, not the model's
+    assert body["srt"].startswith("1\n00:00:00,000 --> ") and body["vtt"].startswith("WEBVTT\n\n00:00:00.000 --> ")
+    assert body["seed"] == 3 and r.headers["x-seed"] == "3"
+    sse = httpx.post(server + "/v1/audio/speech/captioned", json={"input": "x", "stream_format": "sse"})
+    assert sse.status_code == 400 and "not SSE" in sse.json()["error"]["message"]

@@ -28,7 +28,11 @@ CONTENT_TYPES = {
 }
 FORMATS = tuple(CONTENT_TYPES)
 DEFAULT_RATES = {"pcm": 24000, "opus": 48000}
-OPUS_RATES = (8000, 12000, 16000, 24000, 48000)
+# the rates each codec can open at (within our 8..48 kHz); any other made LAME / the AAC encoder fail after
+# the headers had gone out
+CODEC_RATES = {"opus": (8000, 12000, 16000, 24000, 48000),
+               "mp3": (8000, 11025, 12000, 16000, 22050, 24000, 32000, 44100, 48000),
+               "aac": (8000, 11025, 12000, 16000, 22050, 24000, 32000, 44100, 48000)}
 _AV = {"mp3": ("mp3", "libmp3lame", "fltp"), "opus": ("ogg", "libopus", "flt"), "aac": ("adts", "aac", "fltp")}
 
 
@@ -45,8 +49,8 @@ def output_rate(fmt: str, native: int, requested: int | None) -> int:
     rate = requested or DEFAULT_RATES.get(fmt, native)
     if not 8000 <= rate <= 48000:
         raise InputError(f"sample_rate must be within 8000..48000, got {rate}")
-    if fmt == "opus" and rate not in OPUS_RATES:
-        raise InputError(f"opus needs a sample_rate of {', '.join(map(str, OPUS_RATES))}, got {rate}")
+    if rate not in CODEC_RATES.get(fmt, (rate,)):
+        raise InputError(f"{fmt} needs a sample_rate of {', '.join(map(str, CODEC_RATES[fmt]))}, got {rate}")
     return rate
 
 
