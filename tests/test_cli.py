@@ -44,6 +44,17 @@ def test_synth_writes_captions_one_cue_per_text_chunk(tmp_path):
     assert "--captions" in _one_line_error(bad) and "use .srt or .vtt" in bad.stderr
 
 
+def test_synth_progress_line(tmp_path):
+    text = " ".join(["A sentence that is long enough to be a text chunk of its own here."] * 3)
+    args = ("ttsengine", "synth", "--model", str(MODEL_DIR), "--text", text, "--chunk-length", "70",
+            "--max-new-tokens", "12", "--seed", "4", "--out", str(tmp_path / "p.wav"))
+    shown = run_cli(*args, "--progress")
+    assert shown.returncode == 0, shown.stderr
+    assert "text chunk 1/3, " in shown.stderr and re.search(r"3/3 text chunks, [\d.]+ s of audio in", shown.stderr)
+    quiet = run_cli(*args)  # not a terminal: no progress unless asked
+    assert quiet.returncode == 0 and "text chunk" not in quiet.stderr
+
+
 def test_synth_with_reference_and_model_dir_from_env(tmp_path):
     ref = tmp_path / "ref.flac"
     sf.write(ref, (0.2 * np.random.default_rng(0).standard_normal((48000, 2))).astype(np.float32), 48000)

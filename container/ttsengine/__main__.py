@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
+import time
 from pathlib import Path
 
 from .config import DownloadConfig, from_env
@@ -43,10 +44,15 @@ def _synth(args: argparse.Namespace) -> int:
     config = from_env(model_dir=args.model, device=args.device)
     engine = Engine.load(config)
     try:
-        result = engine.synthesize(SynthesisRequest(
+        stream = engine.submit(SynthesisRequest(
             text=text, references=tuple(refs), seed=args.seed, temperature=args.temperature, top_p=args.top_p,
             repetition_penalty=args.repetition_penalty, max_new_tokens=args.max_new_tokens,
             chunk_length=args.chunk_length))
+        show = sys.stderr.isatty() if args.progress is None else args.progress
+        progress = _Progress(stream.text_chunks) if show else None
+        result = stream.result(progress.update if progress else None)
+        if progress:
+            progress.close()
     finally:
         engine.close()
     args.out.parent.mkdir(parents=True, exist_ok=True)
@@ -63,6 +69,30 @@ def _synth(args: argparse.Namespace) -> int:
     print(f"wrote {args.out}: {len(result.audio)} samples, {seconds:.2f} s at {result.sample_rate} Hz, "
           f"{result.frames} frames, {len(result.chunks)} text chunk(s), seed {result.seed}")
     return 0
+
+
+class _Progress:
+    """One line on stderr, rewritten as audio arrives: text chunk i/n, audio seconds, elapsed, a rough ETA (the
+    time per finished chunk so far times the chunks left)."""
+
+    def __init__(self, chunks: int):
+        self.chunks, self.start, self.audio_s, self.last = chunks, time.perf_counter(), 0.0, 0.0
+
+    def update(self, chunk) -> None:
+        self.audio_s += len(chunk.audio) / chunk.sample_rate
+        now = time.perf_counter()
+        if now - self.last < 0.2:  # a terminal needs no more than five lines a second
+            return
+        self.last = now
+        elapsed = now - self.start
+        done = chunk.text_index  # chunks before the one now speaking are finished
+        eta = f", ~{elapsed / done * (self.chunks - done):.0f} s left" if done else ""
+        print(f"\rtext chunk {chunk.text_index + 1}/{self.chunks}, {self.audio_s:.1f} s of audio, "
+              f"{elapsed:.0f} s{eta}   ", end="", file=sys.stderr, flush=True)
+
+    def close(self) -> None:
+        print(f"\r{self.chunks}/{self.chunks} text chunks, {self.audio_s:.1f} s of audio in "
+              f"{time.perf_counter() - self.start:.1f} s" + " " * 20, file=sys.stderr, flush=True)
 
 
 def _read_text(path: Path) -> str:
@@ -117,6 +147,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--chunk-length", type=int, help="characters per text chunk of a long text")
     s.add_argument("--device", help="auto | cpu | cuda | cuda:N")
     s.add_argument("--out", type=Path, required=True, help=".wav, .flac, .ogg or .mp3")
+    s.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
+                   help="a progress line on stderr (default: when stderr is a terminal)")
     s.add_argument("--captions", type=Path, help="also write captions, one cue per text chunk: .srt or .vtt")
     s.set_defaults(func=_synth)
 

@@ -8,7 +8,7 @@ import asyncio
 import threading
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 
 from ..errors import CancelledError
 from .output import AudioChunk, SynthesisResult
@@ -129,9 +129,14 @@ class Stream:
                 continue
             yield item
 
-    def result(self) -> SynthesisResult:
-        """Blocks until the request is done; raises its error (CancelledError if cancelled)."""
-        parts = list(self)
+    def result(self, on_chunk: Callable[[AudioChunk], None] | None = None) -> SynthesisResult:
+        """Blocks until the request is done; raises its error (CancelledError if cancelled). on_chunk: called
+        with each audio chunk as it arrives (progress)."""
+        parts = []
+        for chunk in self:
+            parts.append(chunk)
+            if on_chunk is not None:
+                on_chunk(chunk)
         if self._cancelled:
             raise CancelledError("the request was cancelled")
         return SynthesisResult.join(parts, self.sample_rate, self.seed, self.plan.reports)
