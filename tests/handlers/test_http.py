@@ -492,6 +492,7 @@ def test_loadtest_against_the_server(server, tmp_path):
     assert all(lv["audio_s_per_s"] > 0 and lv["first_audio_p50_ms"] > 0 for lv in report["levels"])
     assert (out / "loadtest.html").stat().st_size > 10_000
     assert "first_audio_p95_ms" in proc.stdout
+    assert f"wrote {out / 'loadtest.json'} and {out / 'loadtest.html'}" in proc.stdout
 
 
 @pytest.mark.parametrize("raw, words", [

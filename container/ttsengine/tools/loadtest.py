@@ -167,6 +167,7 @@ def main(argv: list[str] | None = None) -> int:
         print(" | ".join(report_page.fmt(lv[k]) for k in cols))
     if any(lv.errors for lv in levels):
         print("errors, e.g.:", next(lv.error_sample for lv in levels if lv.errors))
+    print(f"wrote {args.out / 'loadtest.json'} and {args.out / 'loadtest.html'}")
     return 1 if all(lv.errors == lv.requests for lv in levels) else 0
 
 
