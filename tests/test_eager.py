@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from ttsengine import InputError, Reference, SynthesisRequest
+from ttsengine import InputError, NoAudio, Reference, SynthesisRequest
 from ttsengine.model.generation import frame_budget
 
 
@@ -103,5 +103,8 @@ def test_frame_budget_follows_upstream():
 
 
 def test_max_new_tokens_one_gives_no_audio(eager_engine):
-    r = eager_engine.synthesize(SynthesisRequest(text="hi", seed=1, max_new_tokens=1))
-    assert len(r.audio) == 0 and r.frames == 0  # the only frame generated is the dropped last one
+    # the only frame generated is the dropped last one: an error that says so, not an empty result
+    with pytest.raises(NoAudio, match="produced no audio"):
+        eager_engine.synthesize(SynthesisRequest(text="hi", seed=1, max_new_tokens=1))
+    with pytest.raises(NoAudio):
+        list(eager_engine.stream(SynthesisRequest(text="hi", seed=1, max_new_tokens=1)))

@@ -18,6 +18,7 @@ from .errors import (
     EngineDown,
     InputError,
     MediaTypeError,
+    NoAudio,
     ShuttingDown,
     TTSError,
 )
@@ -36,7 +37,7 @@ __all__ = [
     "ConfigError", "DownloadConfig", "DownloadError", "EncodedAudio", "Engine", "EngineConfig", "EngineDown",
     "FORMATS", "Fleet",
     "InputError", "MediaTypeError", "Reference", "EagerEngine", "RunPodConfig", "SageMakerConfig", "ServerConfig",
-    "ShuttingDown",
+    "NoAudio", "ShuttingDown",
     "Stream", "SynthesisRequest", "SynthesisResult", "TTSError", "Voice", "VoiceStore", "audio_bytes", "audio_record",
     "caption_cues", "check_id", "check_output", "encode_audio", "ensure_model", "from_env", "output_rate",
     "render_captions", "sse_events", "whole",

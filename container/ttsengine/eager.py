@@ -15,6 +15,7 @@ from torch import Tensor
 
 from .config import EngineConfig
 from .engine.loader import load
+from .errors import no_audio
 from .model.checkpoint import Checkpoint
 from .model.generation import Generation, raw_frames
 from .model.sampling import SamplingTensors
@@ -65,6 +66,8 @@ class EagerEngine:
                 previous = (text, codes)
                 if codes.shape[1]:
                     yield AudioChunk(self.audio_from_codes(codes), self.sample_rate, len(plan.reports) - 1, i)
+            if not any(r.frames for r in plan.reports):
+                raise no_audio()
 
     def _generate_chunk(self, plan: Plan, index: int, previous: tuple[str, Tensor] | None,
                         frame_offset: int) -> tuple[Tensor, int]:

@@ -5,6 +5,11 @@ Every message is one line that says what is wrong and where, so it can be shown 
 
 from __future__ import annotations
 
+import re
+
+# "<_io.BytesIO object at 0x7f...>", "<function f at 0x...>": a library's repr of one of its objects
+_REPR = re.compile(r"<[^<>]*\bat 0x[0-9a-fA-F]+>")
+
 
 class TTSError(Exception):
     """Base class of every error the engine raises on purpose."""
@@ -22,6 +27,18 @@ class MediaTypeError(InputError):
     """The request body's content type is not one the endpoint reads (HTTP 415)."""
 
     status = 415
+
+
+class NoAudio(InputError):
+    """The generation ended without a single frame of audio (the model stopped at once, or max_new_tokens
+    left no room): an empty 200 would look like success, so the request fails (HTTP 422)."""
+
+    status = 422
+
+
+def no_audio() -> NoAudio:
+    return NoAudio("the model produced no audio for this text (it ended at once): text with words to speak, "
+                   "another seed, or max_new_tokens of 2 or more gives audio")
 
 
 class CheckpointError(TTSError):
@@ -56,3 +73,8 @@ class CancelledError(TTSError):
 
 class DownloadError(TTSError):
     """Fetching a model failed (credentials, missing repository or object, network)."""
+
+
+def scrub(message: str) -> str:
+    """A message without object reprs (their heap addresses help an attacker and mean nothing to a user)."""
+    return _REPR.sub("the data", message)

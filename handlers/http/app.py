@@ -22,7 +22,7 @@ from ttsengine.serving.service import Service, engine_loader
 
 from . import captioned, catalog, downloads
 from .docs import add_docs
-from .errors import add_error_handlers, error_body
+from .errors import add_error_handlers, document_errors, error_body
 from .metrics import CountRequests, RequestCounter
 from .routes import router
 
@@ -81,5 +81,6 @@ def openapi(app: FastAPI) -> dict:
             body = model.model_json_schema(ref_template="#/components/schemas/{model}")
             components.update(body.pop("$defs", {}))
             components[model.__name__] = body
+        document_errors(schema)
         app.openapi_schema = schema
     return app.openapi_schema

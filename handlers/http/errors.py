@@ -61,3 +61,54 @@ def add_error_handlers(app: FastAPI) -> None:
     async def _unexpected(request: Request, e: Exception):
         log.exception("unexpected error on %s", request.url.path)
         return failure_response(failure(e))
+
+
+# ---- the errors in /openapi.json ----------------------------------------------------------------------------
+ERROR_SCHEMA = {"type": "object", "required": ["error"], "properties": {"error": {
+    "type": "object", "required": ["message", "type", "code"], "properties": {
+        "message": {"type": "string", "description": "one line that says what is wrong and where"},
+        "type": {"type": "string", "description": "invalid_request_error | too_large | server_busy | server_error"},
+        "code": {"type": "integer", "description": "the HTTP status"}}}}}
+MEANING = {
+    400: "invalid request: the message names the field and why",
+    404: "not found",
+    500: "failed: no engine can serve (health)",
+    408: "the request body stalled for TTS_READ_TIMEOUT seconds",
+    409: "the voice id is taken",
+    413: "the body or the uploaded audio is over the limit",
+    415: "wrong or missing content type (application/json or application/msgpack)",
+    422: "the model produced no audio for this text (it ended at once)",
+    503: "loading, full or shutting down: retry after Retry-After seconds",
+}
+SPEECH = (422, 503)
+# the statuses a route answers with besides 200, 400 (parameters or a body), 408/413/415 (a body) and 404 (a
+# name in the path); a route not listed here: 503 while loading, full or draining
+ROUTE_CODES = {
+    "/health": (500,), "/v1/health": (500,), "/metrics": (), "/ready": (503,),
+    "/v1/audio/speech": SPEECH, "/v1/tts": SPEECH, "/v1/audio/speech/captioned": SPEECH,
+    "/v1/references/add": (409, 503), "/v1/references/update": (404, 409, 503), "/v1/references/delete": (404, 503),
+    "/v1/models": (), "/v1/models/{model_id}": (), "/v1/audio/voices": (), "/v1/download/{name}": (),
+}
+
+
+def document_errors(schema: dict) -> None:
+    """FastAPI documents a 422 "validation error" on every route with parameters; this server answers those
+    with a 400 in its own error shape (422 means no audio). Each operation lists the statuses it answers with
+    and the error body, so a generated client knows them."""
+    components = schema.setdefault("components", {}).setdefault("schemas", {})
+    components.pop("HTTPValidationError", None)
+    components.pop("ValidationError", None)
+    components["Error"] = ERROR_SCHEMA
+    for path, operations in schema.get("paths", {}).items():
+        for op in operations.values():
+            responses = op.setdefault("responses", {})
+            codes = set(ROUTE_CODES.get(path, (503,)))
+            if responses.pop("422", None) is not None or op.get("parameters") or "requestBody" in op:
+                codes.add(400)
+            if "requestBody" in op:
+                codes |= {408, 413, 415}  # the multipart routes answer JSON with a 415 too
+            if "{" in path:
+                codes.add(404)
+            for code in sorted(codes):
+                responses.setdefault(str(code), {"description": MEANING[code], "content": {
+                    "application/json": {"schema": {"$ref": "#/components/schemas/Error"}}}})

@@ -8,7 +8,7 @@ import asyncio
 import numpy as np
 import pytest
 
-from ttsengine import InputError, Reference, SynthesisRequest
+from ttsengine import InputError, NoAudio, Reference, SynthesisRequest
 
 AUDIO_TOL = 5e-5  # streaming vs whole-chunk decode, fp32
 
@@ -79,6 +79,11 @@ def test_bad_request_fails_at_submit(engine):
         engine.submit(SynthesisRequest(text="x", top_p=0))
 
 
-def test_max_new_tokens_one(engine):
-    r = engine.submit(SynthesisRequest(text="hi", seed=1, max_new_tokens=1)).result()
-    assert r.frames == 0 and len(r.audio) == 0
+def test_max_new_tokens_one_is_no_audio(engine):
+    stream = engine.submit(SynthesisRequest(text="hi", seed=1, max_new_tokens=1))
+    with pytest.raises(NoAudio, match="produced no audio") as e:
+        stream.result()
+    assert e.value.status == 422 and stream.reports[0].frames == 0
+    # one kept frame is audio
+    r = engine.submit(SynthesisRequest(text="hi", seed=1, max_new_tokens=2)).result()
+    assert r.frames == 1

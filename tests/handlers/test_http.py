@@ -7,6 +7,7 @@ import base64
 import io
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -143,6 +144,24 @@ def test_sse(server):
     assert [e["type"] for e in events][-1] == "speech.audio.done" and events[-1]["usage"]["output_frames"] == FRAMES - 1
     audio = b"".join(base64.b64decode(e["audio"]) for e in events if e["type"] == "speech.audio.delta")
     assert abs(duration(audio, "wav") - (FRAMES - 1) * FRAME_S) < 0.002
+
+
+def test_no_audio_is_a_422_in_every_mode(server):
+    # max_new_tokens 1 makes one frame, which a text chunk always drops: the generation ends with no audio.
+    # An empty 200 would look like success; whole and streamed answers are a JSON 422 (the headers wait for the
+    # first audio), SSE an error event
+    for streaming in (False, True):
+        r = httpx.post(server + "/v1/tts", timeout=60, json={"text": "Nothing.", "max_new_tokens": 1,
+                                                              "streaming": streaming, "format": "wav"})
+        assert r.status_code == 422, (streaming, r.status_code, r.content[:80])
+        err = r.json()["error"]
+        assert err["type"] == "invalid_request_error" and "produced no audio" in err["message"], err
+    r = speech(server, response_format="pcm", max_new_tokens=1)
+    assert r.status_code == 422 and "produced no audio" in r.json()["error"]["message"]
+    r = speech(server, response_format="wav", stream_format="sse", max_new_tokens=1)
+    events = [json.loads(line[6:]) for line in r.text.splitlines() if line.startswith("data: ")]
+    assert [e["type"] for e in events] == ["error"] and "produced no audio" in events[0]["error"]["message"]
+    assert speech(server, response_format="pcm", max_new_tokens=2).status_code == 200  # one frame is audio
 
 
 def test_fish_tts_json_and_msgpack(server):
@@ -379,9 +398,15 @@ def test_web_page_is_served(server):
     assert r.status_code == 200 and "<textarea" in r.text and "/v1/audio/speech" in r.text
 
 
-def test_schemathesis_finds_no_server_errors(server):
+def test_schemathesis_finds_no_server_errors_and_only_documented_statuses(server):
+    schema = httpx.get(server + "/openapi.json").json()
+    speech_responses = schema["paths"]["/v1/audio/speech"]["post"]["responses"]
+    assert {"400", "413", "415", "422", "503"} <= set(speech_responses)  # 422 is "no audio", not FastAPI's
+    assert speech_responses["422"]["content"]["application/json"]["schema"] == {"$ref": "#/components/schemas/Error"}
+    assert "HTTPValidationError" not in schema["components"]["schemas"]
     exe = shutil.which("schemathesis") or str(Path(sys.executable).parent / "schemathesis")
-    proc = subprocess.run([exe, "run", server + "/openapi.json", "--checks", "not_a_server_error",
+    proc = subprocess.run([exe, "run", server + "/openapi.json", "--checks",
+                           "not_a_server_error,status_code_conformance",
                            "--max-examples", "8", "--generation-deterministic", "--request-timeout", "120"],
                           capture_output=True, text=True, timeout=900, cwd=ROOT)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
@@ -507,6 +532,22 @@ def test_hostile_json_is_a_400_not_a_traceback(server, raw, words):
         assert r.status_code == 400, (path, r.status_code, r.text[:300])
         assert words in r.json()["error"]["message"] and "Traceback" not in r.text
     assert httpx.get(server + "/health").json()["status"] == "ok"
+
+
+@pytest.mark.parametrize("audio", [b"RIFF\x00\x00\x00\x00WAVEfmt ", b"fLaC" + bytes(40), b"OggS" + bytes(40),
+                                   b"garbage" * 10])
+def test_error_messages_carry_no_object_reprs(server, audio):
+    # libsndfile says "Error opening <_io.BytesIO object at 0x7f...>": no heap address reaches a client
+    r = httpx.post(server + "/v1/tts", timeout=60, headers={"content-type": "application/msgpack"},
+                   content=msgpack.packb({"text": "x", "references": [{"audio": audio, "text": "t"}]}))
+    assert r.status_code == 400 and "cannot decode" in r.text, r.text
+    r2 = httpx.post(server + "/v1/references/add", data={"id": "reprs", "text": "t"},
+                    files={"audio": ("a.wav", audio, "audio/wav")}, timeout=60)
+    r3 = httpx.request("DELETE", server + "/v1/references/delete", headers={"content-type": "application/msgpack"},
+                       content=msgpack.packb({"reference_id": msgpack.ExtType(3, b"a")}), timeout=60)
+    assert r2.status_code == 400 and r3.status_code == 400 and "is a string, not ExtType" in r3.text, r3.text
+    for resp in (r, r2, r3):
+        assert not re.search(r"0x[0-9a-fA-F]{4,}| object at |ExtType\(", resp.text), resp.text
 
 
 def test_captioned_speech(server):

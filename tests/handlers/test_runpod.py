@@ -95,6 +95,14 @@ def test_bad_input_is_a_clear_error_item(handler, job_input, words):
     assert err["status"] == 400 and err["error_type"] == "invalid_input" and words in err["error_message"], err
 
 
+@pytest.mark.parametrize("stream", [False, True])
+def test_no_audio_is_an_error_item(handler, stream):
+    items = run_job(handler, {"text": "Nothing.", "max_new_tokens": 1, "stream": stream})
+    assert len(items) == 1
+    err = error_of(items[0])
+    assert err["status"] == 422 and "produced no audio" in err["error_message"], err
+
+
 def test_output_over_the_inline_limit_is_never_silently_dropped(engine, tmp_path):
     small = rp.JobHandler(engine, None, RunPodConfig(max_inline_bytes=4096, data_dir=tmp_path))
     err = error_of(run_job(small, {"text": "Too big to inline.", "max_new_tokens": 16})[0])

@@ -132,6 +132,15 @@ def test_streaming_invocation_is_self_delimiting(serve):
     assert lines[0]["sample_rate"] == 24000 and abs(len(audio) / 2 / 24000 - 39 * 2048 / 44100) < 0.002
 
 
+def test_no_audio_is_a_422(serve):
+    # one frame (max_new_tokens 1) is always dropped: no audio, so no empty 200
+    r = invoke(serve[0], {"text": "Nothing.", "max_new_tokens": 1}, accept="audio/wav")
+    assert r.status_code == 422 and "produced no audio" in r.json()["error"]["message"], r.text
+    r = invoke(serve[0], {"text": "Nothing.", "max_new_tokens": 1}, attrs="stream=true")
+    records = [json.loads(x) for x in r.content.split(b"\n") if x]
+    assert [rec["error"]["code"] for rec in records] == [422], records
+
+
 def test_custom_attributes_set_options(serve):
     r = invoke(serve[0], {"text": "Options by header.", "max_new_tokens": FRAMES}, attrs="format=mp3; seed=9")
     assert r.status_code == 200 and r.headers["content-type"] == "audio/mpeg" and r.headers["x-seed"] == "9"

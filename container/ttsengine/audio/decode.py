@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..errors import InputError
+from ..errors import InputError, scrub
 
 # Sample rates accepted for reference audio. 8 kHz is telephone speech, the lowest rate at which speech is
 # still intelligible (and the floor of every common codec); below it there is no voice to clone and soxr's
@@ -49,8 +49,11 @@ def _open(data: bytes, what: str):
 
 
 def _detail(e: Exception) -> str:
+    """The decoder's reason, one line, without the object reprs libsndfile's errors carry ("Error opening
+    <_io.BytesIO object at 0x7f...>: Format not recognised.": a heap address says nothing to a client)."""
     text = str(e).strip()
-    return text.splitlines()[0] if text else type(e).__name__
+    text = scrub(text.splitlines()[0]) if text else ""
+    return text or type(e).__name__
 
 
 def _check_header(f, what: str, max_seconds: float | None) -> AudioHeader:

@@ -19,7 +19,7 @@ import torch
 
 from .. import compat
 from ..config import EngineConfig
-from ..errors import BusyError, EngineDown, ShuttingDown, TTSError
+from ..errors import BusyError, EngineDown, ShuttingDown, TTSError, no_audio
 from ..model.checkpoint import Checkpoint
 from ..model.dual_ar import DualAR
 from ..synthesis.output import SynthesisResult
@@ -510,6 +510,9 @@ class Engine:
             prompt, dropped = self.planner.chunk_prompt(plan, task.index + 1, (plan.texts[task.index], codes))
             nxt = Task(stream, plan, task.index + 1, prompt, dropped, task.frame_offset + len(task.frames))
             self._enqueue(nxt, front=True)
+            return
+        if not any(r.frames for r in plan.reports):  # not one frame in any text chunk: say so, not 200 + 0 bytes
+            self._end(stream, no_audio(), completed=True)
             return
         self._end(stream, completed=True)
 

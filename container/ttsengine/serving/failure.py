@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..errors import BusyError, EngineDown, InputError, ShuttingDown, TTSError
+from ..errors import BusyError, EngineDown, InputError, ShuttingDown, TTSError, scrub
 
 
 class ModelLoading(BusyError):
@@ -44,5 +44,5 @@ TABLE: tuple[tuple[type[TTSError], str, int | None], ...] = (
 def failure(error: BaseException) -> Failure:
     for cls, kind, retry_after in TABLE:
         if isinstance(error, cls):
-            return Failure(error.status, kind, str(error), retry_after)
+            return Failure(error.status, kind, scrub(str(error)), retry_after)
     return Failure(500, "server", "internal server error", expected=False)

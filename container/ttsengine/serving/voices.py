@@ -48,7 +48,9 @@ class VoiceExists(InputError):
 
 
 def check_id(voice_id: object) -> str:
-    if not isinstance(voice_id, str) or not ID_PATTERN.fullmatch(voice_id) or voice_id != voice_id.strip():
+    if not isinstance(voice_id, str):
+        raise InputError(f"a voice id is a string, not {type(voice_id).__name__}")
+    if not ID_PATTERN.fullmatch(voice_id) or voice_id != voice_id.strip():
         raise InputError(f"invalid voice id {str(voice_id)[:80]!r}: use 1-64 letters, digits, spaces, '_' or '-', "
                          "starting with a letter or digit")
     return voice_id
