@@ -370,6 +370,9 @@ def _origins_check(value) -> str | None:
 
 PORT = integer(1, 65535)
 DATA_DIR = Var("TTS_DATA_DIR", "data_dir", PATH, "stored voices (default ./data; /data in the image)")
+DRAIN_SECONDS = Var("TTS_DRAIN_SECONDS", "drain_seconds", integer(0, 3600),
+                    "on SIGTERM: seconds the requests (RunPod: jobs) in flight may take to finish while new ones "
+                    "get 503 (default 30; 0 cuts them at once); a second signal cuts them too")
 SERVER_VARS = (
     Var("TTS_HOST", "host", TEXT, "address the HTTP server binds (default 0.0.0.0)"),
     Var("TTS_PORT", "port", PORT, "port of the HTTP server (default 8080)"),
@@ -389,9 +392,7 @@ SERVER_VARS = (
     Var("TTS_DOWNLOAD_TTL", "download_ttl", integer(1), "seconds a file behind a download link is kept (default 3600)"),
     Var("TTS_DOWNLOAD_MAX_BYTES", "download_max_bytes", integer(0),
         "total size of the files kept for download links; the oldest go first (default 512 MB; 0: no links)"),
-    Var("TTS_DRAIN_SECONDS", "drain_seconds", integer(0, 3600),
-        "on SIGTERM: seconds the requests in flight may take to finish while new ones get 503 (default 30; "
-        "0 cuts them at once); a second signal cuts them too"),
+    DRAIN_SECONDS,
     Var("TTS_READ_TIMEOUT", "read_timeout", positive_number(),
         "seconds a client may pause while sending its request body before it gets 408 (default 30)"),
 )
@@ -420,6 +421,7 @@ class RunPodConfig:
     url_expires: int = 86400
     data_dir: Path = Path("data")  # stored voices (reference_id)
     progress_updates: bool = False  # RunPod's queue is there to take them (not its local test API)
+    drain_seconds: int = 30  # on SIGTERM: the jobs in flight get this long, then end with an error item
 
     @staticmethod
     def from_env(env: Mapping[str, str] | None = None, defaults: Mapping[str, object] | None = None) -> RunPodConfig:
@@ -436,6 +438,7 @@ RUNPOD_VARS = (
     Var("RUNPOD_S3_URL_EXPIRES", "url_expires", integer(1),
         "lifetime of the presigned URL of an uploaded output, in seconds (default 86400)"),
     DATA_DIR,
+    DRAIN_SECONDS,
     Var("RUNPOD_WEBHOOK_POST_OUTPUT", "progress_updates", PRESENT,
         "set by RunPod's job queue (not its local test API): progress updates have somewhere to go"),
 )

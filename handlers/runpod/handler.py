@@ -90,14 +90,20 @@ def parse_input(raw: object, voices: VoiceStore | None, cfg: RunPodConfig) -> tu
 
 
 class JobHandler:
-    def __init__(self, engine: Service | Fleet, voices: VoiceStore | None, cfg: RunPodConfig, progress=None):
-        """engine: the worker's Service (what it takes of the engines: submit, max_streams), or a Fleet."""
+    def __init__(self, engine: Service | Fleet, voices: VoiceStore | None, cfg: RunPodConfig, progress=None,
+                 drain=None):
+        """engine: the worker's Service (what it takes of the engines: submit, max_streams), or a Fleet.
+        drain: a Drain to chain onto the SDK's signal handlers once its loop runs (the worker's), or None."""
         self.engine, self.voices, self.cfg = engine, voices, cfg
         self.progress = progress  # progress(job, dict) or None (RunPod's local test API has nowhere to send it)
+        self.drain = drain
 
     def concurrency(self, current: int) -> int:
         """RunPod's concurrency_modifier: take as many jobs as the engine has stream slots, so concurrent
-        jobs decode in one batch on the GPU (RUNPOD_CONCURRENCY overrides)."""
+        jobs decode in one batch on the GPU (RUNPOD_CONCURRENCY overrides). The SDK calls it from its loop on
+        the main thread, after installing its signal handlers: the moment to chain the drain onto them."""
+        if self.drain is not None:
+            self.drain.install()
         return self.cfg.concurrency or self.engine.max_streams
 
     async def run(self, job: dict):

@@ -13,6 +13,7 @@ from pathlib import Path
 from ttsengine import DownloadConfig, EngineConfig, RunPodConfig, TTSError, from_env
 from ttsengine.serving.service import Service, engine_loader, setup_logging
 
+from .drain import Drain
 from .handler import JobHandler
 
 log = logging.getLogger("handlers.runpod")
@@ -34,7 +35,7 @@ def build(cfg: RunPodConfig, engine_config: EngineConfig, download: DownloadConf
     progress = None
     if cfg.progress_updates:
         from runpod.serverless import progress_update as progress
-    return JobHandler(service, service.voices, cfg, progress)
+    return JobHandler(service, service.voices, cfg, progress, Drain(service, cfg.drain_seconds))
 
 
 def main(argv: list[str] | None = None) -> int:

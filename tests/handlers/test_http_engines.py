@@ -5,6 +5,8 @@ engine taken out of service (TTS_TEST_FAIL_ENGINE) while the other serves on."""
 from __future__ import annotations
 
 import io
+import json
+import socket
 import time
 
 import httpx
@@ -53,11 +55,15 @@ def open_long(client: httpx.Client, url: str) -> tuple[httpx.Response, object]:
     return r, chunks
 
 
-def open_queued(client: httpx.Client, url: str) -> httpx.Response:
-    """A long request that only gets its headers: the engine took it (queued or running), the body is unread."""
-    r = client.send(client.build_request("POST", url + "/v1/audio/speech", json=LONG), stream=True)
-    assert r.status_code == 200, r.read()
-    return r
+def open_queued(url: str) -> socket.socket:
+    """A long request on a raw socket whose answer is never read: the engine takes it in and it waits for a
+    slot (its headers would come with its first audio); closing the socket cancels it."""
+    body = json.dumps(LONG).encode()
+    host, port = url.removeprefix("http://").split(":")
+    sock = socket.create_connection((host, int(port)))
+    sock.sendall(b"POST /v1/audio/speech HTTP/1.1\r\nHost: test\r\nContent-Type: application/json\r\n"
+                 b"Content-Length: %d\r\n\r\n" % len(body) + body)
+    return sock
 
 
 @pytest.fixture(scope="module")
@@ -113,13 +119,13 @@ def test_busy_only_when_every_engine_is_full(server):
         assert per_engine(server, "tts_engine_active_streams") == [1.0, 1.0]
         # two more are taken in and wait, one per engine (TTS_MAX_QUEUE=1 each): the first engine with a
         # full queue passes the next request on to the other
-        queued = [open_queued(client, server)]
+        queued = [open_queued(server)]
         # settled in its engine's queue before the next one is routed (the engine takes a new request in at its
         # next step; meanwhile its occupancy can read low)
         until(lambda: sorted(per_engine(server, "tts_engine_queue_depth")) == [0.0, 1.0], 10, "the third queued")
         time.sleep(0.3)
-        queued.append(open_queued(client, server))
-        assert per_engine(server, "tts_engine_queue_depth") == [1.0, 1.0]
+        queued.append(open_queued(server))
+        until(lambda: per_engine(server, "tts_engine_queue_depth") == [1.0, 1.0], 10, "the fourth queued")
         assert per_engine(server, "tts_engine_active_streams") == [1.0, 1.0]
         assert _metric(server, "tts_queue_depth") == 2
         # every engine full: the fifth is refused at once
@@ -131,8 +137,8 @@ def test_busy_only_when_every_engine_is_full(server):
         assert error["type"] == "server_busy"
         assert error["message"] == "the engines are busy (2 streams running, 2 waiting); retry shortly"
         assert _metric(server, "tts_requests_rejected_total") == rejected + 1
-        for r in queued:  # the waiting ones first, so none of them gets a slot
-            r.close()
+        for sock in queued:  # the waiting ones first, so none of them gets a slot
+            sock.close()
         for r, _chunks in running:
             r.close()
     until(lambda: per_engine(server, "tts_engine_active_streams") == [0.0, 0.0]

@@ -222,6 +222,28 @@ def test_worker_loop_streams_batches_reports_progress_and_drains(tmp_path):
         print((tmp_path / "worker.log").read_text()[-3000:])
 
 
+def test_sigterm_cuts_a_job_past_the_drain_deadline_with_an_error_item(tmp_path):
+    # RunPod's SDK waits for running jobs without a limit and RunPod kills the container after its grace period:
+    # a job still running then would end without a word. TTS_DRAIN_SECONDS bounds the wait; the cut job's last
+    # item is an error with status 503 (the job's result: failed, retry it), and the worker exits 0
+    queue = FakeQueue().start()
+    queue.submit("cut", {"text": "Long. " * 40, "stream": True, "max_new_tokens": 3000, "seed": 1})
+    proc = start_worker(tmp_path, {**queue.env(), "TTS_DRAIN_SECONDS": "2"})
+    try:
+        queue.wait_streamed("cut", 1, timeout=120)
+        t0 = time.monotonic()
+        assert stop_worker(proc) == 0
+        assert time.monotonic() - t0 < 20  # 2 s of drain, not the ~3000 frames the job asked for
+        queue.wait_done(["cut"], timeout=10)
+        err = json.loads(queue.done["cut"]["error"])  # the job fails with the reason (RunPod: FAILED, retry)
+        assert err["status"] == 503 and "shut down" in err["error_message"], err
+        assert len(queue.streamed["cut"]) > 1 and all("audio" in item for item in queue.streamed["cut"])
+        assert "the jobs in flight get up to 2 s" in (tmp_path / "worker.log").read_text()
+    finally:
+        stop_worker(proc)
+        queue.stop()
+
+
 def test_worker_concurrency_override_and_bad_config(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "handlers", "runpod"], cwd=ROOT, capture_output=True, text=True,
                           env={**os.environ, **WORKER_ENV, "RUNPOD_CONCURRENCY": "-1"}, timeout=60)
