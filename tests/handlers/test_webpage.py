@@ -75,6 +75,8 @@ def kept(page) -> bytes:
 
 
 def test_type_speak_and_hear_it_stream(server, page):
+    urls = []
+    page.on("request", lambda r: urls.append(r.url))
     page.goto(server + "/")
     page.fill("#text", "Hello from the browser. This sentence streams while it is spoken.")
     page.fill("#seed", "5")
@@ -90,6 +92,7 @@ def test_type_speak_and_hear_it_stream(server, page):
     page.wait_for_timeout(500)
     assert page.evaluate("ctx.currentTime") > 0.3
     assert "done:" in page.inner_text("#status")
+    assert urls and all(u.startswith(server + "/") for u in urls)  # one self-contained file: works offline
 
 
 def test_first_audio_time_and_real_time_factor_are_shown(server, page):
@@ -193,7 +196,7 @@ def test_voices_upload_use_rename_delete(server, page, tmp_path):
     page.fill("#vtext", "more noise")
     page.set_input_files("#vfile", ref)
     page.click("#upload")
-    page.wait_for_function("document.getElementById('status').className === 'error'", timeout=30_000)
+    page.wait_for_function("document.getElementById('status').textContent.startsWith('upload:')", timeout=30_000)
     assert "upload: voice 'browser-voice' already exists" in page.inner_text("#status")
     page.fill("#voices li .name", "no/slashes")
     page.click("#voices li .rename")
@@ -229,8 +232,8 @@ def test_fits_a_phone(server, browser, tmp_path):
         assert page.evaluate("document.documentElement.scrollWidth <= window.innerWidth")
         for sel in ("#text", "#voice", "#speed", "#seed", "#pin", "#speak", "#stop", "#download", "#metrics",
                     "#voices li .rename", "#voices li .delete", "#vid", "#vfile", "#vtext", "#upload", "#apikey"):
-            box = page.locator(sel).bounding_box()
-            assert page.is_visible(sel) and box["x"] >= 0 and box["x"] + box["width"] <= 390, sel
+            box = page.locator(sel).first.bounding_box()
+            assert page.locator(sel).first.is_visible() and box["x"] >= 0 and box["x"] + box["width"] <= 390, sel
         page.screenshot(path=str(ARTIFACTS / "webpage-phone.png"), full_page=True)
     finally:
         page.close()
