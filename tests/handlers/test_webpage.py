@@ -1,11 +1,15 @@
-"""The web page in headless Chromium (Debian's package, driven by Playwright): type text, press Speak,
-audio plays while it streams; upload a voice; download. Keeps a screenshot in artifacts/webpage.png."""
+"""The web page in headless Chromium (Debian's package, driven by Playwright): type text, press Speak, audio
+plays while it streams, then its first-audio time and real-time factor show; a new seed each time unless pinned;
+Download saves what played; voices: upload, rename, delete; a phone's width; an API key. Keeps screenshots in
+artifacts/webpage.png and artifacts/webpage-phone.png."""
 
 from __future__ import annotations
 
+import base64
 import io
 import shutil
 
+import httpx
 import numpy as np
 import pytest
 import soundfile as sf
@@ -27,16 +31,52 @@ def server(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def page():
+def browser():
     with playwright.sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=[
             "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
             "--disable-component-update", "--disable-sync", "--autoplay-policy=no-user-gesture-required"])
-        yield browser.new_page(accept_downloads=True)
+        yield browser
         browser.close()
 
 
-def test_type_speak_and_hear_it_stream(server, page, tmp_path):
+@pytest.fixture(scope="module")
+def page(browser):
+    page = browser.new_page(accept_downloads=True)
+    yield page
+    page.close()
+
+
+def noise_wav(path, seconds: float = 0.9):
+    buf = io.BytesIO()
+    sf.write(buf, (0.2 * np.random.default_rng(1).standard_normal(int(seconds * 22050))).astype(np.float32), 22050,
+             format="WAV")
+    path.write_bytes(buf.getvalue())
+    return path
+
+
+def speak(page, timeout: float = 120_000):
+    """Presses Speak; -> (the request, the response) once the page says done."""
+    with page.expect_response(lambda r: r.url.endswith("/v1/audio/speech"), timeout=timeout) as info:
+        page.click("#speak")
+    page.wait_for_function("['done', 'error', 'stopped'].includes(document.body.dataset.state)", timeout=timeout)
+    assert page.evaluate("document.body.dataset.state") == "done", page.inner_text("#status")
+    return info.value.request, info.value
+
+
+def kept(page) -> bytes:
+    """The WAV the page keeps for Download (Chromium keeps no body of a streamed fetch for Playwright to read)."""
+    return base64.b64decode(page.evaluate("""async () => {
+        const bytes = new Uint8Array(await wav.arrayBuffer());
+        let text = "";
+        for (const b of bytes) text += String.fromCharCode(b);
+        return btoa(text);
+    }"""))
+
+
+def test_type_speak_and_hear_it_stream(server, page):
+    urls = []
+    page.on("request", lambda r: urls.append(r.url))
     page.goto(server + "/")
     page.fill("#text", "Hello from the browser. This sentence streams while it is spoken.")
     page.fill("#seed", "5")
@@ -52,39 +92,181 @@ def test_type_speak_and_hear_it_stream(server, page, tmp_path):
     page.wait_for_timeout(500)
     assert page.evaluate("ctx.currentTime") > 0.3
     assert "done:" in page.inner_text("#status")
+    assert urls and all(u.startswith(server + "/") for u in urls)  # one self-contained file: works offline
+
+
+def test_first_audio_time_and_real_time_factor_are_shown(server, page):
+    page.goto(server + "/")
+    page.fill("#text", "How fast is this?")
+    speak(page)
+    stats = page.evaluate("({...window.ttsStats})")
+    assert 0 < stats["firstChunkMs"] < stats["wallSeconds"] * 1000
+    assert stats["rtf"] == pytest.approx(stats["scheduledSeconds"] / stats["wallSeconds"])
+    shown = page.inner_text("#metrics")
+    assert f"first audio {stats['firstChunkMs']:.0f} ms" in shown
+    assert f"{stats['scheduledSeconds']:.2f} s of audio in {stats['wallSeconds']:.2f} s" in shown
+    assert f"real-time factor {stats['rtf']:.2f}" in shown
+
+
+def test_a_new_seed_each_time_unless_pinned(server, page):
+    page.goto(server + "/")
+    page.fill("#text", "Seeds.")
+    assert not page.is_checked("#pin")
+    seeds = []
+    for _ in range(2):
+        request, response = speak(page)
+        assert "seed" not in request.post_data_json  # the server picks one
+        seeds.append(response.headers["x-seed"])
+        assert page.input_value("#seed") == seeds[-1] and seeds[-1] in page.inner_text("#status")
+    assert seeds[0] != seeds[1]
+
+    page.check("#pin")  # keeps the seed just shown: Speak again gives that audio again
+    request, response = speak(page)
+    assert f'"seed":{seeds[1]}' in request.post_data and response.headers["x-seed"] == seeds[1]
+    first = kept(page)
+    request, response = speak(page)
+    assert response.headers["x-seed"] == seeds[1] and kept(page) == first
+
+    page.uncheck("#pin")
+    page.fill("#seed", "18446744073709551615")  # typing a seed pins it
+    assert page.is_checked("#pin")
+    request, response = speak(page)
+    assert '"seed":18446744073709551615}' in request.post_data  # as typed: past 2^53, a JS number would round it
+    assert response.headers["x-seed"] == page.input_value("#seed") == "18446744073709551615"
+
+    page.fill("#seed", "12x")
+    page.click("#speak")
+    assert "whole number" in page.inner_text("#status")
+    page.fill("#seed", str(2**64))  # the server's range check, shown
+    page.click("#speak")
+    page.wait_for_function("document.body.dataset.state === 'error'", timeout=60_000)
+    assert "64 bits" in page.inner_text("#status")
+
+
+def test_download_saves_the_audio_just_played(server, page, tmp_path):
+    posts = []
+    page.on("request", lambda r: posts.append(r.url) if r.method == "POST" else None)
+    page.goto(server + "/")
+    assert page.is_disabled("#download")
+    page.fill("#text", "Download what you heard.")
+    request, response = speak(page)
+    assert len(posts) == 1
+    with page.expect_download(timeout=30_000) as info:
+        page.click("#download")
+    saved = tmp_path / info.value.suggested_filename
+    info.value.save_as(saved)
+    assert posts == [server + "/v1/audio/speech"]  # no second generation
+    assert info.value.suggested_filename == f"speech-seed{response.headers['x-seed']}.wav"
+    data = saved.read_bytes()
+    stats = page.evaluate("({...window.ttsStats})")
+    assert len(data) == 44 + stats["bytes"] and stats["bytes"] > 10_000  # all the bytes received, as a WAV
+    audio, rate = sf.read(saved, dtype="int16")
+    assert rate == int(response.headers["x-sample-rate"]) == 24000 and len(audio) * 2 == stats["bytes"]
+    assert len(audio) / rate == pytest.approx(stats["scheduledSeconds"])
+    # and the same audio: the server makes it again from the seed the page showed
+    again = httpx.post(server + "/v1/audio/speech", timeout=120, json={
+        **request.post_data_json, "seed": int(response.headers["x-seed"])})
+    assert data[44:] == again.content
+    assert "saved speech-seed" in page.inner_text("#status")
+
+
+def test_voices_upload_use_rename_delete(server, page, tmp_path):
+    ref = noise_wav(tmp_path / "me.wav")
+    page.goto(server + "/")
+    assert page.is_visible("#novoices") and page.locator("#voices li").count() == 0
+    page.fill("#vid", "browser-voice")
+    page.fill("#vtext", "some noise")
+    page.set_input_files("#vfile", ref)
+    page.click("#upload")
+    page.wait_for_function("document.getElementById('voice').value === 'browser-voice'", timeout=60_000)
+    assert "voice 'browser-voice' added" in page.inner_text("#status")
+    row = page.locator("#voices li")
+    assert row.count() == 1 and "some noise" in row.inner_text() and not page.is_visible("#novoices")
+    page.fill("#text", "Now in the uploaded voice.")
+    request, _ = speak(page)
+    assert request.post_data_json["voice"] == "browser-voice"
     ARTIFACTS.mkdir(exist_ok=True)
     page.screenshot(path=str(ARTIFACTS / "webpage.png"), full_page=True)
     assert (ARTIFACTS / "webpage.png").stat().st_size > 5000
 
-    page.select_option("#format", "mp3")
-    with page.expect_download(timeout=120_000) as info:
-        page.click("#download")
-    saved = tmp_path / "speech.mp3"
-    info.value.save_as(saved)
-    assert info.value.suggested_filename == "speech.mp3" and saved.stat().st_size > 1000
-
-
-def test_upload_a_voice_and_use_it(server, page, tmp_path):
-    ref = tmp_path / "me.wav"
-    buf = io.BytesIO()
-    sf.write(buf, (0.2 * np.random.default_rng(1).standard_normal(20000)).astype(np.float32), 22050, format="WAV")
-    ref.write_bytes(buf.getvalue())
-    page.goto(server + "/")
+    # the server's error messages are shown: a taken id, a bad name
     page.fill("#vid", "browser-voice")
-    page.fill("#vtext", "some noise")
-    page.set_input_files("#vfile", str(ref))
     page.click("#upload")
-    page.wait_for_function("document.getElementById('voice').value === 'browser-voice'", timeout=60_000)
-    page.fill("#text", "Now in the uploaded voice.")
-    page.click("#speak")
-    page.wait_for_function("['done', 'error'].includes(document.body.dataset.state)", timeout=120_000)
-    assert page.evaluate("document.body.dataset.state") == "done"
+    assert "give an id, an audio file and what it says" in page.inner_text("#status")
+    page.fill("#vtext", "more noise")
+    page.set_input_files("#vfile", ref)
+    page.click("#upload")
+    page.wait_for_function("document.getElementById('status').textContent.startsWith('upload:')", timeout=30_000)
+    assert "upload: voice 'browser-voice' already exists" in page.inner_text("#status")
+    page.fill("#voices li .name", "no/slashes")
+    page.click("#voices li .rename")
+    page.wait_for_function("document.getElementById('status').textContent.startsWith('rename:')")
+    assert "invalid voice id" in page.inner_text("#status")
+
+    page.fill("#voices li .name", "my voice")
+    page.click("#voices li .rename")
+    page.wait_for_function("document.getElementById('voice').value === 'my voice'")  # still the chosen one
+    assert "renamed to 'my voice'" in page.inner_text("#status")
+    assert page.get_attribute("#voices li", "data-id") == "my voice"
+
+    page.once("dialog", lambda d: d.dismiss())  # asks first
+    page.click("#voices li .delete")
+    assert page.locator("#voices li").count() == 1
+    page.once("dialog", lambda d: d.accept())
+    page.click("#voices li .delete")
+    page.wait_for_function("document.querySelectorAll('#voices li').length === 0")
+    assert "voice 'my voice' deleted" in page.inner_text("#status")
+    assert page.input_value("#voice") == "default" and page.is_visible("#novoices")
+
+
+def test_fits_a_phone(server, browser, tmp_path):
+    httpx.post(server + "/v1/references/add", data={"id": "a voice with a long name for a narrow screen",
+                                                      "text": "a long transcript " * 20},
+               files={"audio": ("a.wav", noise_wav(tmp_path / "a.wav").read_bytes())}).raise_for_status()
+    page = browser.new_page(viewport={"width": 390, "height": 844}, is_mobile=True, has_touch=True)
+    try:
+        page.goto(server + "/")
+        page.wait_for_selector("#voices li")
+        page.fill("#text", "Small screen.")
+        speak(page)
+        assert page.evaluate("document.documentElement.scrollWidth <= window.innerWidth")
+        for sel in ("#text", "#voice", "#speed", "#seed", "#pin", "#speak", "#stop", "#download", "#metrics",
+                    "#voices li .rename", "#voices li .delete", "#vid", "#vfile", "#vtext", "#upload", "#apikey"):
+            box = page.locator(sel).first.bounding_box()
+            assert page.locator(sel).first.is_visible() and box["x"] >= 0 and box["x"] + box["width"] <= 390, sel
+        page.screenshot(path=str(ARTIFACTS / "webpage-phone.png"), full_page=True)
+    finally:
+        page.close()
 
 
 def test_errors_are_shown(server, page):
     page.goto(server + "/")
-    page.fill("#text", "x")
-    page.fill("#seed", "-1")  # negative seeds are fine; an empty text is not
     page.fill("#text", "")
     page.click("#speak")
     assert "type some text" in page.inner_text("#status")
+    page.fill("#text", "x")
+    page.select_option("#voice", "default")
+    page.evaluate("document.getElementById('voice').add(new Option('gone', 'gone'))")
+    page.select_option("#voice", "gone")
+    page.click("#speak")
+    page.wait_for_function("document.body.dataset.state === 'error'", timeout=60_000)
+    assert "gone" in page.inner_text("#status") and page.get_attribute("#status", "class") == "error"
+
+
+def test_with_an_api_key(browser, tmp_path):
+    proc, url = start_server(tmp_path, TTS_API_KEY="sesame", TTS_DEFAULT_MAX_NEW_TOKENS="20")
+    page = browser.new_page()
+    try:
+        wait_ready(url, proc)
+        page.goto(url + "/")
+        page.wait_for_function("document.getElementById('status').className === 'error'", timeout=30_000)
+        assert page.inner_text("#status").startswith("voices: ")  # the server's 401, shown
+        page.fill("#apikey", "sesame")
+        page.dispatch_event("#apikey", "change")
+        page.wait_for_function("document.getElementById('status').textContent === 'API key set'", timeout=30_000)
+        page.fill("#text", "With a key.")
+        request, _ = speak(page)
+        assert request.headers["authorization"] == "Bearer sesame"
+    finally:
+        page.close()
+        stop(proc)
