@@ -370,6 +370,12 @@ def _origins_check(value) -> str | None:
 
 PORT = integer(1, 65535)
 DATA_DIR = Var("TTS_DATA_DIR", "data_dir", PATH, "stored voices (default ./data; /data in the image)")
+VOICE_ALIASES = Var("TTS_VOICE_ALIASES", "voice_aliases", Kind(_pairs, "NAME=VOICE,...", _aliases),
+                    "voice names that stand for a stored voice or `default`, e.g. alloy=alice,nova=bob; OpenAI's "
+                    "voice names not listed (and not stored voices themselves) mean `default`")
+STRICT_FIELDS = Var("TTS_STRICT_FIELDS", "strict_fields", toggle(auto=False),
+                    "on: an unknown request field is a 400 | auto (= off): it is ignored and named (HTTP and serve: "
+                    "X-Ignored-Fields; RunPod: ignored_fields in the output)")
 DRAIN_SECONDS = Var("TTS_DRAIN_SECONDS", "drain_seconds", integer(0, 3600),
                     "on SIGTERM: seconds the requests (RunPod: jobs) in flight may take to finish while new ones "
                     "get 503 (default 30; 0 cuts them at once); a second signal cuts them too")
@@ -382,11 +388,8 @@ SERVER_VARS = (
     DATA_DIR,
     Var("TTS_MAX_BODY_BYTES", "max_body_bytes", integer(1024), "largest request body (default 25 MB)"),
     Var("TTS_MAX_UPLOAD_BYTES", "max_upload_bytes", integer(1024), "largest uploaded reference audio (default 20 MB)"),
-    Var("TTS_VOICE_ALIASES", "voice_aliases", Kind(_pairs, "NAME=VOICE,...", _aliases),
-        "voice names that stand for a stored voice or `default`, e.g. alloy=alice,nova=bob; OpenAI's voice names "
-        "not listed (and not stored voices themselves) mean `default`"),
-    Var("TTS_STRICT_FIELDS", "strict_fields", toggle(auto=False),
-        "on: an unknown request field is a 400 | auto (= off): it is ignored and named in X-Ignored-Fields"),
+    VOICE_ALIASES,
+    STRICT_FIELDS,
     Var("TTS_CORS_ORIGINS", "cors_origins", Kind(_origins, "* or a list of scheme://host[:port]", _origins_check),
         "origins a browser app may call the API from: * or a comma-separated list (default: none)"),
     Var("TTS_DOWNLOAD_TTL", "download_ttl", integer(1), "seconds a file behind a download link is kept (default 3600)"),
@@ -422,6 +425,8 @@ class RunPodConfig:
     data_dir: Path = Path("data")  # stored voices (reference_id)
     progress_updates: bool = False  # RunPod's queue is there to take them (not its local test API)
     drain_seconds: int = 30  # on SIGTERM: the jobs in flight get this long, then end with an error item
+    voice_aliases: tuple[tuple[str, str], ...] = ()  # as ServerConfig's: the same bodies work on every adapter
+    strict_fields: bool = False
 
     @staticmethod
     def from_env(env: Mapping[str, str] | None = None, defaults: Mapping[str, object] | None = None) -> RunPodConfig:
@@ -439,6 +444,8 @@ RUNPOD_VARS = (
         "lifetime of the presigned URL of an uploaded output, in seconds (default 86400)"),
     DATA_DIR,
     DRAIN_SECONDS,
+    VOICE_ALIASES,
+    STRICT_FIELDS,
     Var("RUNPOD_WEBHOOK_POST_OUTPUT", "progress_updates", PRESENT,
         "set by RunPod's job queue (not its local test API): progress updates have somewhere to go"),
 )

@@ -72,6 +72,11 @@ def error_item(error: BaseException) -> dict:
     return {"error": json.dumps({"error_type": ERROR_TYPES[f.kind], "error_message": f.message, "status": f.status})}
 
 
+def ignored(speech: SpeechJob) -> dict:
+    """The fields a tolerant reading dropped (TTS_STRICT_FIELDS off), so a typo is not silent."""
+    return {"ignored_fields": list(speech.ignored)} if speech.ignored else {}
+
+
 def parse_input(raw: object, voices: VoiceStore | None, cfg: RunPodConfig) -> tuple[SpeechJob, Options]:
     """A job's `input` -> the speech job and the worker's own options (InputError for anything wrong)."""
     if not isinstance(raw, dict):
@@ -81,7 +86,7 @@ def parse_input(raw: object, voices: VoiceStore | None, cfg: RunPodConfig) -> tu
     for k, v in opts.items():
         if not isinstance(v, bool):
             raise InputError(f"{k}: must be true or false")
-    job = job_from_body(body, voices)
+    job = job_from_body(body, voices, aliases=dict(cfg.voice_aliases), strict=cfg.strict_fields)
     fish_streaming = "text" in body and bool(body.get("streaming"))
     options = Options(stream=opts.get("stream", fish_streaming), upload=opts.get("upload", False))
     if options.upload and not cfg.s3_bucket:
@@ -140,13 +145,13 @@ class JobHandler:
             # every piece went out on /stream; /runsync's aggregate of them may exceed RunPod's limit
             log.warning("streamed %d bytes: over the inline limit for clients that read the aggregate", total)
         yield {"done": True, "seed": stream.seed, "frames": sum(r.frames for r in stream.reports), "bytes": total,
-               "pieces": index}
+               "pieces": index, **ignored(speech)}
 
     async def _whole(self, job: dict, stream, speech: SpeechJob, opts: Options):
         audio = await whole(stream, speech)
         item = {"format": speech.format, "content_type": audio.content_type, "sample_rate": audio.sample_rate,
                 "seconds": round(audio.seconds, 3), "seed": stream.seed,
-                "frames": sum(r.frames for r in stream.reports), "bytes": len(audio.data)}
+                "frames": sum(r.frames for r in stream.reports), "bytes": len(audio.data), **ignored(speech)}
         too_big = b64_size(len(audio.data)) > self.cfg.max_inline_bytes
         if opts.upload or too_big:
             if not self.cfg.s3_bucket:

@@ -23,6 +23,7 @@ from ttsengine import (
     CONTENT_TYPES,
     EngineConfig,
     InputError,
+    ServerConfig,
     SynthesisResult,
     TTSError,
     VoiceStore,
@@ -73,6 +74,7 @@ def _statuses(fn):
 @_statuses
 def model_fn(model_dir: str) -> Service:
     """Loads the model directory onto the GPU (CPU without one) and warms the engine up."""
+    _settings()  # a bad TTS_VOICE_ALIASES / TTS_STRICT_FIELDS fails the load, not the first request
     return service_for(from_env(model_dir=Path(model_dir))).load()
 
 
@@ -113,10 +115,13 @@ def service_for(config: EngineConfig) -> Service:
     return Service(engine_loader(config), voices)
 
 
-def job_for(body: dict, voices: VoiceStore | None, check_only: bool = False) -> SpeechJob:
+def job_for(body: dict, voices: VoiceStore | None, check_only: bool = False,
+            server: ServerConfig | None = None) -> SpeechJob:
+    """server: TTS_VOICE_ALIASES and TTS_STRICT_FIELDS (serve's, or read once by model_fn in script mode)."""
+    server = server or _settings()
     body = {k: v for k, v in body.items() if k != "stream"}  # `serve`'s streaming switch, not a synthesis field
     speed = body.pop("speed", None) if "input" not in body else None  # fish-speech's schema has no speed
-    job = job_from_body(body, voices, check_only)
+    job = job_from_body(body, voices, check_only, aliases=dict(server.voice_aliases), strict=server.strict_fields)
     if speed is None:
         return job
     if isinstance(speed, bool) or not isinstance(speed, (int, float)):
@@ -164,3 +169,10 @@ def _writable(path: Path) -> bool:
 
 
 __all__ = ["CONTENT_TYPES", "Prediction", "input_fn", "model_fn", "output_fn", "predict_fn"]
+
+
+@functools.cache
+def _settings() -> ServerConfig:
+    """Script mode's request-reading settings, read from the environment once (the toolkit calls the four
+    functions; there is no edge of ours to read them at)."""
+    return ServerConfig.from_env()

@@ -112,14 +112,15 @@ def create_app(server: ServerConfig, service: Service) -> FastAPI:
                                                             request.headers.get("content-type")), attrs)
             stream_flag = attrs.get("stream", body.get("stream", False))
             if stream_flag:
-                job = inference.job_for(body, service.voices)
+                job = inference.job_for(body, service.voices, server=server)
                 stream = await run_in_threadpool(service.submit, job.request)
                 return StreamingResponse(_json_lines(stream, job), media_type="application/jsonlines",
-                                         headers={"X-Seed": str(stream.seed)})
+                                         headers={"X-Seed": str(stream.seed), **ignored_header(job)})
             prediction = await run_in_threadpool(inference.predict_fn, body, service)
             data, content_type = await run_in_threadpool(inference.output_fn, prediction,
                                                          request.headers.get("accept"))
-            return Response(data, media_type=content_type, headers={"X-Seed": str(prediction.result.seed)})
+            return Response(data, media_type=content_type,
+                            headers={"X-Seed": str(prediction.result.seed), **ignored_header(prediction.job)})
         except Exception as e:  # noqa: BLE001 - a JSON error with a status, never a stack trace
             status = inference.http_status(e)
             known = isinstance(e, TTSError) or hasattr(e, "status_code")
@@ -131,6 +132,11 @@ def create_app(server: ServerConfig, service: Service) -> FastAPI:
             return error(status, inference.error_message(e), failure(e.__cause__ or e).retry_after)
 
     return app
+
+
+def ignored_header(job) -> dict:
+    """A tolerant reading (TTS_STRICT_FIELDS off) names what it dropped, as the HTTP server does."""
+    return {"X-Ignored-Fields": ",".join(job.ignored)[:1000]} if job.ignored else {}
 
 
 def error_body(status: int, message: str) -> dict:

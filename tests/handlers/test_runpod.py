@@ -95,6 +95,15 @@ def test_bad_input_is_a_clear_error_item(handler, job_input, words):
     assert err["status"] == 400 and err["error_type"] == "invalid_input" and words in err["error_message"], err
 
 
+def test_ignored_fields_are_named_in_the_output(handler):
+    (item,) = run_job(handler, {"text": "Hi.", "max_new_tokens": 8, "bogus": 1})
+    assert item["ignored_fields"] == ["bogus"] and item["frames"] == 7
+    *pieces, done = run_job(handler, {"text": "Hi.", "max_new_tokens": 8, "stream": True, "Voice": "x"})
+    assert done["done"] and done["ignored_fields"] == ["Voice"] and pieces
+    (item,) = run_job(handler, {"text": "Hi.", "max_new_tokens": 8})
+    assert "ignored_fields" not in item
+
+
 @pytest.mark.parametrize("stream", [False, True])
 def test_no_audio_is_an_error_item(handler, stream):
     items = run_job(handler, {"text": "Nothing.", "max_new_tokens": 1, "stream": stream})

@@ -44,7 +44,6 @@ def test_parse_input(raw, cfg, stream, upload, fmt):
     ({"text": "x", "upload": True}, "RUNPOD_S3_BUCKET"),
     ({"input": "x", "voice": "nobody"}, "unknown voice 'nobody'"),
     ({"text": "x", "references": [{"text": "t", "audio": "%%%"}]}, "not valid base64"),
-    ({"text": "x", "bogus": 1}, "bogus"),
 ])
 def test_bad_input(raw, words):
     with pytest.raises(InputError) as e:
@@ -109,3 +108,18 @@ def test_a_volume_holds_what_the_environment_does_not_place(env, model_dir, cach
     engine_defaults, worker_defaults = volume_defaults(Path("vol"))
     engine, worker = from_env(env, defaults=engine_defaults), RunPodConfig.from_env(env, defaults=worker_defaults)
     assert (engine.model_dir, engine.cache_dir, worker.data_dir) == (Path(model_dir), Path(cache_dir), Path(data_dir))
+
+
+def test_unknown_fields_and_voice_aliases_follow_the_servers_variables():
+    # the same bodies work on every adapter: tolerant by default (what was dropped is named), strict on request
+    job, _ = rp.parse_input({"text": "x", "bogus": 1, "latency": "normal"}, None, NO_BUCKET)
+    assert job.ignored == ("bogus",)
+    cfg = RunPodConfig.from_env({"TTS_STRICT_FIELDS": "on", "TTS_VOICE_ALIASES": "Narrator=nobody"})
+    assert cfg.strict_fields and cfg.voice_aliases == (("narrator", "nobody"),)
+    with pytest.raises(InputError, match="bogus"):
+        rp.parse_input({"text": "x", "bogus": 1}, None, cfg)
+    with pytest.raises(InputError, match="TTS_VOICE_ALIASES"):  # the alias is read: it names a voice not stored
+        rp.parse_input({"input": "x", "voice": "narrator"}, None, cfg)
+    job, _ = rp.parse_input({"input": "x", "voice": "alloy"}, None, cfg)  # OpenAI's names still mean default
+    assert job.request.references == ()
+

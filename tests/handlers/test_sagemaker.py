@@ -132,6 +132,13 @@ def test_streaming_invocation_is_self_delimiting(serve):
     assert lines[0]["sample_rate"] == 24000 and abs(len(audio) / 2 / 24000 - 39 * 2048 / 44100) < 0.002
 
 
+def test_unknown_fields_are_ignored_and_named(serve):
+    r = invoke(serve[0], {"text": "Hi.", "max_new_tokens": 8, "bogus": 1}, accept="audio/wav")
+    assert r.status_code == 200 and r.headers["x-ignored-fields"] == "bogus", r.text
+    r = invoke(serve[0], {"input": "Hi.", "max_new_tokens": 8, "extra": 2}, attrs="stream=true")
+    assert r.status_code == 200 and r.headers["x-ignored-fields"] == "extra"
+
+
 def test_no_audio_is_a_422(serve):
     # one frame (max_new_tokens 1) is always dropped: no audio, so no empty 200
     r = invoke(serve[0], {"text": "Nothing.", "max_new_tokens": 1}, accept="audio/wav")

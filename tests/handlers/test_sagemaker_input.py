@@ -96,7 +96,6 @@ def test_input_fn_checks_and_keeps_the_body(data, ctype, body):
     (b'{"nothing": 1}', "application/json", 400, "needs `text`"),
     (b'{"text": "hi", "top_p": "high"}', "application/json", 400, "top_p"),
     (b'{"input": "hi", "response_format": "exe"}', "application/json", 400, "response_format"),
-    (b'{"text": "hi", "stream": true, "bogus": 1}', "application/json", 400, "bogus"),
 ])
 def test_input_fn_errors_carry_their_status(data, ctype, status, words):
     """Under the sagemaker-inference toolkit (installed here) our errors become its errors, status kept."""
@@ -117,3 +116,17 @@ def test_http_status(error, status):
 def test_job_for_drops_serves_stream_switch():
     job = inference.job_for({"text": "hi", "stream": True, "format": "pcm"}, None)
     assert job.format == "pcm" and job.request.text == "hi"
+
+
+def test_unknown_fields_follow_tts_strict_fields(monkeypatch):
+    data = b'{"text": "hi", "stream": true, "bogus": 1}'
+    inference._settings.cache_clear()
+    monkeypatch.setenv("TTS_STRICT_FIELDS", "on")
+    with pytest.raises(Exception) as e:
+        inference.input_fn(data, "application/json")
+    assert inference.http_status(e.value) == 400 and "bogus" in inference.error_message(e.value)
+    inference._settings.cache_clear()
+    monkeypatch.delenv("TTS_STRICT_FIELDS")
+    assert inference.job_for(inference.input_fn(data, "application/json"), None, check_only=True).ignored == ("bogus",)
+    inference._settings.cache_clear()
+

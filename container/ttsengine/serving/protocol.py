@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import dataclasses
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -125,6 +126,7 @@ class SpeechJob:
     characters: int = 0
     volume: float = 1.0  # sample scale before encoding (clipped at full scale)
     download_link: bool = False  # keep the finished file for GET /v1/download/{id}
+    ignored: tuple[str, ...] = ()  # unknown top-level fields dropped by a tolerant reading (the adapter names them)
 
 
 MAX_DEPTH = 32  # nesting a body may have (ours nest 3 deep: body -> references -> reference)
@@ -269,19 +271,23 @@ def fish_job(body: dict | FishTTSRequest, voices: VoiceStore | None, *, strict: 
                      characters=len(req.text), volume=10 ** (prosody.volume / 20))
 
 
-def job_from_body(body: dict, voices: VoiceStore | None, check_only: bool = False) -> SpeechJob:
+def job_from_body(body: dict, voices: VoiceStore | None, check_only: bool = False, *,
+                  aliases: Mapping[str, str] | None = None, strict: bool = True) -> SpeechJob:
     """Either schema, told apart by its text field: `input` means OpenAI's fields, `text` fish-speech's.
-    check_only validates without looking voices up (they may need a loaded model)."""
+    check_only validates without looking voices up (they may need a loaded model). aliases and strict as for
+    openai_job (TTS_VOICE_ALIASES, TTS_STRICT_FIELDS); a tolerant reading lists what it dropped in job.ignored."""
     body = dict(body)
     if "input" in body:
         if check_only and body.get("voice") not in (None, *DEFAULT_VOICES):
             body["voice"] = None
-        return openai_job(body, voices)
-    if "text" in body:
+        job, model = openai_job(body, voices, aliases=aliases, strict=strict), OpenAISpeechRequest
+    elif "text" in body:
         if check_only:
             body.pop("reference_id", None)
-        return fish_job(body, voices)
-    raise InputError("the body needs `text` (fish-speech /v1/tts fields) or `input` (OpenAI speech fields)")
+        job, model = fish_job(body, voices, strict=strict), FishTTSRequest
+    else:
+        raise InputError("the body needs `text` (fish-speech /v1/tts fields) or `input` (OpenAI speech fields)")
+    return job if strict else dataclasses.replace(job, ignored=unknown_fields(model, body))
 
 
 __all__ = ["FORMATS", "OPENAI_VOICES", "FishTTSRequest", "OpenAISpeechRequest", "ReferenceUpdate", "SpeechJob",
