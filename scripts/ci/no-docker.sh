@@ -32,7 +32,7 @@ while True:
         sys.exit("not ready after 180 s")
     time.sleep(0.5)
 r = httpx.post(url + "/v1/audio/speech", json={"input": "Hello there.", "response_format": "wav",
-                                               "max_new_tokens": 20, "seed": 1}, timeout=120)
+                                               "max_new_tokens": 20, "seed": 1, "stream": False}, timeout=120)
 assert r.status_code == 200, r.text
 with wave.open(io.BytesIO(r.content)) as w:
     frames, rate = w.getnframes(), w.getframerate()
