@@ -13,7 +13,9 @@ import types
 
 import httpx
 import pytest
+from conftest import ROOT
 from prometheus_client import REGISTRY, generate_latest
+from prometheus_client.parser import text_string_to_metric_families
 from test_http import FRAME_S, FRAMES, duration, scrape, start_server, stop, wait_ready, wav_bytes
 from test_http_app import FakeEngine, client, settle
 
@@ -212,3 +214,16 @@ def test_voice_kind():
 def test_outcome(tally, status, complete, outcome):
     ex = Exchange(0.0, status=status, complete=complete, speech=Speech("wav", "default", None, Tally(outcome=tally)))
     assert ex.outcome() == outcome
+
+
+def test_every_metric_is_in_the_readme(monkeypatch, tmp_path):
+    monkeypatch.setitem(sys.modules, "pynvml", fake_nvml(power_fails_on=-1))
+    with client(tmp_path, FakeEngine) as c:
+        settle(c)
+        text = c.get("/metrics").text
+    suffix = {"counter": "_total", "info": "_info"}
+    names = {f.name + suffix.get(f.type, "") for f in text_string_to_metric_families(text)
+             if not f.name.endswith("_created")}  # the library's, described once in the README
+    assert {"tts_speech_real_time_factor", "tts_gpu_power_watts", "tts_engine_info"} <= names
+    readme = (ROOT / "README.md").read_text()
+    assert sorted(n for n in names if f"`{n}`" not in readme) == []
