@@ -66,7 +66,7 @@ class Exchange:
             return "error"
         if self.status == 499 or ended == "cancelled" or not self.complete:
             return "cancelled"
-        return "ok" if (self.status or 500) < 400 else "error"
+        return "ok" if self.status < 400 else "error"
 
 
 def voice_kind(job: SpeechJob) -> str:
