@@ -1,5 +1,5 @@
 """The HTTP app, assembled: the service (the engines load in the background, so /health answers at once and
-/ready says 503 until one engine is warm), the middlewares (body limit, request counts, CORS when configured),
+/ready says 503 until one engine is warm), the middlewares (body limit, metrics, CORS when configured),
 the JSON error handlers, the routes (routes.py, catalog.py, downloads.py), the OpenAPI schema and its offline
 /docs page (docs.py). Nothing returns a stack trace.
 """
@@ -23,7 +23,7 @@ from ttsengine.serving.service import Service, engine_loader
 from . import captioned, catalog, downloads
 from .docs import add_docs
 from .errors import add_error_handlers, document_errors, error_body
-from .metrics import CountRequests, RequestCounter
+from .metrics import HttpMetrics, Instrument
 from .routes import router
 
 # what a browser app on another origin may send and read (TTS_CORS_ORIGINS): the key, JSON, and our headers
@@ -43,11 +43,11 @@ def create_app(server: ServerConfig, engine_config: EngineConfig,
 
     app = FastAPI(title="fish-tts-server", version="0.1.0", lifespan=lifespan, docs_url=None, redoc_url=None,
                   description="Fish-Speech / OpenAudio S1-mini text to speech.")
-    app.state.service, app.state.server, app.state.counter = service, server, RequestCounter()
+    app.state.service, app.state.server, app.state.metrics = service, server, HttpMetrics(service)
     app.state.downloads = AudioStore(server.data_dir / "downloads", server.download_ttl, server.download_max_bytes)
     # innermost first: the key is checked before anything reads the body, and the 401s are counted
     app.add_middleware(ApiKey, key=server.api_key, reply=lambda m: error_body(m, "authentication_error", 401))
-    app.add_middleware(CountRequests, counter=app.state.counter)
+    app.add_middleware(Instrument, metrics=app.state.metrics)
     app.add_middleware(BodyLimit, limit=server.max_body_bytes, read_timeout=server.read_timeout,
                        reply=lambda e: error_body(str(e), body_error_kind(e.status), e.status))
     app.add_middleware(HeadAsGet)  # HEAD is counted and limited as the GET it becomes

@@ -1,49 +1,213 @@
-"""Prometheus text for /metrics: request counts by route and status (counted by the CountRequests middleware),
-plus the engine's own stats."""
+"""/metrics through prometheus_client, one registry per app (several apps in one process never collide):
+- the Instrument middleware: HTTP requests by method, route template and status code, in flight, and their
+  duration; for a speech request (respond() calls watch_speech) also its first audio, duration, real-time factor,
+  queue wait and audio seconds, labelled by route, outcome, format, voice kind and engine device;
+- EngineCollector: the engines' own stats (Service.stats()), read at scrape time, per engine where they have
+  one entry each;
+- GpuCollector: utilisation, memory and power from NVML where nvidia-ml-py and a GPU are present.
+Labels are bounded: route templates (never a raw path), voice kinds (never a voice id).
+"""
 
 from __future__ import annotations
 
-import threading
-from collections import Counter
+import contextlib
+import logging
+import time
+from dataclasses import dataclass
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
+from prometheus_client.metrics_core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    InfoMetricFamily,
+)
+
+from ttsengine import Stream
+from ttsengine.serving.delivery import Tally
+from ttsengine.serving.protocol import SpeechJob
+from ttsengine.serving.service import Service
+
+log = logging.getLogger("handlers.http")
+CONTENT_TYPE = CONTENT_TYPE_PLAIN_0_0_4
+SCOPE_KEY = "tts.exchange"  # the ASGI scope entry holding a request's Exchange
+
+SPEECH_LABELS = ("route", "status", "format", "voice", "device")
+LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 2.0, 5.0, 10.0, 30.0)
+DURATION_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0)
+RTF_BUCKETS = (0.1, 0.25, 0.5, 0.75, 1.0, 1.25, 1.5, 2.0, 3.0, 5.0, 10.0, 20.0, 50.0, 100.0)
 
 
-class RequestCounter:
-    def __init__(self):
-        self._counts: Counter[tuple[str, str, int]] = Counter()
-        self._lock = threading.Lock()
+# ---- one request's account ---------------------------------------------------------------------------------
+@dataclass
+class Speech:
+    """What respond() tells the middleware about a speech request: its labels, its stream and its delivery."""
 
-    def add(self, method: str, route: str, status: int) -> None:
-        with self._lock:
-            self._counts[(method, route, status)] += 1
-
-    def items(self) -> list[tuple[tuple[str, str, int], int]]:
-        with self._lock:
-            return sorted(self._counts.items())
+    format: str
+    voice: str  # default | stored | inline
+    stream: Stream
+    tally: Tally
 
 
-class CountRequests:
-    """ASGI middleware: counts responses by method, route template and status."""
+@dataclass
+class Exchange:
+    accepted_at: float  # time.perf_counter() when the middleware saw the request
+    route: str = "unmatched"  # known once the router has matched
+    status: int | None = None
+    first_audio_at: float | None = None  # the first audio bytes handed to the server
+    complete: bool = False  # the last body message went out
+    speech: Speech | None = None
 
-    def __init__(self, app, counter: RequestCounter):
-        self.app, self.counter = app, counter
+    def outcome(self) -> str:
+        """ok | error | cancelled (the client went away, or the response stopped before its end)."""
+        ended = self.speech.tally.outcome
+        if ended == "error" or self.status is None:  # no status: the app raised (the server answers 500)
+            return "error"
+        if self.status == 499 or ended == "cancelled" or not self.complete:
+            return "cancelled"
+        return "ok" if self.status < 400 else "error"
+
+
+def voice_kind(job: SpeechJob) -> str:
+    """default (the model's own voice) | stored (a saved voice: its codes) | inline (reference audio in the body)."""
+    refs = job.request.references
+    if not refs:
+        return "default"
+    return "stored" if all(r.codes is not None for r in refs) else "inline"
+
+
+def watch_speech(request, job: SpeechJob, stream: Stream) -> Tally:
+    """-> the Tally to hand to the delivery (audio_bytes, sse_events, whole); the middleware reads it, with the
+    job's labels, when the request ends."""
+    tally = Tally()
+    exchange = request.scope.get(SCOPE_KEY)
+    if exchange is not None:
+        exchange.speech = Speech(job.format, voice_kind(job), stream, tally)
+    return tally
+
+
+def route_of(scope) -> str:
+    """The route template the router matched (FastAPI puts it in the scope), or "unmatched" (a 404, a 405)."""
+    return getattr(scope.get("route"), "path", "unmatched")
+
+
+# ---- the app's metrics -------------------------------------------------------------------------------------
+class HttpMetrics:
+    def __init__(self, service: Service):
+        self.registry = r = CollectorRegistry()
+        http = ("method", "route", "code")
+        self.requests = Counter("tts_http_requests_total", "HTTP requests by method, route and status code.", http,
+                                registry=r)
+        self.errors = Counter("tts_http_errors_total", "HTTP responses with status >= 400.", http, registry=r)
+        # no route label: the route is known only once the router has matched, inside the app
+        self.in_flight = Gauge("tts_http_requests_in_flight", "HTTP requests being answered now.", registry=r)
+        self.duration = Histogram("tts_http_request_duration_seconds",
+                                  "Request accepted to the last byte of the response.", http,
+                                  buckets=DURATION_BUCKETS, registry=r)
+        self.first_audio = Histogram("tts_speech_first_audio_seconds",
+                                     "Speech request accepted to its first audio bytes sent.", SPEECH_LABELS,
+                                     buckets=LATENCY_BUCKETS, registry=r)
+        self.speech_duration = Histogram("tts_speech_duration_seconds",
+                                         "Speech request accepted to the end of its response.", SPEECH_LABELS,
+                                         buckets=DURATION_BUCKETS, registry=r)
+        self.rtf = Histogram("tts_speech_real_time_factor",
+                             "Audio seconds delivered / wall seconds of the request (above 1: faster than real "
+                             "time); completed requests only.", SPEECH_LABELS, buckets=RTF_BUCKETS, registry=r)
+        self.queue_wait = Histogram("tts_speech_queue_wait_seconds",
+                                    "Submitted to the engine until its first prefill (waiting for a slot).",
+                                    SPEECH_LABELS, buckets=LATENCY_BUCKETS, registry=r)
+        self.audio_seconds = Counter("tts_speech_audio_seconds_total", "Seconds of audio delivered.",
+                                     SPEECH_LABELS, registry=r)
+        r.register(EngineCollector(service))
+        r.register(GpuCollector())
+
+    def exposition(self) -> bytes:
+        return generate_latest(self.registry)
+
+    def responded(self, method: str, route: str, status: int) -> None:
+        labels = (method, route, str(status))
+        self.requests.labels(*labels).inc()
+        if status >= 400:
+            self.errors.labels(*labels).inc()
+
+    def ended(self, method: str, ex: Exchange) -> None:
+        end = time.perf_counter()
+        wall = end - ex.accepted_at
+        self.duration.labels(method, ex.route, str(ex.status or 500)).observe(wall)
+        sp = ex.speech
+        if sp is None:
+            return
+        status = ex.outcome()
+        labels = (ex.route, status, sp.format, sp.voice, sp.stream.device or "unknown")
+        self.speech_duration.labels(*labels).observe(wall)
+        if ex.first_audio_at is not None:
+            self.first_audio.labels(*labels).observe(ex.first_audio_at - ex.accepted_at)
+        if status == "ok" and sp.tally.audio_seconds > 0 and wall > 0:
+            self.rtf.labels(*labels).observe(sp.tally.audio_seconds / wall)
+        if sp.stream.queue_wait is not None:
+            self.queue_wait.labels(*labels).observe(sp.stream.queue_wait)
+        self.audio_seconds.labels(*labels).inc(sp.tally.audio_seconds)
+
+
+class Instrument:
+    """ASGI middleware: counts responses by method, route template and status (at the response's start), keeps
+    the in-flight gauge, and when the request ends observes its duration (and a speech request's histograms)."""
+
+    def __init__(self, app, metrics: HttpMetrics):
+        self.app, self.metrics = app, metrics
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
+        method = scope["method"]
+        ex = Exchange(time.perf_counter())
+        scope[SCOPE_KEY] = ex
 
-        async def counting_send(message):
+        async def watching_send(message):
             if message["type"] == "http.response.start":
-                route = scope.get("route")
-                self.counter.add(scope["method"], getattr(route, "path", "unmatched"), message["status"])
+                ex.status, ex.route = message["status"], route_of(scope)
+                self.metrics.responded(method, ex.route, ex.status)
             await send(message)
+            if message["type"] == "http.response.body":
+                sp = ex.speech
+                if (ex.first_audio_at is None and sp is not None and message.get("body")
+                        and sp.tally.first_audio_at is not None and ex.status < 400):
+                    ex.first_audio_at = time.perf_counter()
+                if not message.get("more_body", False):
+                    ex.complete = True
 
-        await self.app(scope, receive, counting_send)
+        self.metrics.in_flight.inc()
+        try:
+            await self.app(scope, receive, watching_send)
+        finally:
+            self.metrics.in_flight.dec()
+            if ex.status is None:  # raised before answering: the server's error handler sends a 500
+                ex.route = route_of(scope)
+                self.metrics.responded(method, ex.route, 500)
+            try:
+                self.metrics.ended(method, ex)
+            except Exception:  # noqa: BLE001 - a metrics bug must not turn into a failed request
+                log.exception("recording the request's metrics failed")
 
 
-def _labels(**kw) -> str:
-    return "{" + ",".join(f'{k}="{str(v)}"' for k, v in kw.items()) + "}"
-
-
+# ---- collectors read at scrape time ------------------------------------------------------------------------
+ENGINE_GAUGES = (  # name, stats key, help: the engines summed
+    ("tts_queue_depth", "waiting", "requests waiting for a stream slot"),
+    ("tts_active_streams", "running", "streams generating now"),
+    ("tts_frames_per_second", "frames_per_second", "frames generated per second (last 10 s)"),
+    ("tts_warmup_seconds", "warmup_seconds", "engine warm-up (compile, graph capture) at start"),
+    ("tts_gpu_memory_allocated_bytes", "gpu_memory_allocated_bytes", "GPU memory allocated by torch"),
+    ("tts_gpu_memory_reserved_bytes", "gpu_memory_reserved_bytes", "GPU memory reserved by torch"),
+    ("tts_max_streams", "max_streams", "streams decoded together at most (the memory preset's batch)"),
+    ("tts_kv_cache_positions", "kv_positions", "positions in the paged KV cache"),
+)
+ENGINE_COUNTERS = (
+    ("tts_frames_total", "frames", "frames generated"),
+    ("tts_requests_completed_total", "requests_done", "requests completed"),
+    ("tts_requests_cancelled_total", "cancelled", "requests cancelled (the client went away)"),
+    ("tts_requests_rejected_total", "rejected", "requests refused because every engine was full"),
+)
 PER_ENGINE = (  # name, stats key, type, help: one series per engine, labelled with its index and device
     ("tts_engine_up", None, "gauge", "1 while the engine serves (0: loading, failed or taken out of service)"),
     ("tts_engine_active_streams", "running", "gauge", "streams generating now on this engine"),
@@ -58,67 +222,91 @@ PER_ENGINE = (  # name, stats key, type, help: one series per engine, labelled w
 )
 
 
-def _per_engine(engines: list[dict]) -> list[str]:
-    lines = []
+class EngineCollector:
+    """The service's readiness and the engines' stats (counters they keep themselves), read at each scrape."""
+
+    def __init__(self, service: Service):
+        self.service = service
+
+    def collect(self):
+        svc = self.service
+        yield GaugeMetricFamily("tts_ready", "1 when the model is loaded and warmed up.", value=int(svc.ready))
+        stats = svc.stats()
+        if not stats:
+            return
+        for name, key, help_ in ENGINE_GAUGES:
+            if stats.get(key) is not None:
+                yield GaugeMetricFamily(name, help_ + ".", value=float(stats[key]))
+        for name, key, help_ in ENGINE_COUNTERS:
+            yield CounterMetricFamily(name, help_ + ".", value=float(stats.get(key) or 0))
+        yield InfoMetricFamily("tts_engine", "Quantization, kernel cache, precompiled units, compile, CUDA graphs, "
+                               "memory preset.", value={
+                                   "quantization": str(stats.get("quantization", "")),
+                                   "kernel_cache": str(stats.get("kernel_cache", "")),
+                                   "precompiled": str(stats.get("precompiled", "")),
+                                   "compiled": str(stats.get("compiled", "")),
+                                   "cuda_graphs": str(stats.get("cuda_graphs", "")),
+                                   "memory_preset": str((stats.get("memory_preset") or {}).get("name", ""))})
+        yield from per_engine(stats.get("engines") or [])
+        if "ttfa_counts" in stats:
+            yield engine_ttfa(stats)
+
+
+def per_engine(engines: list[dict]):
     for name, key, kind, help_ in PER_ENGINE:
-        lines += [f"# HELP {name} {help_}.", f"# TYPE {name} {kind}"]
+        family = (GaugeMetricFamily if kind == "gauge" else CounterMetricFamily)(name, help_ + ".",
+                                                                                 labels=("engine", "device"))
         for e in engines:
             value = int(e["state"] == "ready") if key is None else e.get(key)
             if value is not None:
-                lines.append(f"{name}{_labels(engine=e['index'], device=e['device'])} {float(value)}")
-    return lines
+                family.add_metric((str(e["index"]), str(e["device"])), float(value))
+        yield family
 
 
-def render(counter: RequestCounter, stats: dict | None, ready: bool) -> str:
-    lines = ["# HELP tts_http_requests_total HTTP requests by method, route and status code.",
-             "# TYPE tts_http_requests_total counter"]
-    errors: Counter[tuple[str, str, int]] = Counter()
-    for (method, route, status), n in counter.items():
-        lines.append(f"tts_http_requests_total{_labels(method=method, route=route, code=status)} {n}")
-        if status >= 400:
-            errors[(method, route, status)] += n
-    lines += ["# HELP tts_http_errors_total HTTP responses with status >= 400.", "# TYPE tts_http_errors_total counter"]
-    for (method, route, status), n in sorted(errors.items()):
-        lines.append(f"tts_http_errors_total{_labels(method=method, route=route, code=status)} {n}")
-    lines += ["# HELP tts_ready 1 when the model is loaded and warmed up.", "# TYPE tts_ready gauge",
-              f"tts_ready {int(ready)}"]
-    if stats:
-        gauges = {
-            "tts_queue_depth": ("waiting", "requests waiting for a stream slot"),
-            "tts_active_streams": ("running", "streams generating now"),
-            "tts_frames_per_second": ("frames_per_second", "frames generated per second (last 10 s)"),
-            "tts_warmup_seconds": ("warmup_seconds", "engine warm-up (compile, graph capture) at start"),
-            "tts_gpu_memory_allocated_bytes": ("gpu_memory_allocated_bytes", "GPU memory allocated by torch"),
-            "tts_gpu_memory_reserved_bytes": ("gpu_memory_reserved_bytes", "GPU memory reserved by torch"),
-            "tts_max_streams": ("max_streams", "streams decoded together at most (the memory preset's batch)"),
-            "tts_kv_cache_positions": ("kv_positions", "positions in the paged KV cache"),
-        }
-        for name, (key, help_) in gauges.items():
-            if stats.get(key) is not None:
-                lines += [f"# HELP {name} {help_}.", f"# TYPE {name} gauge", f"{name} {float(stats[key])}"]
-        counters = {"tts_frames_total": "frames", "tts_requests_completed_total": "requests_done",
-                    "tts_requests_cancelled_total": "cancelled", "tts_requests_rejected_total": "rejected"}
-        for name, key in counters.items():
-            lines += [f"# TYPE {name} counter", f"{name} {stats.get(key, 0)}"]
-        lines += ["# HELP tts_engine_info Quantization, kernel cache, precompiled units, compile, CUDA graphs, memory "
-                  "preset.",
-                  "# TYPE tts_engine_info gauge",
-                  "tts_engine_info" + _labels(quantization=stats.get("quantization", ""),
-                                              kernel_cache=stats.get("kernel_cache", ""),
-                                              precompiled=stats.get("precompiled", ""),
-                                              compiled=stats.get("compiled", ""),
-                                              cuda_graphs=stats.get("cuda_graphs", ""),
-                                              memory_preset=(stats.get("memory_preset") or {}).get("name", ""))
-                  + " 1"]
-        lines += _per_engine(stats.get("engines") or [])
-        lines += ["# HELP tts_time_to_first_audio_seconds Submit to first audio chunk.",
-                  "# TYPE tts_time_to_first_audio_seconds histogram"]
-        total = 0
-        for bound, n in zip(stats["ttfa_buckets"], stats["ttfa_counts"]):
-            total += n
-            lines.append(f'tts_time_to_first_audio_seconds_bucket{{le="{bound}"}} {total}')
-        total += stats["ttfa_counts"][-1]
-        lines += [f'tts_time_to_first_audio_seconds_bucket{{le="+Inf"}} {total}',
-                  f"tts_time_to_first_audio_seconds_sum {stats['ttfa_sum']}",
-                  f"tts_time_to_first_audio_seconds_count {total}"]
-    return "\n".join(lines) + "\n"
+def engine_ttfa(stats: dict) -> HistogramMetricFamily:
+    """The engines' own first-audio histogram (submit to the first audio chunk, inside the engine)."""
+    buckets, total = [], 0
+    for bound, n in zip(stats["ttfa_buckets"], stats["ttfa_counts"]):
+        total += n
+        buckets.append((str(float(bound)), total))
+    buckets.append(("+Inf", total + stats["ttfa_counts"][-1]))
+    return HistogramMetricFamily("tts_time_to_first_audio_seconds", "Submit to first audio chunk, in the engine.",
+                                 buckets=buckets, sum_value=float(stats["ttfa_sum"]))
+
+
+class GpuCollector:
+    """Utilisation, memory and power of each GPU NVML sees (label `gpu`: NVML's index), from nvidia-ml-py; no
+    series at all where the package, the driver or a GPU is missing. A reading a GPU does not support is left
+    out."""
+
+    def __init__(self):
+        self._nv, self._handles = None, []
+        try:
+            import pynvml
+
+            pynvml.nvmlInit()
+            self._handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(pynvml.nvmlDeviceGetCount())]
+            self._nv = pynvml
+        except Exception as e:  # noqa: BLE001 - no package, no driver, no GPU: no GPU series
+            log.debug("no NVML metrics: %s", e)
+
+    def collect(self):
+        if not self._handles:
+            return
+        nv = self._nv
+        families = (
+            (GaugeMetricFamily("tts_gpu_utilization_ratio", "Time a kernel ran on the GPU, over NVML's last "
+                               "sample period (0-1).", labels=("gpu",)),
+             lambda h: nv.nvmlDeviceGetUtilizationRates(h).gpu / 100),
+            (GaugeMetricFamily("tts_gpu_memory_used_bytes", "GPU memory in use (every process).", labels=("gpu",)),
+             lambda h: nv.nvmlDeviceGetMemoryInfo(h).used),
+            (GaugeMetricFamily("tts_gpu_memory_total_bytes", "GPU memory in all.", labels=("gpu",)),
+             lambda h: nv.nvmlDeviceGetMemoryInfo(h).total),
+            (GaugeMetricFamily("tts_gpu_power_watts", "GPU power draw.", labels=("gpu",)),
+             lambda h: nv.nvmlDeviceGetPowerUsage(h) / 1000),
+        )
+        for family, read in families:
+            for i, handle in enumerate(self._handles):
+                with contextlib.suppress(nv.NVMLError):  # not supported by this GPU
+                    family.add_metric((str(i),), float(read(handle)))
+            yield family

@@ -1,6 +1,6 @@
 """The HTTP routes: OpenAI `/v1/audio/speech`, fish-speech `/v1/tts`, voices, health/ready/metrics and the web
 page. They reach the engine through the app's Service and read the settings from app.state (create_app puts
-`service`, `server` and `counter` there), so the router holds no state of its own.
+`service`, `server` and `metrics` there), so the router holds no state of its own.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from .audio_stream import AudioStream
 from .body import FORM_TYPES, form_only, json_body, media_type, optional_json_body
 from .downloads import keep_stream, keep_whole
 from .errors import ApiError
-from .metrics import render
+from .metrics import CONTENT_TYPE, watch_speech
 
 STATIC = Path(__file__).parent / "static"
 
@@ -83,9 +83,10 @@ async def ready(svc: Svc):
 
 
 @router.get("/metrics", tags=["health"], response_class=PlainTextResponse)
-async def metrics(request: Request, svc: Svc):
-    text = render(request.app.state.counter, svc.stats(), svc.ready)
-    return PlainTextResponse(text, media_type="text/plain; version=0.0.4")
+async def metrics(request: Request):
+    """Prometheus text (the names: README, "Metrics")."""
+    text = await run_in_threadpool(request.app.state.metrics.exposition)  # NVML reads can take milliseconds
+    return Response(text, media_type=CONTENT_TYPE)
 
 
 @router.get("/", include_in_schema=False)
@@ -119,16 +120,17 @@ async def respond(request: Request, svc: Service, job: SpeechJob, ignored: tuple
     """One job's audio: SSE events, a stream, or one whole file (exact sizes), kept behind a download link
     when the job asks."""
     stream = await run_in_threadpool(svc.submit, job.request)
+    tally = watch_speech(request, job, stream)  # the metrics read it when the response has gone out
     headers = audio_headers(job, stream, ignored)
     if job.sse:
-        return StreamingResponse(sse_events(stream, job), media_type="text/event-stream", headers=headers)
+        return StreamingResponse(sse_events(stream, job, tally), media_type="text/event-stream", headers=headers)
     downloads = request.app.state.downloads if job.download_link else None
     if job.streaming:
-        chunks = audio_bytes(stream, job)
+        chunks = audio_bytes(stream, job, tally)
         if downloads is not None:
             chunks = keep_stream(downloads, job.format, chunks, headers)
         return AudioStream(chunks, media_type=CONTENT_TYPES[job.format], headers=headers)
-    result = await until_disconnect(request, whole(stream, job), stream)
+    result = await until_disconnect(request, whole(stream, job, tally), stream)
     if downloads is not None:
         headers.update(await keep_whole(downloads, job.format, result.data))
     return Response(result.data, media_type=result.content_type, headers=headers)

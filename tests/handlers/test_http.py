@@ -22,6 +22,8 @@ import numpy as np
 import pytest
 import soundfile as sf
 from conftest import MODEL_DIR, ROOT, free_port
+from prometheus_client.parser import text_string_to_metric_families
+from prometheus_client.samples import Sample
 
 FRAMES = 24  # TTS_DEFAULT_MAX_NEW_TOKENS of the test server: 23 kept frames per request
 FRAME_S = 2048 / 44100
@@ -320,6 +322,12 @@ def test_bad_fish_requests(server, send, status, words):
     assert words in r.json()["error"]["message"]
 
 
+def scrape(url: str) -> list[Sample]:
+    """Every sample of one /metrics scrape, parsed (label order and number formatting are the library's)."""
+    text = httpx.get(url + "/metrics", timeout=10).text
+    return [sample for family in text_string_to_metric_families(text) for sample in family.samples]
+
+
 def _metric(url: str, name: str) -> float:
     for line in httpx.get(url + "/metrics").text.splitlines():
         if line.startswith(name + " "):
@@ -359,7 +367,9 @@ def test_metrics_and_health(server):
     assert 'memory_preset="cpu"' in text
     assert _metric(server, "tts_max_streams") == ready["max_streams"]
     assert _metric(server, "tts_kv_cache_positions") == ready["kv_positions"]
-    assert 'route="/v1/audio/speech",code="200"' in text and 'code="400"' in text
+    requests = [x.labels for x in scrape(server) if x.name == "tts_http_requests_total"]
+    assert {"method": "POST", "route": "/v1/audio/speech", "code": "200"} in requests
+    assert any(labels["code"] == "400" for labels in requests)
 
 
 def test_head_answers_like_get_without_a_body(server):

@@ -71,7 +71,7 @@ def test_loading_then_ready(tmp_path):
                          "engines": [engine]}
         assert c.get("/health").json() == {"status": "ok", "engines": [engine]}
         metrics = c.get("/metrics").text
-        assert "tts_ready 1" in metrics and 'tts_engine_up{engine="0",device="cpu"} 1.0' in metrics
+        assert "tts_ready 1.0" in metrics and 'tts_engine_up{device="cpu",engine="0"} 1.0' in metrics
 
 
 def test_a_failed_load(tmp_path):

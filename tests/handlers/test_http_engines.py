@@ -12,7 +12,7 @@ import time
 import httpx
 import pytest
 import soundfile as sf
-from test_http import _metric, server_log, start_server, stop, wait_ready
+from test_http import _metric, scrape, server_log, start_server, stop, wait_ready
 
 ENGINES = {"TTS_DEVICES": "cpu,cpu", "TTS_MAX_BATCH": "1"}  # one slot per engine: easy to fill
 # seed 1 with this text runs for about 1000 frames on the tiny model (25-30 s on CPU): still generating for
@@ -31,11 +31,8 @@ def until(condition, timeout: float = 30, what: str = "condition") -> None:
 
 def per_engine(url: str, name: str) -> list[float]:
     """The series `name` of engines 0 and 1 (both on cpu), read from one scrape."""
-    values = {}
-    for line in httpx.get(url + "/metrics", timeout=10).text.splitlines():
-        for i in (0, 1):
-            if line.startswith(f'{name}{{engine="{i}",device="cpu"}} '):
-                values[i] = float(line.split()[1])
+    values = {int(x.labels["engine"]): x.value for x in scrape(url)
+              if x.name == name and x.labels.get("device") == "cpu" and x.labels.get("engine") in ("0", "1")}
     assert set(values) == {0, 1}, f"{name}: {values}"
     return [values[0], values[1]]
 

@@ -171,7 +171,7 @@ class Engine:
         """Validates and queues a request; raises InputError (bad request) or BusyError (full) at once."""
         plan = self.planner.plan(request)  # the capacity guard: every chunk fits this engine's cache
         plan.ignore_stop = plan.ignore_stop or ignore_stop
-        stream = Stream(plan, self.sample_rate)
+        stream = Stream(plan, self.sample_rate, str(self.runner.device))
         prompt, _ = self.planner.chunk_prompt(plan, 0, None)
         task = Task(stream, plan, 0, prompt, False, 0)
         with self._cv:
@@ -452,6 +452,7 @@ class Engine:
             items.append(PrefillItem(job.slot, task.prompt, (req.temperature, req.top_p, req.repetition_penalty,
                                                              req.seed), task.frame_offset))
             task.voc_slot = self._free_voc.pop()
+            task.stream.start()  # host clock only: the queue wait /metrics reports
         self.runner.prefill(items)  # the next decode step samples each one's first frame
         self.metrics.prefill(sum(j.prompt_len for j in jobs), time.perf_counter() - t0)
 

@@ -1,6 +1,8 @@
 """From an engine Stream to bytes on the wire, for any transport: encoded audio as it is produced,
 OpenAI-style SSE events, or one whole file. Encoding runs in a worker thread so the event loop keeps
 serving other streams; leaving an iterator early (a client that went away) cancels the generation.
+A Tally, when given, keeps the account an adapter's metrics read: audio seconds out, when audio was first
+handed on, and how the delivery ended.
 """
 
 from __future__ import annotations
@@ -9,7 +11,9 @@ import asyncio
 import base64
 import json
 import logging
+import time
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -18,6 +22,23 @@ from ..synthesis.stream import Stream
 from .protocol import SpeechJob
 
 log = logging.getLogger(__name__)
+
+
+@dataclass
+class Tally:
+    """One delivery's account, read by the adapter's metrics (any time: it is kept up to date).
+    audio_seconds: encoded so far (after speed and resampling); first_audio_at: time.perf_counter() when the
+    first audio bytes were handed on (None: none yet); outcome: ok | error | cancelled (left early), None while
+    under way."""
+
+    audio_seconds: float = 0.0
+    first_audio_at: float | None = None
+    outcome: str | None = None
+
+    def audio(self, enc: AudioEncoder, data: bytes) -> None:
+        self.audio_seconds = enc.seconds
+        if data and self.first_audio_at is None:
+            self.first_audio_at = time.perf_counter()
 
 
 def encoder_for(job: SpeechJob, native_rate: int, streaming: bool = True) -> AudioEncoder:
@@ -30,26 +51,35 @@ def scaled(audio: np.ndarray, volume: float) -> np.ndarray:
     return audio if volume == 1.0 else np.clip(audio * np.float32(volume), -1.0, 1.0)
 
 
-async def audio_bytes(stream: Stream, job: SpeechJob) -> AsyncIterator[bytes]:
+async def audio_bytes(stream: Stream, job: SpeechJob, tally: Tally | None = None) -> AsyncIterator[bytes]:
     """Encoded audio bytes as the engine produces them (one stream, one encoder)."""
     enc = encoder_for(job, stream.sample_rate)
+    tally = tally if tally is not None else Tally()
     try:
         async for chunk in stream:
             data = await asyncio.to_thread(enc.encode, scaled(chunk.audio, job.volume))
+            tally.audio(enc, data)
             if data:
                 yield data
         tail = await asyncio.to_thread(enc.finish)
+        tally.audio(enc, tail)
         if tail:
             yield tail
+        tally.outcome = "ok"
+    except Exception:
+        tally.outcome = "error"
+        raise
     finally:
+        if tally.outcome is None:
+            tally.outcome = "cancelled"  # the consumer stopped early (GeneratorExit, a cancelled task)
         if not stream.done:
             stream.cancel()  # the consumer stopped early: free the engine slot
 
 
-async def sse_events(stream: Stream, job: SpeechJob) -> AsyncIterator[bytes]:
+async def sse_events(stream: Stream, job: SpeechJob, tally: Tally | None = None) -> AsyncIterator[bytes]:
     """OpenAI's speech SSE: `speech.audio.delta` events with base64 audio, then `speech.audio.done`."""
     try:
-        async for data in audio_bytes(stream, job):
+        async for data in audio_bytes(stream, job, tally):
             yield _event({"type": "speech.audio.delta", "audio": base64.b64encode(data).decode()})
         frames = sum(r.frames for r in stream.reports)
         yield _event({"type": "speech.audio.done", "usage": {"input_characters": job.characters,
@@ -69,16 +99,26 @@ def _event(payload: dict) -> bytes:
     return f"data: {json.dumps(payload)}\n\n".encode()
 
 
-async def whole(stream: Stream, job: SpeechJob) -> EncodedAudio:
-    """The complete utterance as one file (exact headers)."""
+async def whole(stream: Stream, job: SpeechJob, tally: Tally | None = None) -> EncodedAudio:
+    """The complete utterance as one file (exact headers); the tally's first audio is the whole file's."""
     enc = encoder_for(job, stream.sample_rate, streaming=False)
+    tally = tally if tally is not None else Tally()
     parts = []
     try:
         async for chunk in stream:
             parts.append(await asyncio.to_thread(enc.encode, scaled(chunk.audio, job.volume)))
+            tally.audio_seconds = enc.seconds
         parts.append(await asyncio.to_thread(enc.finish))
+        data = b"".join(parts)
+        tally.audio(enc, data)
+        tally.outcome = "ok"
+    except Exception:
+        tally.outcome = "error"
+        raise
     finally:
+        if tally.outcome is None:
+            tally.outcome = "cancelled"
         if not stream.done:
             stream.cancel()
-    return EncodedAudio(b"".join(parts), enc.content_type, enc.rate, enc.seconds)
+    return EncodedAudio(data, enc.content_type, enc.rate, enc.seconds)
 

@@ -18,10 +18,12 @@ _END = object()
 
 
 class Stream:
-    def __init__(self, plan: Plan, sample_rate: int):
+    def __init__(self, plan: Plan, sample_rate: int, device: str = ""):
         self.plan = plan
         self.sample_rate = sample_rate
+        self.device = device  # the engine's, as its stats name it ("cuda:1"): a metrics label
         self.submitted_at = time.perf_counter()
+        self.started_at: float | None = None  # its first prefill: the end of its wait in the queue
         self.first_audio_at: float | None = None
         self.finished_at: float | None = None
         self._items: deque = deque()
@@ -33,6 +35,11 @@ class Stream:
         self._count = 0
 
     # ---- engine side (any thread) -------------------------------------------------------------
+    def start(self) -> None:
+        """Marks the first prefill (later text chunks are prefilled again: the first one counts)."""
+        if self.started_at is None:
+            self.started_at = time.perf_counter()
+
     def emit(self, audio, text_index: int) -> None:
         """Queues the next audio chunk (float32 [L])."""
         if self.first_audio_at is None:
@@ -78,6 +85,11 @@ class Stream:
     @property
     def done(self) -> bool:
         return self._done
+
+    @property
+    def queue_wait(self) -> float | None:
+        """Seconds from submit to the first prefill (waiting for a slot)."""
+        return None if self.started_at is None else self.started_at - self.submitted_at
 
     @property
     def ttfa(self) -> float | None:

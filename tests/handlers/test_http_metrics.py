@@ -1,0 +1,229 @@
+"""/metrics through prometheus_client: the real server (tiny model on CPU) answers speech requests of several
+formats, voice kinds and routes, and one the client leaves; the scrape, parsed, has one observation per request in
+each speech histogram under the right labels, the real-time factor matches the audio and the wall time, first audio
+comes before the end. In process: each app has its own registry; the NVML series from a stand-in pynvml, and none
+without one; a request's outcome and voice kind."""
+
+from __future__ import annotations
+
+import base64
+import sys
+import time
+import types
+
+import httpx
+import pytest
+from conftest import ROOT
+from prometheus_client import REGISTRY, generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+from test_http import FRAME_S, FRAMES, duration, scrape, start_server, stop, wait_ready, wav_bytes
+from test_http_app import FakeEngine, client, settle
+
+from handlers.http.metrics import Exchange, GpuCollector, Speech, voice_kind
+from ttsengine import SynthesisRequest
+from ttsengine.serving.delivery import Tally
+from ttsengine.serving.protocol import SpeechJob
+from ttsengine.synthesis.request import Reference
+
+SPEECH, TTS = "/v1/audio/speech", "/v1/tts"
+HISTOGRAMS = ("tts_speech_duration_seconds", "tts_speech_first_audio_seconds", "tts_speech_real_time_factor",
+              "tts_speech_queue_wait_seconds")
+AUDIO_S = (FRAMES - 1) * FRAME_S  # what one request of the test server says
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    proc, url = start_server(tmp_path_factory.mktemp("metrics"))
+    wait_ready(url, proc)
+    yield url
+    stop(proc)
+
+
+def labels(route: str, status: str, fmt: str, voice: str) -> dict:
+    return {"route": route, "status": status, "format": fmt, "voice": voice, "device": "cpu"}
+
+
+def histogram(samples, name: str, want: dict) -> tuple[float, float]:
+    """(count, sum) of the series of `name` with exactly these labels; (0, 0) when it has none."""
+    count = [s.value for s in samples if s.name == name + "_count" and s.labels == want]
+    total = [s.value for s in samples if s.name == name + "_sum" and s.labels == want]
+    assert len(count) <= 1
+    return (count[0], total[0]) if count else (0.0, 0.0)
+
+
+def value(samples, name: str, want: dict) -> float:
+    found = [s.value for s in samples if s.name == name and s.labels == want]
+    assert len(found) == 1, f"{name}{want}: {found}"
+    return found[0]
+
+
+def test_speech_requests_are_observed_with_their_labels(server):
+    r = httpx.post(server + "/v1/references/add", data={"id": "metricvoice", "text": "noise"},
+                   files={"audio": ("a.wav", wav_bytes())}, timeout=60)
+    assert r.status_code == 201, r.text
+    pcm = httpx.post(server + SPEECH, json={"input": "A longer sentence to stream.", "seed": 2, "max_new_tokens": 200,
+                                            "response_format": "pcm"}, timeout=120)  # streamed, the model's own voice
+    mp3 = httpx.post(server + SPEECH, json={"input": "Hello there.", "seed": 1, "response_format": "mp3",
+                                            "stream": False, "voice": "metricvoice"}, timeout=120)  # whole, stored
+    wav = httpx.post(server + TTS, json={"text": "Hello there.", "seed": 1, "format": "wav", "references": [
+        {"audio": base64.b64encode(wav_bytes()).decode(), "text": "noise"}]}, timeout=120)  # fish route, inline
+    sse = httpx.post(server + SPEECH, json={"input": "Hello there.", "seed": 1, "response_format": "wav",
+                                            "stream_format": "sse", "speed": 2.0}, timeout=120)
+    for resp in (pcm, mp3, wav, sse):
+        assert resp.status_code == 200, resp.text
+    bad = httpx.post(server + SPEECH, json={"input": "x", "speed": 99})
+    assert bad.status_code == 400  # refused before the engine: no speech observation
+    # one the client leaves after its first audio (seed 1 with this text runs for ~1000 frames)
+    with httpx.stream("POST", server + SPEECH, timeout=120, json={"input": "Long.", "response_format": "pcm",
+                                                                  "max_new_tokens": 3000, "seed": 1}) as r:
+        chunks = r.iter_raw()
+        next(chunks)
+
+    end = time.time() + 20
+    while True:
+        samples = scrape(server)
+        done = sum(s.value for s in samples if s.name == "tts_speech_duration_seconds_count")
+        if done >= 5 or time.time() > end:
+            break
+        time.sleep(0.1)
+    assert done == 5  # the 400 and the voice upload are no speech
+
+    ok = {"pcm": labels(SPEECH, "ok", "pcm", "default"), "mp3": labels(SPEECH, "ok", "mp3", "stored"),
+          "wav": labels(TTS, "ok", "wav", "inline"), "sse": labels(SPEECH, "ok", "wav", "default")}
+    left = labels(SPEECH, "cancelled", "pcm", "default")
+    audio = {"pcm": len(pcm.content) / 2 / 24000, "mp3": AUDIO_S, "wav": duration(wav.content, "wav"),
+             "sse": AUDIO_S / 2}
+    for key, want in ok.items():
+        wall_n, wall = histogram(samples, "tts_speech_duration_seconds", want)
+        first_n, first = histogram(samples, "tts_speech_first_audio_seconds", want)
+        rtf_n, rtf = histogram(samples, "tts_speech_real_time_factor", want)
+        wait_n, wait = histogram(samples, "tts_speech_queue_wait_seconds", want)
+        seconds = value(samples, "tts_speech_audio_seconds_total", want)
+        assert (wall_n, first_n, rtf_n, wait_n) == (1, 1, 1, 1), key
+        assert 0 <= wait < first <= wall, key
+        assert abs(seconds - audio[key]) < 0.003, key
+        assert rtf > 0 and rtf == pytest.approx(seconds / wall, rel=1e-9), key
+    assert histogram(samples, "tts_speech_first_audio_seconds", ok["pcm"])[1] < \
+        0.9 * histogram(samples, "tts_speech_duration_seconds", ok["pcm"])[1]  # streamed: audio well before the end
+    assert histogram(samples, "tts_speech_duration_seconds", left)[0] == 1
+    assert histogram(samples, "tts_speech_first_audio_seconds", left)[0] == 1  # it got its first audio
+    assert histogram(samples, "tts_speech_real_time_factor", left)[0] == 0  # completed requests only
+    for name in HISTOGRAMS:  # every observation is one of the above: no other label set
+        assert sum(s.value for s in samples if s.name == name + "_count") == (4 if "real_time" in name else 5)
+
+    http = {"method": "POST", "route": SPEECH, "code": "200"}
+    assert value(samples, "tts_http_requests_total", http) == 4
+    assert value(samples, "tts_http_requests_total", {**http, "route": TTS}) == 1
+    assert value(samples, "tts_http_requests_total", {**http, "code": "400"}) == 1
+    assert value(samples, "tts_http_errors_total", {**http, "code": "400"}) == 1
+    assert value(samples, "tts_http_request_duration_seconds_count", http) == 4
+    assert value(samples, "tts_http_requests_in_flight", {}) == 1  # the scrape itself
+    assert all("metricvoice" not in v for s in samples for v in s.labels.values())  # voice ids are no label
+    assert value(samples, "tts_requests_cancelled_total", {}) == 1  # the engine's own counters still there
+    assert value(samples, "tts_engine_up", {"engine": "0", "device": "cpu"}) == 1
+
+
+# ---- in process --------------------------------------------------------------------------------------------
+def test_each_app_counts_on_its_own_registry(tmp_path):
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    with client(tmp_path / "a", FakeEngine) as a, client(tmp_path / "b", FakeEngine) as b:
+        settle(a)
+        settle(b)
+        for _ in range(3):
+            a.get("/health")
+        b.get("/health")
+        counts = [[line for line in c.get("/metrics").text.splitlines()
+                   if line.startswith("tts_http_requests_total") and 'route="/health"' in line] for c in (a, b)]
+    assert counts == [['tts_http_requests_total{code="200",method="GET",route="/health"} 3.0'],
+                      ['tts_http_requests_total{code="200",method="GET",route="/health"} 1.0']]
+    assert b"tts_" not in generate_latest(REGISTRY)  # nothing on the process-wide registry
+
+
+def fake_nvml(power_fails_on: int) -> types.ModuleType:
+    nv = types.ModuleType("pynvml")
+
+    class NVMLError(Exception):
+        pass
+
+    def power(handle):
+        if handle == power_fails_on:
+            raise NVMLError("not supported")
+        return 250_000  # milliwatts
+
+    nv.NVMLError = NVMLError
+    nv.nvmlInit = lambda: None
+    nv.nvmlDeviceGetCount = lambda: 2
+    nv.nvmlDeviceGetHandleByIndex = lambda i: i
+    nv.nvmlDeviceGetUtilizationRates = lambda h: types.SimpleNamespace(gpu=37 + h)
+    nv.nvmlDeviceGetMemoryInfo = lambda h: types.SimpleNamespace(used=(h + 1) * 2**30, total=80 * 2**30)
+    nv.nvmlDeviceGetPowerUsage = power
+    return nv
+
+
+def gpu_samples() -> dict:
+    return {(s.name, s.labels.get("gpu")): s.value for family in GpuCollector().collect() for s in family.samples}
+
+
+def test_gpu_series_from_nvml(monkeypatch):
+    monkeypatch.setitem(sys.modules, "pynvml", fake_nvml(power_fails_on=1))
+    assert gpu_samples() == {
+        ("tts_gpu_utilization_ratio", "0"): 0.37, ("tts_gpu_utilization_ratio", "1"): 0.38,
+        ("tts_gpu_memory_used_bytes", "0"): 2**30, ("tts_gpu_memory_used_bytes", "1"): 2 * 2**30,
+        ("tts_gpu_memory_total_bytes", "0"): 80 * 2**30, ("tts_gpu_memory_total_bytes", "1"): 80 * 2**30,
+        ("tts_gpu_power_watts", "0"): 250.0}  # GPU 1 cannot read its power: left out, the rest still there
+
+
+def test_no_gpu_series_without_nvml(monkeypatch, tmp_path):
+    monkeypatch.setitem(sys.modules, "pynvml", None)  # not installed
+    assert gpu_samples() == {}
+    broken = fake_nvml(0)
+
+    def no_driver():
+        raise broken.NVMLError("NVML Shared Library Not Found")
+
+    broken.nvmlInit = no_driver
+    monkeypatch.setitem(sys.modules, "pynvml", broken)
+    assert gpu_samples() == {}
+    with client(tmp_path, FakeEngine) as c:
+        settle(c)
+        r = c.get("/metrics")
+    assert r.status_code == 200 and "tts_gpu_" not in r.text and "tts_ready 1.0" in r.text
+
+
+def job(*refs: Reference) -> SpeechJob:
+    return SpeechJob(SynthesisRequest("hi", references=refs), "wav", None, 1.0, streaming=True)
+
+
+def test_voice_kind():
+    assert voice_kind(job()) == "default"
+    assert voice_kind(job(Reference("t", codes=[[1]]))) == "stored"
+    assert voice_kind(job(Reference("t", audio=b"RIFF"))) == "inline"
+
+
+@pytest.mark.parametrize(("tally", "status", "complete", "outcome"), [
+    ("ok", 200, True, "ok"),
+    ("error", 200, False, "error"),  # the stream failed after the headers
+    ("error", 200, True, "error"),  # SSE reports it in-band and ends the body
+    (None, 200, False, "cancelled"),  # the client left mid-body, the delivery not closed yet
+    ("cancelled", 499, True, "cancelled"),  # left while a whole file was being made
+    ("ok", 200, False, "cancelled"),  # made, but the client left before the end
+    ("ok", 500, True, "error"),
+    (None, None, False, "error"),  # the app raised before answering
+])
+def test_outcome(tally, status, complete, outcome):
+    ex = Exchange(0.0, status=status, complete=complete, speech=Speech("wav", "default", None, Tally(outcome=tally)))
+    assert ex.outcome() == outcome
+
+
+def test_every_metric_is_in_the_readme(monkeypatch, tmp_path):
+    monkeypatch.setitem(sys.modules, "pynvml", fake_nvml(power_fails_on=-1))
+    with client(tmp_path, FakeEngine) as c:
+        settle(c)
+        text = c.get("/metrics").text
+    suffix = {"counter": "_total", "info": "_info"}
+    names = {f.name + suffix.get(f.type, "") for f in text_string_to_metric_families(text)
+             if not f.name.endswith("_created")}  # the library's, described once in the README
+    assert {"tts_speech_real_time_factor", "tts_gpu_power_watts", "tts_engine_info"} <= names
+    readme = (ROOT / "README.md").read_text()
+    assert sorted(n for n in names if f"`{n}`" not in readme) == []
