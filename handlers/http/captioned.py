@@ -17,6 +17,7 @@ from ttsengine.serving.protocol import OpenAISpeechRequest, openai_job, unknown_
 
 from .body import json_body
 from .errors import ApiError
+from .metrics import watch_speech
 from .routes import Server, Svc, audio_headers, body_schema, until_disconnect
 
 router = APIRouter()
@@ -33,7 +34,8 @@ async def captioned_speech(request: Request, svc: Svc, server: Server):
     if job.sse:
         raise ApiError(400, "stream_format: captioned speech comes whole, as one JSON answer (not SSE)")
     stream = await run_in_threadpool(svc.submit, job.request)
-    result = await until_disconnect(request, whole(stream, job), stream)
+    tally = watch_speech(request, job, stream)  # in the speech histograms like /v1/audio/speech
+    result = await until_disconnect(request, whole(stream, job, tally), stream)
     frames = sum(r.frames for r in stream.reports)
     cues = caption_cues(stream.reports, result.seconds / frames if frames else 0.0)
     headers = audio_headers(job, stream, unknown_fields(OpenAISpeechRequest, body))

@@ -560,7 +560,14 @@ def test_error_messages_carry_no_object_reprs(server, audio):
         assert not re.search(r"0x[0-9a-fA-F]{4,}| object at |ExtType\(", resp.text), resp.text
 
 
+def captioned_audio_seconds(url: str) -> float:
+    """tts_speech_audio_seconds_total of the captioned route's ok requests, all label sets."""
+    return sum(x.value for x in scrape(url) if x.name == "tts_speech_audio_seconds_total"
+               and x.labels.get("route") == "/v1/audio/speech/captioned" and x.labels.get("status") == "ok")
+
+
 def test_captioned_speech(server):
+    before = captioned_audio_seconds(server)
     sentence = "This sentence is one of several that make the text long enough for three chunks of speech."
     r = httpx.post(server + "/v1/audio/speech/captioned", timeout=120,
                    json={"input": " ".join([sentence] * 6), "response_format": "wav", "seed": 3, "speed": 1.25})
@@ -576,3 +583,5 @@ def test_captioned_speech(server):
     assert body["seed"] == 3 and r.headers["x-seed"] == "3"
     sse = httpx.post(server + "/v1/audio/speech/captioned", json={"input": "x", "stream_format": "sse"})
     assert sse.status_code == 400 and "not SSE" in sse.json()["error"]["message"]
+    # in the speech histograms under its own route, with the audio it made
+    assert abs(captioned_audio_seconds(server) - before - body["seconds"]) < 0.01
