@@ -17,8 +17,9 @@ for r in p['dependencies'] + x['http'] + x['runpod'] + x['download']:
 "$TMP/venv/bin/pip" install -q "${reqs[@]}"
 {
   sed -n '1,3p' docker/requirements.lock
-  "$TMP/venv/bin/pip" freeze | grep -v -i -E \
-    "^(torch|triton|nvidia|sympy|mpmath|networkx|jinja2|markupsafe|filelock|fsspec|setuptools|pip|typing.extensions)[=-]"
+  # nvidia-ml-py (NVML bindings, pure Python) is ours; the other nvidia-* packages are torch's CUDA libraries
+  "$TMP/venv/bin/pip" freeze | grep -v -i -P \
+    "^(torch|triton|sympy|mpmath|networkx|jinja2|markupsafe|filelock|fsspec|setuptools|pip|typing.extensions)[=-]|^nvidia-(?!ml-py=)"
 } > "$TMP/lock"
 mv "$TMP/lock" docker/requirements.lock
 echo "wrote docker/requirements.lock ($(grep -vc '^#' docker/requirements.lock) pins)"
