@@ -353,6 +353,9 @@ def test_disconnect_mid_stream_frees_the_engine(server):
 
 
 def test_metrics_and_health(server):
+    # one 200 and one 400 on the speech route, counted below whatever ran before
+    assert speech(server, response_format="exe").status_code == 400
+    assert speech(server, response_format="pcm", max_new_tokens=4).status_code == 200
     assert httpx.get(server + "/health").json()["status"] == "ok"
     assert httpx.get(server + "/v1/health").json()["status"] == "ok"  # fish-speech's route
     ready = httpx.get(server + "/ready").json()
