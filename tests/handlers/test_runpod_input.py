@@ -5,6 +5,7 @@ engine, no network, no runpod package."""
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import pytest
@@ -123,3 +124,42 @@ def test_unknown_fields_and_voice_aliases_follow_the_servers_variables():
     job, _ = rp.parse_input({"input": "x", "voice": "alloy"}, None, cfg)  # OpenAI's names still mean default
     assert job.request.references == ()
 
+
+
+def test_drain_chains_only_onto_the_sdks_handler_and_never_in_a_forked_child():
+    import os
+    import signal
+
+    from handlers.runpod.drain import Drain
+    from ttsengine.serving.service import Service
+
+    saved = signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)
+    try:
+        service = Service(lambda: None, None)  # never loaded: the drain has nothing to wait for
+        drain = Drain(service, 1)
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        drain.install()  # the worker's own call before the SDK starts: the default action is left alone
+        assert not drain.installed and signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+        calls = []
+        signal.signal(signal.SIGTERM, lambda sig, frame: calls.append(sig))  # the SDK's handler
+        signal.signal(signal.SIGINT, lambda sig, frame: calls.append(sig))
+        drain.install()
+        assert drain.installed
+        pid = os.fork()
+        if pid == 0:  # a forked child (the SDK's heartbeat): SIGTERM must end it as by default
+            os.kill(os.getpid(), signal.SIGTERM)
+            os._exit(3)  # not reached when the signal ends the process
+        _, status = os.waitpid(pid, 0)
+        assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGTERM, status
+        assert calls == []  # the child ran neither the SDK's handler nor the drain
+        signal.getsignal(signal.SIGTERM)(signal.SIGTERM, None)  # in this process: the SDK's, then the drain
+        assert calls == [signal.SIGTERM]
+        for _ in range(100):
+            if service._closed:
+                break
+            time.sleep(0.02)
+        assert service._closed  # the drain ran (nothing in flight) and closed the engines
+    finally:
+        signal.signal(signal.SIGTERM, saved[0])
+        signal.signal(signal.SIGINT, saved[1])

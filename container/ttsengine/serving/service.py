@@ -57,6 +57,7 @@ class Service:
         self.load_error: str | None = None  # why loading failed
         self.draining = False  # SIGTERM: no new requests, the ones in flight finish (drain)
         self._closed = False
+        self._close_lock = threading.Lock()  # a drain thread and the main thread may both close
         self._thread: threading.Thread | None = None
 
     # ---- boot -----------------------------------------------------------------------------------------------
@@ -146,10 +147,12 @@ class Service:
         return self.fleet.stats() if self.fleet is not None else None
 
     # ---- shutdown ------------------------------------------------------------------------------------------
-    def drain(self, seconds: float) -> bool:
+    def drain(self, seconds: float, refuse_new: bool = True) -> bool:
         """Stops taking requests (ShuttingDown: 503, /ready 503) and waits up to `seconds` for the ones in flight
-        to end; -> whether they all did. close() then cuts what is left (each such stream ends with an error)."""
-        self.draining = True
+        to end; -> whether they all did. close() then cuts what is left (each such stream ends with an error).
+        refuse_new=False waits without refusing (RunPod: the jobs its SDK already took still run in the window)."""
+        if refuse_new:
+            self.draining = True
         end = time.monotonic() + seconds
         while self.fleet is not None and self.fleet.open_streams and time.monotonic() < end:
             time.sleep(0.05)  # a shutdown-time poll, not the decode path
@@ -159,9 +162,12 @@ class Service:
         return left == 0
 
     def close(self) -> None:
-        if self._closed:
-            return
-        self._closed = True
-        self.draining = True
-        if self.fleet is not None:
-            self.fleet.close()
+        """Idempotent; a second caller waits until the first has closed the engines (so a process never exits
+        while another thread is half-way through)."""
+        with self._close_lock:
+            if self._closed:
+                return
+            self._closed = True
+            self.draining = True
+            if self.fleet is not None:
+                self.fleet.close()
