@@ -81,6 +81,6 @@ def openapi(app: FastAPI) -> dict:
             body = model.model_json_schema(ref_template="#/components/schemas/{model}")
             components.update(body.pop("$defs", {}))
             components[model.__name__] = body
-        document_errors(schema)
+        document_errors(schema, keyed=bool(app.state.server.api_key))
         app.openapi_schema = schema
     return app.openapi_schema

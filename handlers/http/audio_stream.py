@@ -25,7 +25,9 @@ class AudioStream(StreamingResponse):
         chunks = aiter(self.body_iterator)
         try:
             first = await anext(chunks, b"")
-        except TTSError as e:  # nothing was sent yet: the error as the response
+        except Exception as e:  # noqa: BLE001 - nothing was sent yet: the error as the response
+            if not isinstance(e, TTSError):  # a bug: its traceback to the log, "internal server error" to the client
+                log.exception("audio stream failed before its first audio")
             error = failure_response(failure(e))
             await send({"type": "http.response.start", "status": error.status_code, "headers": error.raw_headers})
             await send({"type": "http.response.body", "body": error.body, "more_body": False})

@@ -11,6 +11,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 
 from ttsengine import TTSError
+from ttsengine.serving.api_key import ApiKey
 from ttsengine.serving.failure import Failure, failure
 
 log = logging.getLogger("handlers.http")
@@ -67,10 +68,12 @@ def add_error_handlers(app: FastAPI) -> None:
 ERROR_SCHEMA = {"type": "object", "required": ["error"], "properties": {"error": {
     "type": "object", "required": ["message", "type", "code"], "properties": {
         "message": {"type": "string", "description": "one line that says what is wrong and where"},
-        "type": {"type": "string", "description": "invalid_request_error | too_large | server_busy | server_error"},
+        "type": {"type": "string", "description": "invalid_request_error | authentication_error | too_large | "
+                                                  "server_busy | server_error"},
         "code": {"type": "integer", "description": "the HTTP status"}}}}}
 MEANING = {
     400: "invalid request: the message names the field and why",
+    401: "missing or wrong API key (Authorization: Bearer KEY, or X-API-Key: KEY)",
     404: "not found",
     500: "failed: no engine can serve (health)",
     408: "the request body stalled for TTS_READ_TIMEOUT seconds",
@@ -91,24 +94,28 @@ ROUTE_CODES = {
 }
 
 
-def document_errors(schema: dict) -> None:
+def document_errors(schema: dict, keyed: bool = False) -> None:
     """FastAPI documents a 422 "validation error" on every route with parameters; this server answers those
     with a 400 in its own error shape (422 means no audio). Each operation lists the statuses it answers with
-    and the error body, so a generated client knows them."""
+    and the error body, so a generated client knows them. keyed: TTS_API_KEY is set (a 401 on the routes it
+    guards)."""
     components = schema.setdefault("components", {}).setdefault("schemas", {})
     components.pop("HTTPValidationError", None)
     components.pop("ValidationError", None)
     components["Error"] = ERROR_SCHEMA
     for path, operations in schema.get("paths", {}).items():
-        for op in operations.values():
+        for method, op in operations.items():
             responses = op.setdefault("responses", {})
+            responses.pop("422", None)
             codes = set(ROUTE_CODES.get(path, (503,)))
-            if responses.pop("422", None) is not None or op.get("parameters") or "requestBody" in op:
+            if "requestBody" in op or any(p.get("in") == "query" for p in op.get("parameters", ())):
                 codes.add(400)
             if "requestBody" in op:
                 codes |= {408, 413, 415}  # the multipart routes answer JSON with a 415 too
             if "{" in path:
                 codes.add(404)
+            if keyed and not ApiKey.is_open({"path": path, "method": method.upper()}):
+                codes.add(401)
             for code in sorted(codes):
                 responses.setdefault(str(code), {"description": MEANING[code], "content": {
                     "application/json": {"schema": {"$ref": "#/components/schemas/Error"}}}})

@@ -150,6 +150,9 @@ class HttpMetrics:
         self.audio_seconds.labels(*labels).inc(sp.tally.audio_seconds)
 
 
+METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
+
+
 class Instrument:
     """ASGI middleware: counts responses by method, route template and status (at the response's start), keeps
     the in-flight gauge, and when the request ends observes its duration (and a speech request's histograms)."""
@@ -160,7 +163,8 @@ class Instrument:
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
-        method = scope["method"]
+        # h11 (plain uvicorn) accepts any method token: an unknown one is "other", or each would be a new series
+        method = scope["method"] if scope["method"] in METHODS else "other"
         ex = Exchange(time.perf_counter())
         scope[SCOPE_KEY] = ex
 

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Annotated
 
 from fastapi import APIRouter, Depends, File, Form, Request, UploadFile
-from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response, StreamingResponse
+from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response
 from starlette.concurrency import run_in_threadpool
 from starlette.datastructures import UploadFile as FormFile
 
@@ -21,6 +21,7 @@ from ttsengine.serving.protocol import (
     ReferenceUpdate,
     SpeechJob,
     fish_job,
+    header_list,
     openai_job,
     unknown_fields,
     validate,
@@ -118,12 +119,21 @@ async def tts(request: Request, svc: Svc, server: Server):
 
 async def respond(request: Request, svc: Service, job: SpeechJob, ignored: tuple[str, ...]) -> Response:
     """One job's audio: SSE events, a stream, or one whole file (exact sizes), kept behind a download link
-    when the job asks."""
+    when the job asks. Streamed answers (audio or SSE) send their headers with the first audio, so a failure
+    before it is the JSON error with its status."""
     stream = await run_in_threadpool(svc.submit, job.request)
+    try:
+        return await _answer(request, job, ignored, stream)
+    except BaseException:
+        stream.cancel()  # no response will read it: free the engine slot now
+        raise
+
+
+async def _answer(request: Request, job: SpeechJob, ignored: tuple[str, ...], stream) -> Response:
     tally = watch_speech(request, job, stream)  # the metrics read it when the response has gone out
     headers = audio_headers(job, stream, ignored)
     if job.sse:
-        return StreamingResponse(sse_events(stream, job, tally), media_type="text/event-stream", headers=headers)
+        return AudioStream(sse_events(stream, job, tally), media_type="text/event-stream", headers=headers)
     downloads = request.app.state.downloads if job.download_link else None
     if job.streaming:
         chunks = audio_bytes(stream, job, tally)
@@ -142,7 +152,7 @@ def audio_headers(job: SpeechJob, stream, ignored: tuple[str, ...] = ()) -> dict
                # a name for browsers and `curl -OJ`; inline, so a browser plays it rather than saving it
                "Content-Disposition": f'inline; filename="speech.{job.format}"'}
     if ignored:  # tolerant reading (TTS_STRICT_FIELDS off): say what was dropped, so a typo is not silent
-        headers["X-Ignored-Fields"] = ",".join(ignored)[:1000]
+        headers["X-Ignored-Fields"] = header_list(ignored)
     return headers
 
 

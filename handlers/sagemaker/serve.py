@@ -24,6 +24,7 @@ from ttsengine import SageMakerConfig, ServerConfig, TTSError, audio_bytes, audi
 from ttsengine.serving.body_limit import BodyLimit
 from ttsengine.serving.failure import failure
 from ttsengine.serving.listen import HeadAsGet, port_problem
+from ttsengine.serving.protocol import header_list
 from ttsengine.serving.service import Service, setup_logging
 
 from . import inference
@@ -136,7 +137,7 @@ def create_app(server: ServerConfig, service: Service) -> FastAPI:
 
 def ignored_header(job) -> dict:
     """A tolerant reading (TTS_STRICT_FIELDS off) names what it dropped, as the HTTP server does."""
-    return {"X-Ignored-Fields": ",".join(job.ignored)[:1000]} if job.ignored else {}
+    return {"X-Ignored-Fields": header_list(job.ignored)} if job.ignored else {}
 
 
 def error_body(status: int, message: str) -> dict:

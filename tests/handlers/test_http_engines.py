@@ -201,3 +201,21 @@ def test_an_engine_taken_out_of_service_leaves_the_other_serving(tmp_path):
     log = server_log(proc)
     assert "audio stream cut short" in log and "the engine on cpu failed" in log, log[-3000:]
     assert "Exception in ASGI application" not in log, log[-3000:]
+
+
+def test_sse_cut_after_its_first_audio_ends_with_an_error_event(tmp_path):
+    # headers went out with the first audio: a later failure is reported in-band, with the failure table's
+    # status and one safe line (an error before the first audio would be the route's JSON status instead)
+    proc, url = start_server(tmp_path, **ENGINES, TTS_TEST_FAIL_ENGINE="0@30")
+    try:
+        wait_ready(url, proc)
+        until(lambda: both_ready(url), 30, "both engines ready")
+        r = httpx.post(url + "/v1/audio/speech", timeout=TIMEOUT, json={**LONG, "stream_format": "sse"})
+        assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
+        events = [json.loads(line[6:]) for line in r.text.splitlines() if line.startswith("data: ")]
+        assert events[0]["type"] == "speech.audio.delta" and events[-1]["type"] == "error", events[-1]
+        error = events[-1]["error"]
+        assert error["code"] == 503 and "taken out of service" in error["message"], error
+        assert all(e["type"] == "speech.audio.delta" for e in events[:-1])
+    finally:
+        stop(proc)

@@ -112,3 +112,13 @@ def test_a_missing_content_type_is_415(server):
         r = httpx.post(server + "/v1/audio/speech", content=b'{"input": "hi"}', headers={**auth(), **headers})
         assert r.status_code == 415, r.text
         assert "application/json" in r.json()["error"]["message"]
+
+
+def test_openapi_lists_the_401_where_the_key_is_needed(server):
+    paths = httpx.get(server + "/openapi.json").json()["paths"]  # open: it holds no data
+    assert "401" in paths["/v1/audio/speech"]["post"]["responses"]
+    assert "401" in paths["/v1/references/add"]["post"]["responses"]
+    assert "401" not in paths["/health"]["get"]["responses"] and "401" not in paths["/v1/download/{name}"]["get"][
+        "responses"]
+    r = httpx.post(server + "/v1/audio/speech", json={"input": "hi"})
+    assert r.status_code == 401 and r.json()["error"]["type"] == "authentication_error"

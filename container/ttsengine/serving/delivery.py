@@ -19,6 +19,7 @@ import numpy as np
 
 from ..audio.encode import CONTENT_TYPES, AudioEncoder, EncodedAudio
 from ..synthesis.stream import Stream
+from .failure import failure
 from .protocol import SpeechJob
 
 log = logging.getLogger(__name__)
@@ -77,16 +78,23 @@ async def audio_bytes(stream: Stream, job: SpeechJob, tally: Tally | None = None
 
 
 async def sse_events(stream: Stream, job: SpeechJob, tally: Tally | None = None) -> AsyncIterator[bytes]:
-    """OpenAI's speech SSE: `speech.audio.delta` events with base64 audio, then `speech.audio.done`."""
+    """OpenAI's speech SSE: `speech.audio.delta` events with base64 audio, then `speech.audio.done`. An error
+    before the first event is raised (nothing was sent: the adapter answers with its status); after it, an
+    `error` event with the failure table's message and status ends the stream."""
+    started = False
     try:
         async for data in audio_bytes(stream, job, tally):
+            started = True
             yield _event({"type": "speech.audio.delta", "audio": base64.b64encode(data).decode()})
         frames = sum(r.frames for r in stream.reports)
         yield _event({"type": "speech.audio.done", "usage": {"input_characters": job.characters,
                                                              "output_frames": frames, "seed": stream.seed}})
-    except Exception as e:  # noqa: BLE001 - headers are gone: report in-band
+    except Exception as e:
+        if not started:
+            raise
+        f = failure(e)  # one safe line: never an internal message
         log.warning("stream failed: %s", e)
-        yield _event({"type": "error", "error": {"message": str(e)}})
+        yield _event({"type": "error", "error": {"message": f.message, "code": f.status}})
 
 
 def audio_record(index: int, data: bytes, fmt: str, sample_rate: int) -> dict:

@@ -14,6 +14,7 @@ import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Literal
+from urllib.parse import quote
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -176,6 +177,12 @@ def _check_shape(body: dict) -> None:
             raise InputError("body has an integer with too many digits (the limit is 64 bits)")
 
 
+def header_list(names: tuple[str, ...], limit: int = 1000) -> str:
+    """Field names for a response header (X-Ignored-Fields): a body's keys may hold any character, CR and LF
+    included, and a header takes visible ASCII only, so each name is percent-encoded (commas too)."""
+    return ",".join(quote(str(n), safe="") for n in names)[:limit]
+
+
 def unknown_fields(model: type[BaseModel], body: dict) -> tuple[str, ...]:
     """The body's top-level keys the model does not know, in body order."""
     return tuple(str(k) for k in body if k not in model.model_fields)
@@ -291,4 +298,5 @@ def job_from_body(body: dict, voices: VoiceStore | None, check_only: bool = Fals
 
 
 __all__ = ["FORMATS", "OPENAI_VOICES", "FishTTSRequest", "OpenAISpeechRequest", "ReferenceUpdate", "SpeechJob",
-           "fish_job", "job_from_body", "openai_job", "parse_body", "unknown_fields", "validate", "voice_references"]
+           "fish_job", "header_list", "job_from_body", "openai_job", "parse_body", "unknown_fields", "validate",
+           "voice_references"]
