@@ -16,6 +16,7 @@ import base64
 import dataclasses
 import functools
 import json
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -103,6 +104,8 @@ def output_fn(prediction: Prediction, accept: str | None) -> tuple[bytes, str]:
     if not as_json:
         return audio.data, audio.content_type
     meta = metadata(result, audio.sample_rate, audio.seconds, fmt)
+    if job.ignored:  # a tolerant reading dropped them; raw audio has no place to say so (script mode has no headers)
+        meta["ignored_fields"] = list(job.ignored)
     return json.dumps({"audio": base64.b64encode(audio.data).decode(), "content_type": audio.content_type,
                        **meta}).encode(), JSON
 
@@ -173,6 +176,8 @@ __all__ = ["CONTENT_TYPES", "Prediction", "input_fn", "model_fn", "output_fn", "
 
 @functools.cache
 def _settings() -> ServerConfig:
-    """Script mode's request-reading settings, read from the environment once (the toolkit calls the four
-    functions; there is no edge of ours to read them at)."""
-    return ServerConfig.from_env()
+    """Script mode's request-reading settings (TTS_VOICE_ALIASES, TTS_STRICT_FIELDS only: the HTTP server's
+    other variables mean nothing here and must not fail the load), read from the environment once (the toolkit
+    calls the four functions; there is no edge of ours to read them at)."""
+    names = ("TTS_VOICE_ALIASES", "TTS_STRICT_FIELDS")
+    return ServerConfig.from_env({k: os.environ[k] for k in names if k in os.environ})

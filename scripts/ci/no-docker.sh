@@ -7,10 +7,11 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 SPEC=${1:?torch requirement, e.g. torch==2.13.0}
-PORT=${PORT:-18090}
 TORCH_SPEC=$SPEC bash scripts/dev-setup.sh
 # shellcheck disable=SC1091
 . .venv/bin/activate
+# a free port (a fixed one could be taken, and the check would then talk to whatever holds it)
+PORT=${PORT:-$(python -c "import socket; s = socket.socket(); s.bind(('127.0.0.1', 0)); print(s.getsockname()[1])")}
 LOG=$(mktemp)
 TTS_MODEL_DIR=tests/assets/golden/checkpoint TTS_PORT=$PORT TTS_DATA_DIR=$(mktemp -d) python -m handlers http \
   >"$LOG" 2>&1 &
@@ -21,8 +22,18 @@ import io, os, sys, time, wave
 import httpx
 port, pid = sys.argv[1], int(sys.argv[2])
 url, end = f"http://127.0.0.1:{port}", time.time() + 180
+def running(pid: int) -> bool:
+    """Alive and not a zombie (a server that exited stays in the process table until the shell reaps it)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
 while True:
-    os.kill(pid, 0)  # the server is still running
+    if not running(pid):
+        sys.exit("the server exited before it was ready")
     try:
         if httpx.get(url + "/ready", timeout=2).status_code == 200:
             break

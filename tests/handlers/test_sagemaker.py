@@ -137,6 +137,9 @@ def test_unknown_fields_are_ignored_and_named(serve):
     assert r.status_code == 200 and r.headers["x-ignored-fields"] == "bogus", r.text
     r = invoke(serve[0], {"input": "Hi.", "max_new_tokens": 8, "extra": 2}, attrs="stream=true")
     assert r.status_code == 200 and r.headers["x-ignored-fields"] == "extra"
+    # the JSON answer says so in its body too: script mode's output_fn has no headers to set
+    r = invoke(serve[0], {"text": "Hi.", "max_new_tokens": 8, "bogus": 1}, accept="application/json")
+    assert r.status_code == 200 and r.json()["ignored_fields"] == ["bogus"], r.text
 
 
 def test_no_audio_is_a_422(serve):
