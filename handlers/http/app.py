@@ -45,11 +45,12 @@ def create_app(server: ServerConfig, engine_config: EngineConfig,
                   description="Fish-Speech / OpenAudio S1-mini text to speech.")
     app.state.service, app.state.server, app.state.metrics = service, server, HttpMetrics(service)
     app.state.downloads = AudioStore(server.data_dir / "downloads", server.download_ttl, server.download_max_bytes)
-    # innermost first: the key is checked before anything reads the body, and the 401s are counted
+    # innermost first: the key is checked before anything reads the body; the metrics see every answer, the
+    # 401s and the body limit's 413/408 included
     app.add_middleware(ApiKey, key=server.api_key, reply=lambda m: error_body(m, "authentication_error", 401))
-    app.add_middleware(Instrument, metrics=app.state.metrics)
     app.add_middleware(BodyLimit, limit=server.max_body_bytes, read_timeout=server.read_timeout,
                        reply=lambda e: error_body(str(e), body_error_kind(e.status), e.status))
+    app.add_middleware(Instrument, metrics=app.state.metrics)
     app.add_middleware(HeadAsGet)  # HEAD is counted and limited as the GET it becomes
     if server.cors_origins:  # outermost: preflights are answered before auth, and errors carry the CORS headers
         app.add_middleware(CORSMiddleware, allow_origins=list(server.cors_origins), allow_headers=CORS_HEADERS,

@@ -88,7 +88,8 @@ def watch_speech(request, job: SpeechJob, stream: Stream) -> Tally:
 
 
 def route_of(scope) -> str:
-    """The route template the router matched (FastAPI puts it in the scope), or "unmatched" (a 404, a 405)."""
+    """The route template the router matched (FastAPI puts it in the scope), or "unmatched": no route matched (a
+    404, a 405) or the request was answered before routing (the body limit's 413 and 408)."""
     return getattr(scope.get("route"), "path", "unmatched")
 
 

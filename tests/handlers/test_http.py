@@ -383,6 +383,11 @@ def test_metrics_and_health(server):
     requests = [x.labels for x in scrape(server) if x.name == "tts_http_requests_total"]
     assert {"method": "POST", "route": "/v1/audio/speech", "code": "200"} in requests
     assert any(labels["code"] == "400" for labels in requests)
+    # the body limit's refusals are counted too (it sits inside the metrics middleware)
+    big = httpx.post(server + "/v1/tts", content=b"x" * 2_000_001, headers={"content-type": "application/json"})
+    assert big.status_code == 413
+    assert {"method": "POST", "route": "unmatched", "code": "413"} in [
+        x.labels for x in scrape(server) if x.name == "tts_http_requests_total"]
     # a method outside the usual seven is "other" (h11 takes any token: each would be a new series)
     httpx.request("PROPFIND", server + "/health")
     methods = {x.labels["method"] for x in scrape(server) if x.name == "tts_http_requests_total"}
