@@ -66,7 +66,7 @@ class EagerEngine:
                 previous = (text, codes)
                 if codes.shape[1]:
                     yield AudioChunk(self.audio_from_codes(codes), self.sample_rate, len(plan.reports) - 1, i)
-            if not any(r.frames for r in plan.reports):
+            if not plan.frames:
                 raise no_audio()
 
     def _generate_chunk(self, plan: Plan, index: int, previous: tuple[str, Tensor] | None,

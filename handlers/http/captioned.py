@@ -36,7 +36,7 @@ async def captioned_speech(request: Request, svc: Svc, server: Server):
     stream = await run_in_threadpool(svc.submit, job.request)
     tally = watch_speech(request, job, stream)  # in the speech histograms like /v1/audio/speech
     result = await until_disconnect(request, whole(stream, job, tally), stream)
-    frames = sum(r.frames for r in stream.reports)
+    frames = stream.frames
     cues = caption_cues(stream.reports, result.seconds / frames if frames else 0.0)
     headers = audio_headers(job, stream, unknown_fields(OpenAISpeechRequest, body))
     headers.pop("Content-Disposition", None)  # the answer is JSON, not a file

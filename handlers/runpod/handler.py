@@ -144,14 +144,14 @@ class JobHandler:
         if b64_size(total) > self.cfg.max_inline_bytes:
             # every piece went out on /stream; /runsync's aggregate of them may exceed RunPod's limit
             log.warning("streamed %d bytes: over the inline limit for clients that read the aggregate", total)
-        yield {"done": True, "seed": stream.seed, "frames": sum(r.frames for r in stream.reports), "bytes": total,
+        yield {"done": True, "seed": stream.seed, "frames": stream.frames, "bytes": total,
                "pieces": index, **ignored(speech)}
 
     async def _whole(self, job: dict, stream, speech: SpeechJob, opts: Options):
         audio = await whole(stream, speech)
         item = {"format": speech.format, "content_type": audio.content_type, "sample_rate": audio.sample_rate,
                 "seconds": round(audio.seconds, 3), "seed": stream.seed,
-                "frames": sum(r.frames for r in stream.reports), "bytes": len(audio.data), **ignored(speech)}
+                "frames": stream.frames, "bytes": len(audio.data), **ignored(speech)}
         too_big = b64_size(len(audio.data)) > self.cfg.max_inline_bytes
         if opts.upload or too_big:
             if not self.cfg.s3_bucket:
@@ -178,4 +178,4 @@ class JobHandler:
             if done > sent:
                 sent = done
                 self.progress(job, {"text_chunks_done": done, "text_chunks": total,
-                                    "frames": sum(r.frames for r in stream.reports)})
+                                    "frames": stream.frames})

@@ -157,7 +157,7 @@ async def _json_lines(stream, job):
         async for data in audio_bytes(stream, job):
             yield (json.dumps(audio_record(index, data, job.format, rate)) + "\n").encode()
             index += 1
-        frames = sum(r.frames for r in stream.reports)
+        frames = stream.frames
         yield (json.dumps({"done": True, "seed": stream.seed, "frames": frames,
                            "seconds": round(frames * 2048 / stream.sample_rate, 3)}) + "\n").encode()
     except Exception as e:  # noqa: BLE001 - headers are gone: report in-band

@@ -512,7 +512,7 @@ class Engine:
             nxt = Task(stream, plan, task.index + 1, prompt, dropped, task.frame_offset + len(task.frames))
             self._enqueue(nxt, front=True)
             return
-        if not any(r.frames for r in plan.reports):  # not one frame in any text chunk: say so, not 200 + 0 bytes
+        if not plan.frames:  # not one frame in any text chunk: say so, not 200 + 0 bytes
             self._end(stream, no_audio())  # a failed request: not counted as completed
             return
         self._end(stream, completed=True)

@@ -86,7 +86,7 @@ async def sse_events(stream: Stream, job: SpeechJob, tally: Tally | None = None)
         async for data in audio_bytes(stream, job, tally):
             started = True
             yield _event({"type": "speech.audio.delta", "audio": base64.b64encode(data).decode()})
-        frames = sum(r.frames for r in stream.reports)
+        frames = stream.frames
         yield _event({"type": "speech.audio.done", "usage": {"input_characters": job.characters,
                                                              "output_frames": frames, "seed": stream.seed}})
     except Exception as e:

@@ -51,6 +51,11 @@ class Plan:
     def seed(self) -> int:
         return self.request.seed
 
+    @property
+    def frames(self) -> int:
+        """Kept frames of the text chunks reported so far (0 when done: the generation made no audio)."""
+        return sum(r.frames for r in self.reports)
+
 
 class Planner:
     def __init__(self, ckpt: Checkpoint, config: EngineConfig, kv_positions: int | None = None,

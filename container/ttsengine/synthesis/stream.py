@@ -79,6 +79,11 @@ class Stream:
         return self.plan.reports
 
     @property
+    def frames(self) -> int:
+        """Kept frames so far (all of them once done)."""
+        return self.plan.frames
+
+    @property
     def cancelled(self) -> bool:
         return self._cancelled
 
