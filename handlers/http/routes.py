@@ -21,7 +21,7 @@ from ttsengine.serving.protocol import (
     ReferenceUpdate,
     SpeechJob,
     fish_job,
-    header_list,
+    ignored_header,
     openai_job,
     unknown_fields,
     validate,
@@ -151,9 +151,8 @@ def audio_headers(job: SpeechJob, stream, ignored: tuple[str, ...] = ()) -> dict
     headers = {"X-Seed": str(stream.seed), "X-Sample-Rate": str(rate), "Cache-Control": "no-store",
                # a name for browsers and `curl -OJ`; inline, so a browser plays it rather than saving it
                "Content-Disposition": f'inline; filename="speech.{job.format}"'}
-    if ignored:  # tolerant reading (TTS_STRICT_FIELDS off): say what was dropped, so a typo is not silent
-        headers["X-Ignored-Fields"] = header_list(ignored)
-    return headers
+    # tolerant reading (TTS_STRICT_FIELDS off): say what was dropped, so a typo is not silent
+    return {**headers, **ignored_header(ignored)}
 
 
 async def until_disconnect(request: Request, work, stream):

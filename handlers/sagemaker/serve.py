@@ -24,7 +24,7 @@ from ttsengine import SageMakerConfig, ServerConfig, TTSError, audio_bytes, audi
 from ttsengine.serving.body_limit import BodyLimit
 from ttsengine.serving.failure import failure
 from ttsengine.serving.listen import HeadAsGet, port_problem
-from ttsengine.serving.protocol import header_list
+from ttsengine.serving.protocol import ignored_header
 from ttsengine.serving.service import Service, setup_logging
 
 from . import inference
@@ -116,12 +116,12 @@ def create_app(server: ServerConfig, service: Service) -> FastAPI:
                 job = inference.job_for(body, service.voices, server=server)
                 stream = await run_in_threadpool(service.submit, job.request)
                 return StreamingResponse(_json_lines(stream, job), media_type="application/jsonlines",
-                                         headers={"X-Seed": str(stream.seed), **ignored_header(job)})
+                                         headers={"X-Seed": str(stream.seed), **ignored_header(job.ignored)})
             prediction = await run_in_threadpool(inference.predict_fn, body, service)
             data, content_type = await run_in_threadpool(inference.output_fn, prediction,
                                                          request.headers.get("accept"))
             return Response(data, media_type=content_type,
-                            headers={"X-Seed": str(prediction.result.seed), **ignored_header(prediction.job)})
+                            headers={"X-Seed": str(prediction.result.seed), **ignored_header(prediction.job.ignored)})
         except Exception as e:  # noqa: BLE001 - a JSON error with a status, never a stack trace
             status = inference.http_status(e)
             known = isinstance(e, TTSError) or hasattr(e, "status_code")
@@ -133,11 +133,6 @@ def create_app(server: ServerConfig, service: Service) -> FastAPI:
             return error(status, inference.error_message(e), failure(e.__cause__ or e).retry_after)
 
     return app
-
-
-def ignored_header(job) -> dict:
-    """A tolerant reading (TTS_STRICT_FIELDS off) names what it dropped, as the HTTP server does."""
-    return {"X-Ignored-Fields": header_list(job.ignored)} if job.ignored else {}
 
 
 def error_body(status: int, message: str) -> dict:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import json
 import logging
 import time
@@ -42,6 +43,23 @@ class Tally:
             self.first_audio_at = time.perf_counter()
 
 
+@contextlib.contextmanager
+def _delivering(stream: Stream, tally: Tally):
+    """Around one delivery: the tally's outcome (ok, error, or cancelled when the consumer stopped early:
+    GeneratorExit, a cancelled task), and the engine slot freed if the stream did not run to its end."""
+    try:
+        yield
+        tally.outcome = "ok"
+    except Exception:
+        tally.outcome = "error"
+        raise
+    finally:
+        if tally.outcome is None:
+            tally.outcome = "cancelled"
+        if not stream.done:
+            stream.cancel()  # the consumer stopped early: free the engine slot
+
+
 def encoder_for(job: SpeechJob, native_rate: int, streaming: bool = True) -> AudioEncoder:
     return AudioEncoder(job.format, native_rate, job.sample_rate, job.speed, streaming=streaming)
 
@@ -56,7 +74,7 @@ async def audio_bytes(stream: Stream, job: SpeechJob, tally: Tally | None = None
     """Encoded audio bytes as the engine produces them (one stream, one encoder)."""
     enc = encoder_for(job, stream.sample_rate)
     tally = tally if tally is not None else Tally()
-    try:
+    with _delivering(stream, tally):
         async for chunk in stream:
             data = await asyncio.to_thread(enc.encode, scaled(chunk.audio, job.volume))
             tally.audio(enc, data)
@@ -66,15 +84,6 @@ async def audio_bytes(stream: Stream, job: SpeechJob, tally: Tally | None = None
         tally.audio(enc, tail)
         if tail:
             yield tail
-        tally.outcome = "ok"
-    except Exception:
-        tally.outcome = "error"
-        raise
-    finally:
-        if tally.outcome is None:
-            tally.outcome = "cancelled"  # the consumer stopped early (GeneratorExit, a cancelled task)
-        if not stream.done:
-            stream.cancel()  # the consumer stopped early: free the engine slot
 
 
 async def sse_events(stream: Stream, job: SpeechJob, tally: Tally | None = None) -> AsyncIterator[bytes]:
@@ -112,21 +121,12 @@ async def whole(stream: Stream, job: SpeechJob, tally: Tally | None = None) -> E
     enc = encoder_for(job, stream.sample_rate, streaming=False)
     tally = tally if tally is not None else Tally()
     parts = []
-    try:
+    with _delivering(stream, tally):
         async for chunk in stream:
             parts.append(await asyncio.to_thread(enc.encode, scaled(chunk.audio, job.volume)))
             tally.audio_seconds = enc.seconds
         parts.append(await asyncio.to_thread(enc.finish))
         data = b"".join(parts)
         tally.audio(enc, data)
-        tally.outcome = "ok"
-    except Exception:
-        tally.outcome = "error"
-        raise
-    finally:
-        if tally.outcome is None:
-            tally.outcome = "cancelled"
-        if not stream.done:
-            stream.cancel()
     return EncodedAudio(data, enc.content_type, enc.rate, enc.seconds)
 

@@ -177,10 +177,11 @@ def _check_shape(body: dict) -> None:
             raise InputError("body has an integer with too many digits (the limit is 64 bits)")
 
 
-def header_list(names: tuple[str, ...], limit: int = 1000) -> str:
-    """Field names for a response header (X-Ignored-Fields): a body's keys may hold any character, CR and LF
-    included, and a header takes visible ASCII only, so each name is percent-encoded (commas too)."""
-    return ",".join(quote(str(n), safe="") for n in names)[:limit]
+def ignored_header(names: tuple[str, ...], limit: int = 1000) -> dict[str, str]:
+    """X-Ignored-Fields naming the fields a tolerant reading dropped ({} when none): a body's keys may hold any
+    character, CR and LF included, and a header takes visible ASCII only, so each name is percent-encoded (commas
+    too)."""
+    return {"X-Ignored-Fields": ",".join(quote(str(n), safe="") for n in names)[:limit]} if names else {}
 
 
 def unknown_fields(model: type[BaseModel], body: dict) -> tuple[str, ...]:
@@ -298,5 +299,5 @@ def job_from_body(body: dict, voices: VoiceStore | None, check_only: bool = Fals
 
 
 __all__ = ["FORMATS", "OPENAI_VOICES", "FishTTSRequest", "OpenAISpeechRequest", "ReferenceUpdate", "SpeechJob",
-           "fish_job", "header_list", "job_from_body", "openai_job", "parse_body", "unknown_fields", "validate",
+           "fish_job", "ignored_header", "job_from_body", "openai_job", "parse_body", "unknown_fields", "validate",
            "voice_references"]
