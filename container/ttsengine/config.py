@@ -122,6 +122,25 @@ DEVICE = Kind(str.lower, "auto | cpu | cuda | cuda:N", _device)
 DTYPE = choice("auto", "bfloat16", "float16", "float32")
 DEVICES = Kind(lambda text: ",".join(d.strip() for d in text.lower().split(",")),
                "auto or a comma-separated list of cpu, cuda, cuda:N", _devices)
+FUSED_KERNEL_NAMES = ("fast_attention", "codebook_sampler", "vocab_scan")  # engine/settings.py resolves them
+
+
+def _fused(value) -> str | None:
+    if value in ("auto", "off"):
+        return None
+    bad = [k for k in value.split(",") if k not in FUSED_KERNEL_NAMES]
+    return f"{', '.join(map(repr, bad))} not one of {', '.join(FUSED_KERNEL_NAMES)}" if bad else None
+
+
+def _fused_words(text: str) -> str:
+    # auto/on/off words as switches; otherwise a list of kernel names, kept in the given order
+    word = SWITCH_WORDS.get(text.strip().lower())
+    if word is not None:
+        return "auto" if word == "on" else word
+    return ",".join(k.strip() for k in text.lower().split(",") if k.strip())
+
+
+FUSED = Kind(_fused_words, "auto | off | a comma-separated list of " + ", ".join(FUSED_KERNEL_NAMES), _fused)
 
 
 @dataclass(frozen=True)
@@ -195,6 +214,7 @@ class EngineConfig:
     lazy_graphs: bool = True  # capture only the smallest bucket before ready, the others when idle or first used
     prefill_graphs: str = "auto"  # the prefill as CUDA graphs per padded shape: auto (= on with graphs) | off
     compile: str = "auto"  # torch.compile of the decode step: auto (on with CUDA, torch >= 2.6) | on | off
+    fused_kernels: str = "auto"  # the decode step's fused Triton kernels: auto (all, on CUDA) | off | a list of names
     codec_compile: str = "off"  # torch.compile the streaming codec too: on | off, auto = off (~18 s per start)
     snake_kernel: str = "auto"  # Snake as one Triton kernel in the eager codec: auto (on CUDA with Triton) | off
     cudnn_benchmark: str = "auto"  # cuDNN autotuning: auto = codec graph captures only | on | off
@@ -261,6 +281,11 @@ ENGINE_VARS = (
         "auto (= on with CUDA graphs) | off: each new request's prefill replays a CUDA graph of its padded shape "
         "(rows 1-8, positions 64-2048) instead of ~2,000 eager kernel launches", dev=True),
     Var("TTS_COMPILE", "compile", switch(), "auto | on | off: torch.compile the decode step", dev=True),
+    Var("TTS_FUSED_KERNELS", "fused_kernels", FUSED,
+        "auto (= all, on CUDA with Triton) | off | a comma-separated list of fast_attention (the fast layers' "
+        "cache write + attention as one Triton kernel) and codebook_sampler (a codebook's penalty, top-p, "
+        "temperature and draw as one kernel) and vocab_scan (top-p's cumulative sum over the slow vocabulary in "
+        "1,024-wide blocks, in parallel): the decode step's fused kernels", dev=True),
     Var("TTS_CODEC_COMPILE", "codec_compile", switch(),
         "on | off (auto = off): torch.compile the streaming codec as well (~1 ms faster per small chunk on an H100; "
         "its trace adds ~18 s to every start)", dev=True),

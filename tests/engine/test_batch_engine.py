@@ -55,6 +55,25 @@ def test_more_requests_than_slots_all_finish_equal(engine, eager_engine):
         same(eager_engine.synthesize(req), stream.result())
 
 
+def test_the_fused_fast_attention_path_equals_the_reference(eager_engine):
+    # TTS_FUSED_KERNELS=fast_attention on CPU: the fast layers read their cache as a paged pool through the
+    # slow layers' write + attention op (its reference path here; the Triton kernel on the GPU, test_gpu.py)
+    from conftest import MODEL_DIR
+
+    from ttsengine import Engine, EngineConfig
+
+    eng = Engine.load(EngineConfig(model_dir=MODEL_DIR, device="cpu", max_batch=4, fused_kernels="fast_attention"))
+    try:
+        assert eng.runner.ops.frame.paged_fast and eng.runner.ops.frame.sample_codebook is None
+        reqs = [SynthesisRequest(text=f"Fused path {i}.", seed=40 + i, max_new_tokens=10 + 7 * i,
+                                 repetition_penalty=1.0 + 0.2 * i) for i in range(6)]
+        streams = [eng.submit(r) for r in reqs]  # 6 requests through 4 slots: joins, leaves, slot moves
+        for req, stream in zip(reqs, streams):
+            same(eager_engine.synthesize(req), stream.result())
+    finally:
+        eng.close()
+
+
 def test_audio_streams_before_the_request_ends(engine):
     stream = engine.submit(SynthesisRequest(text="Stream me.", seed=9, max_new_tokens=60), ignore_stop=True)
     chunks = list(stream)

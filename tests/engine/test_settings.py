@@ -38,3 +38,16 @@ def test_cudnn_autotune_mode_on_cuda(switch, graphs, want):
 def test_cpu_defaults(ckpt):
     s = BatchSettings.resolve(EngineConfig(model_dir=MODEL_DIR, device="cpu"), ckpt)
     assert not s.cuda_graphs and not s.compile and not s.snake_kernel and s.buckets[-1] == 8
+
+
+def test_fused_kernels_resolve_per_device():
+    from ttsengine.engine.settings import fused_kernels
+    from ttsengine.model.kernels.triton_support import triton_available
+
+    assert fused_kernels("off", True, True) == frozenset()
+    assert fused_kernels("auto", False, False) == frozenset()  # CPU: the reference step
+    everything = {"vocab_scan", "codebook_sampler", "fast_attention"} if triton_available() else {"vocab_scan"}
+    assert fused_kernels("auto", True, True) == everything
+    assert "fast_attention" not in fused_kernels("auto", True, False)  # an fp32 cache: no 16-bit kernel
+    # a named list as asked (CPU tests run the fast attention's reference path), but never the sampler on CPU
+    assert fused_kernels("fast_attention,codebook_sampler", False, False) == {"fast_attention"}

@@ -33,6 +33,7 @@ class RunnerConfig:
     num_pages: int  # including the scratch page 0
     penalty_window: int
     triton_attention: bool  # the Triton paged kernel (CUDA) instead of the gather + SDPA reference
+    fused: frozenset[str] = frozenset()  # the step's fused kernels (settings.fused_kernels; compile/units.py)
 
 
 @dataclass
@@ -69,7 +70,7 @@ class Runner:
         self.fresh = torch.zeros(S, dtype=torch.bool, device=dev)  # the next frame is the stream's first
         self.out = torch.zeros(S, n + 1, dtype=torch.int64, device=dev)  # frames made by the last step
         self._attend = write_and_attend_op()
-        self.ops = StepOps.eager(self._attend, cfg.triton_attention)
+        self.ops = StepOps.eager(self._attend, cfg.triton_attention, cfg.fused)
         self.prefill_graphs = None  # a GraphSet over prefill_layers keyed by prefill_key (the engine's)
         # host side: pages held per slot; page 0 is scratch and never handed out
         self.slot_pages: list[list[int]] = [[] for _ in range(S)]
@@ -208,7 +209,8 @@ class Runner:
 
         register_top_p_op()
         _dynamo.config.cache_size_limit = max(_dynamo.config.cache_size_limit, 64)
-        self.ops = StepOps.compiled(self._attend, self.cfg.triton_attention, self.cfg.max_slots, store)
+        self.ops = StepOps.compiled(self._attend, self.cfg.triton_attention, self.cfg.max_slots, store,
+                                    self.cfg.fused)
         self.compiled = True
 
     def precompiled(self) -> dict[str, int] | None:
@@ -216,7 +218,7 @@ class Runner:
         return self.ops.precompiled()
 
     def disable_compile(self) -> None:
-        self.ops = StepOps.eager(self._attend, self.cfg.triton_attention)
+        self.ops = StepOps.eager(self._attend, self.cfg.triton_attention, self.cfg.fused)
         self.compiled = False
 
 

@@ -39,6 +39,25 @@ def cudnn_autotune_mode(switch: str, cuda: bool, graphs: bool) -> str:
     return "graphs" if graphs else "off"
 
 
+def fused_kernels(switch: str, cuda: bool, triton_attention: bool) -> frozenset[str]:
+    """TTS_FUSED_KERNELS -> the decode step's fused kernels in use. auto: all where they are fast (CUDA; the
+    Triton ones with Triton, the fast attention with the 16-bit cache its Triton kernel reads). A named list is taken as
+    asked, except the codebook sampler without CUDA (Triton's interpreter would crawl): the fast attention
+    then runs its reference path (gather + SDPA), which CPU tests use."""
+    if switch == "off":
+        return frozenset()
+    if switch == "auto":
+        if not cuda:
+            return frozenset()
+        return frozenset({"vocab_scan"} | ({"codebook_sampler"} if triton_available() else set())
+                         | ({"fast_attention"} if triton_attention else set()))
+    names = frozenset(switch.split(","))
+    if "codebook_sampler" in names and not (cuda and triton_available()):
+        log.warning("TTS_FUSED_KERNELS: codebook_sampler needs CUDA and Triton; sampling runs unfused")
+        names -= {"codebook_sampler"}
+    return names
+
+
 def choose_preset(config: EngineConfig, device: torch.device) -> Preset:
     if config.memory_preset != "auto":
         return by_name(config.memory_preset)
@@ -127,10 +146,11 @@ class BatchSettings:
             buckets.append(b)
             b *= 2
         buckets.append(max_batch)
+        # the kernel's dot products are 16-bit; an fp32 cache keeps the exact path
+        triton_attention = cuda and triton_available() and model.norm.weight.element_size() == 2
         runner = RunnerConfig(max_slots=max_batch, page_size=PAGE_SIZE, num_pages=num_pages,
-                              penalty_window=ckpt.family.RULES.penalty_window,
-                              # the kernel's dot products are 16-bit; an fp32 cache keeps the exact path
-                              triton_attention=cuda and triton_available() and model.norm.weight.element_size() == 2)
+                              penalty_window=ckpt.family.RULES.penalty_window, triton_attention=triton_attention,
+                              fused=fused_kernels(config.fused_kernels, cuda, triton_attention))
         return BatchSettings(runner=runner, max_queue=config.max_queue or 2 * max_batch,
                              prefill_tokens=config.prefill_tokens, first_chunk_frames=config.first_chunk_frames,
                              stream_chunk_frames=config.stream_chunk_frames, cuda_graphs=graphs,

@@ -2,8 +2,8 @@
 codebook by codebook (S1 spec §6.2). Batched, no host sync; the same function serves the eager
 reference and the graphed GPU step.
 
-The per-codebook work goes through `FrameOps`, so the engine can swap in compiled versions of the
-same three functions (every fast position has the same shapes: attention always spans all n slots,
+The per-codebook work goes through `FrameOps`, so the engine can swap in compiled or fused versions of
+the same functions (every fast position has the same shapes: attention always spans all cache slots,
 masked, so one compiled graph serves them all).
 """
 
@@ -17,7 +17,7 @@ from torch import Tensor, nn
 
 from .dual_ar import DualAR
 from .layers import KVCache, causal_mask_from_positions
-from .sampling import RepetitionWindow, SamplingTensors, draw, exponential_noise, logits_to_probs
+from .sampling import SCAN_BLOCK, RepetitionWindow, SamplingTensors, draw, exponential_noise, logits_to_probs
 
 # Upstream samples residual codebooks from the first 1024 fast logits only (the codec's codebooks
 # have 1024 entries); with a smaller codebook the cut is a no-op.
@@ -25,10 +25,17 @@ FAST_LOGITS_LIMIT = 1024
 
 
 def sample_token(logits: Tensor, temperature: Tensor, top_p: Tensor, penalty: Tensor, previous_ids: Tensor | None,
-                 seed_lo: Tensor, seed_hi: Tensor, counter: Tensor) -> Tensor:
+                 seed_lo: Tensor, seed_hi: Tensor, counter: Tensor, scan_block: int = 0) -> Tensor:
     """logits: [B, V] -> token ids int64 [B] (penalty, top-p, temperature, then a keyed Exp(1) draw)."""
-    probs = logits_to_probs(logits, temperature, top_p, penalty, previous_ids)
+    probs = logits_to_probs(logits, temperature, top_p, penalty, previous_ids, scan_block)
     return draw(probs, exponential_noise(seed_lo, seed_hi, counter, probs.shape[-1]))
+
+
+def sample_token_blocked(logits: Tensor, temperature: Tensor, top_p: Tensor, penalty: Tensor,
+                         previous_ids: Tensor | None, seed_lo: Tensor, seed_hi: Tensor, counter: Tensor) -> Tensor:
+    """sample_token with top-p's cumulative sum in blocks (sampling.blocked_cumsum): the wide vocabulary's scan
+    in parallel on the GPU. Same tokens but where the two sums round differently at the cut."""
+    return sample_token(logits, temperature, top_p, penalty, previous_ids, seed_lo, seed_hi, counter, SCAN_BLOCK)
 
 
 def fast_layer_step(layer: nn.Module, x: Tensor, rope: Tensor, cache_k: Tensor, cache_v: Tensor, pos: Tensor,
@@ -44,9 +51,19 @@ def fast_logits(model: DualAR, x: Tensor, limit: int) -> Tensor:
 
 @dataclass(frozen=True)
 class FrameOps:
-    sample: Callable = sample_token
+    sample: Callable = sample_token  # the slow token (and the codebooks unless sample_codebook is set)
     fast_layer: Callable = fast_layer_step
     fast_head: Callable = fast_logits
+    sample_codebook: Callable | None = None  # a codebook's token (engine/compile/units.py: the fused kernel)
+    # True: fast_layer has the slow layer's signature (engine/compile/units.make_slow_layer) and reads its cache
+    # [B, Hk, L, d] as a paged pool of B pages of L = _fast_cache_len positions, row b's page b (no mask);
+    # False: fast_layer_step over a masked [B, Hk, n, d] cache
+    paged_fast: bool = False
+
+
+def _fast_cache_len(n: int, paged: bool) -> int:
+    # the paged kernel's page: a power of two, >= 16 (its tl.dot tiles)
+    return max(16, 1 << (n - 1).bit_length()) if paged else n
 
 
 def sample_frame(model: DualAR, slow_logits: Tensor, slow_hidden: Tensor, params: SamplingTensors,
@@ -67,24 +84,34 @@ def sample_frame(model: DualAR, slow_logits: Tensor, slow_hidden: Tensor, params
                         window.slow_ids() if window is not None else None, params.seed_lo, params.seed_hi, counter)
 
     f = model.cfg.fast
-    caches = [KVCache.empty(B, f.n_local_heads, n, f.head_dim, slow_hidden.dtype, device) for _ in model.fast_layers]
+    L = _fast_cache_len(n, ops.paged_fast)
+    caches = [KVCache.empty(B, f.n_local_heads, L, f.head_dim, slow_hidden.dtype, device) for _ in model.fast_layers]
+    # every position's inputs at once (two small kernels a frame, not three per position): row k of
+    # positions [n, B] and ropes [n, B, d/2, 2] is position k's, contiguous
+    positions = torch.arange(n, device=device)[:, None].expand(n, B).contiguous()
+    ropes = model.rope_fast[positions]
+    table = torch.arange(B, device=device, dtype=torch.int32)[:, None] if ops.paged_fast else None  # [B, 1]
     # Fast position 0 reads the slow hidden; its logits are unused (codebook 0 is the slow token).
     x = model.fast_input(slow_hidden)[:, None]
     # No upper clamp upstream; ids past the semantic range would index out of fast_embeddings.
     code = (token0 - model.semantic_begin_id).clamp(0, cb - 1)
     frame = [token0, code]
     limit = min(FAST_LOGITS_LIMIT, cb)
+    sample_codebook = ops.sample_codebook or ops.sample
     for k in range(n):
-        pos = torch.full((B, 1), k, dtype=torch.int64, device=device)
-        rope, mask = model.rope_fast[pos], causal_mask_from_positions(pos, n)
+        pos, rope = positions[k][:, None], ropes[k][:, None]  # [B, 1], [B, 1, d/2, 2]
+        mask = None if ops.paged_fast else causal_mask_from_positions(pos, L)
         for layer, c in zip(model.fast_layers, caches):
-            x = ops.fast_layer(layer, x, rope, c.k, c.v, pos, mask)
+            if ops.paged_fast:
+                x = ops.fast_layer(layer, x, rope, c.k, c.v, table, positions[k])
+            else:
+                x = ops.fast_layer(layer, x, rope, c.k, c.v, pos, mask)
         if k == 0:
             x = model.fast_embeddings(code)[:, None]
             continue
-        code = ops.sample(ops.fast_head(model, x, limit), params.temperature, params.top_p, penalty,
-                          window.codebook_ids(k) if window is not None else None, params.seed_lo, params.seed_hi,
-                          counter + k)
+        code = sample_codebook(ops.fast_head(model, x, limit), params.temperature, params.top_p, penalty,
+                               window.codebook_ids(k) if window is not None else None, params.seed_lo,
+                               params.seed_hi, counter + k)
         frame.append(code)
         if k + 1 < n:
             x = model.fast_embeddings(code)[:, None]

@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 _M32 = 0xFFFFFFFF
@@ -48,21 +49,37 @@ def apply_repetition_penalty(logits: Tensor, ids: Tensor, penalty: Tensor) -> Te
 
 
 def logits_to_probs(logits: Tensor, temperature: Tensor, top_p: Tensor, penalty: Tensor,
-                    previous_ids: Tensor | None = None) -> Tensor:
+                    previous_ids: Tensor | None = None, scan_block: int = 0) -> Tensor:
     """logits: [B, V] -> probs [B, V] float32: penalty, then top-p on the penalised logits (softmax
     without temperature, always keep the best), then divide by temperature, softmax."""
     logits = logits.float()
     if previous_ids is not None:
         logits = apply_repetition_penalty(logits, previous_ids, penalty)
-    logits = (_TOP_P_OP or top_p_filter)(logits, top_p)
+    logits = (_TOP_P_OP or top_p_filter)(logits, top_p, scan_block)
     return torch.softmax(logits / temperature.clamp(min=1e-5)[:, None], dim=-1)
 
 
-def top_p_filter(logits: Tensor, top_p: Tensor) -> Tensor:
+SCAN_BLOCK = 1024  # columns per block of blocked_cumsum (the slow vocabulary: 153 blocks a row)
+
+
+def blocked_cumsum(x: Tensor, block: int) -> Tensor:
+    """x: [B, V] -> cumsum over V, computed per block of `block` columns plus each block's offset: the same
+    sums in another order (fp32 rounding differs), but B * V / block GPU blocks work at once where torch's
+    scan gives a row one (155,776 columns: ~190 us for a row on an H100, whatever the batch)."""
+    B, V = x.shape
+    inner = F.pad(x, (0, -V % block)).view(B, -1, block).cumsum(-1)  # [B, blocks, block]
+    offsets = F.pad(inner[:, :-1, -1].cumsum(-1), (1, 0))  # [B, blocks]: the sum of the blocks before
+    return (inner + offsets[:, :, None]).view(B, -1)[:, :V]
+
+
+def top_p_filter(logits: Tensor, top_p: Tensor, scan_block: int = 0) -> Tensor:
     """logits: float [B, V]; top_p: [B] -> logits with everything outside each row's nucleus at -inf
-    (cumulative softmax without temperature > top_p is dropped; the best entry always stays)."""
+    (cumulative softmax without temperature > top_p is dropped; the best entry always stays).
+    scan_block > 0: the cumulative sum in blocks (blocked_cumsum) when V is wider than a block."""
     sorted_logits, order = torch.sort(logits, dim=-1, descending=True)
-    cum = torch.softmax(sorted_logits, dim=-1).cumsum(dim=-1)
+    probs = torch.softmax(sorted_logits, dim=-1)
+    V = probs.shape[-1]
+    cum = blocked_cumsum(probs, scan_block) if 0 < scan_block < V else probs.cumsum(dim=-1)
     drop_sorted = cum > top_p[:, None]
     drop_sorted[:, 0] = False
     drop = drop_sorted.scatter(-1, order, drop_sorted)
@@ -82,7 +99,7 @@ def register_top_p_op() -> None:
 
     if _TOP_P_OP is None and hasattr(torch.library, "custom_op"):
         op = torch.library.custom_op("ttsengine::top_p_filter", mutates_args=())(top_p_filter)
-        op.register_fake(lambda logits, top_p: torch.empty_like(logits))
+        op.register_fake(lambda logits, top_p, scan_block=0: torch.empty_like(logits))
         _TOP_P_OP = op
 
 

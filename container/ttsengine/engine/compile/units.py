@@ -17,7 +17,8 @@ from pathlib import Path
 import torch
 from torch import Tensor, nn
 
-from ...model.frame import FrameOps, fast_layer_step, fast_logits, sample_token
+from ...model.frame import FrameOps, fast_layer_step, fast_logits, sample_token, sample_token_blocked
+from ...model.kernels.codebook_sampler import sample_codebook_triton
 
 
 def make_slow_layer(attend: Callable, use_triton: bool) -> Callable:
@@ -31,6 +32,22 @@ def make_slow_layer(attend: Callable, use_triton: bool) -> Callable:
         return x + layer.feed_forward(layer.ffn_norm(x))
 
     return slow_layer
+
+
+def frame_ops(attend: Callable, use_triton: bool, fused: frozenset[str], wrap: Callable | None = None) -> FrameOps:
+    """The frame's ops with the `fused` kernels in place; wrap(fn, name, batch_args) compiles a unit (None:
+    eager). The codebook sampler is a Triton kernel itself: never traced."""
+    wrap = wrap or (lambda fn, name, batch_args: fn)
+    # fast_attention: the fast layer is the slow layer's function (one Triton kernel for the cache write +
+    # GQA attention on CUDA instead of scatter, repeat, mask and SDPA) over a cache seen as a paged pool
+    fast_layer = (wrap(make_slow_layer(attend, use_triton), "fast_layer_paged", (1, 2, 5, 6))
+                  if "fast_attention" in fused else wrap(fast_layer_step, "fast_layer", (1, 2, 3, 4, 5, 6)))
+    sample = (wrap(sample_token_blocked, "sample_blocked", (0, 1, 2, 3, 4, 5, 6, 7)) if "vocab_scan" in fused
+              else wrap(sample_token, "sample", (0, 1, 2, 3, 4, 5, 6, 7)))
+    return FrameOps(sample=sample, fast_layer=fast_layer,
+                    fast_head=wrap(fast_logits, "fast_head", (1,)),
+                    sample_codebook=sample_codebook_triton if "codebook_sampler" in fused else None,
+                    paged_fast="fast_attention" in fused)
 
 
 class Compiled:
@@ -63,11 +80,12 @@ class StepOps:
         return {"loaded": sum(u.loaded for u in units), "compiled": sum(u.compiled for u in units)}
 
     @staticmethod
-    def eager(attend: Callable, use_triton: bool) -> StepOps:
-        return StepOps(make_slow_layer(attend, use_triton), FrameOps())
+    def eager(attend: Callable, use_triton: bool, fused: frozenset[str] = frozenset()) -> StepOps:
+        return StepOps(make_slow_layer(attend, use_triton), frame_ops(attend, use_triton, fused))
 
     @staticmethod
-    def compiled(attend: Callable, use_triton: bool, max_batch: int, store: Path | None = None) -> StepOps:
+    def compiled(attend: Callable, use_triton: bool, max_batch: int, store: Path | None = None,
+                 fused: frozenset[str] = frozenset()) -> StepOps:
         """`store`: directory of precompiled units (None: plain torch.compile units)."""
 
         def unit(fn: Callable, name: str, batch_args: tuple[int, ...]) -> Callable:
@@ -80,7 +98,5 @@ class StepOps:
 
             return Precompiled(fn, name, batch_args, max_batch, store, plain)
 
-        frame = FrameOps(sample=unit(sample_token, "sample", (0, 1, 2, 3, 4, 5, 6, 7)),
-                         fast_layer=unit(fast_layer_step, "fast_layer", (1, 2, 3, 4, 5, 6)),
-                         fast_head=unit(fast_logits, "fast_head", (1,)))
-        return StepOps(unit(make_slow_layer(attend, use_triton), "slow_layer", (1, 2, 5, 6)), frame)
+        return StepOps(unit(make_slow_layer(attend, use_triton), "slow_layer", (1, 2, 5, 6)),
+                       frame_ops(attend, use_triton, fused, unit))

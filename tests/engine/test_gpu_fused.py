@@ -1,0 +1,100 @@
+"""The decode step's fused kernels (TTS_FUSED_KERNELS) against the unfused path on the GPU (marker `gpu`).
+
+fp32: tokens must be equal exactly. bf16: the fused kernels round differently from the unfused ones (the
+attention's dot products run on tensor cores in bf16, the sampler keeps every probability tied at the
+top-p cut where the reference's unstable sort keeps some), so the kernels are compared at a tolerance and
+the draws on bf16 logits must agree on >= 99% of rows.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from conftest import MODEL_DIR
+from test_gpu import REQUESTS, tokens
+from torch_helpers import no_tf32
+
+from ttsengine import EngineConfig
+from ttsengine.model.frame import sample_token
+from ttsengine.model.kernels.codebook_sampler import sample_codebook_triton
+from ttsengine.model.kernels.paged_attention import PagedKV, paged_decode_reference, paged_write_decode_triton
+from ttsengine.model.sampling import SamplingTensors
+
+pytestmark = pytest.mark.gpu
+
+
+def cfg(**kw) -> EngineConfig:
+    return EngineConfig(model_dir=MODEL_DIR, device="cuda", max_batch=8, **kw)
+
+
+def draws(B, V, dtype, seed):
+    g = torch.Generator().manual_seed(seed)
+    logits = (torch.randn(B, V, generator=g) * 4).to("cuda", dtype)
+    p = SamplingTensors.from_values([(0.3 + 0.9 * torch.rand(1, generator=g).item(),
+                                      0.5 + 0.5 * torch.rand(1, generator=g).item(),
+                                      1.0 + 0.5 * torch.rand(1, generator=g).item(), 1000 + i) for i in range(B)],
+                                    "cuda")
+    ids = torch.randint(0, min(V, 1024), (B, 16), generator=g).to("cuda")
+    counter = torch.randint(0, 2**40, (B,), generator=g).to("cuda")
+    args = (p.temperature, p.top_p, p.repetition_penalty, ids, p.seed_lo, p.seed_hi, counter)
+    return sample_codebook_triton(logits, *args), sample_token(logits, *args)
+
+
+@pytest.mark.parametrize("V", [1024, 4096, 160])
+def test_codebook_sampler_equals_the_reference_fp32(V):
+    for seed in range(4):
+        got, want = draws(512, V, torch.float32, seed)
+        assert torch.equal(got, want), (got != want).nonzero()
+
+
+def test_codebook_sampler_agrees_on_bf16_logits():
+    got, want = draws(4096, 1024, torch.bfloat16, 0)
+    assert (got == want).float().mean().item() >= 0.99
+
+
+def test_paged_kernel_as_the_fast_layers_attention():
+    # the fast cache [B, Hk, 16, d] as a pool of B one-page rows, positions 0..9 (the real config: 16/8/64)
+    g = torch.Generator().manual_seed(0)
+    for dtype, tol in ((torch.bfloat16, 2e-2), (torch.float16, 2e-3)):
+        B, H, Hk, d, L = 64, 16, 8, 64, 16
+        for p in range(10):
+            kv = PagedKV.empty(B, Hk, L, d, dtype, "cuda")
+            kv.k.copy_(torch.randn(kv.k.shape, generator=g))
+            kv.v.copy_(torch.randn(kv.v.shape, generator=g))
+            table = torch.arange(B, device="cuda", dtype=torch.int32)[:, None]
+            pos = torch.full((B,), p, device="cuda")
+            q, k_new, v_new = (torch.randn(B, h, d, generator=g).to("cuda", dtype) for h in (H, Hk, Hk))
+            ref = PagedKV(kv.k.clone(), kv.v.clone())
+            ref.write(table, pos[:, None], k_new[:, None], v_new[:, None])
+            want = paged_decode_reference(q, ref, table, (pos + 1).to(torch.int32)).float()
+            got = paged_write_decode_triton(q, k_new, v_new, kv, table, pos).float()
+            assert (got - want).abs().max().item() < tol, (dtype, p)
+            assert torch.equal(kv.k, ref.k) and torch.equal(kv.v, ref.v)
+
+
+@pytest.fixture
+def exact_fp32():
+    with no_tf32():
+        yield
+
+
+@pytest.mark.parametrize("graphs,compile_", [("on", "on"), ("off", "off")])
+def test_fused_step_equals_unfused_tokens_fp32(exact_fp32, graphs, compile_):
+    # fp32 caches: the fast attention runs its reference path inside the fused layer (the Triton kernel is
+    # 16-bit), the codebook sampler its kernel; compiled units + graphs and eager both
+    fused = tokens(cfg(cuda_graphs=graphs, compile=compile_, dtype="float32", codec_dtype="float32",
+                       fused_kernels="fast_attention,codebook_sampler"))
+    plain = tokens(cfg(cuda_graphs="off", compile="off", dtype="float32", codec_dtype="float32",
+                       fused_kernels="off"))
+    assert len(fused) == len(REQUESTS)
+    for f, e in zip(fused, plain):
+        assert len(f) == len(e) and all(np.array_equal(a, b) for a, b in zip(f, e))
+
+
+def test_fused_bf16_graphs_equal_fused_bf16_eager():
+    # both fused kernels (auto, bf16: the fast attention's Triton kernel too) replayed in graphs == run eagerly
+    graphed = tokens(cfg(cuda_graphs="on", compile="off"))
+    eager = tokens(cfg(cuda_graphs="off", compile="off", fused_kernels="fast_attention,codebook_sampler"))
+    for g, e in zip(graphed, eager):
+        assert len(g) == len(e) and all(np.array_equal(a, b) for a, b in zip(g, e))
