@@ -25,9 +25,10 @@ from dataclasses import dataclass, field
 
 
 def prefix_key(prompt, prefix_len: int, page_size: int) -> tuple[str | None, int]:
-    """prompt: int64 [n+1, T] (a CPU tensor or array); prefix_len: its shareable prefix's positions -> (key of the
-    prefix's whole pages, how many pages); (None, 0) when the prefix fills no page."""
-    pages = min(prefix_len, prompt.shape[1] - 1) // page_size  # the last prompt token is the decode step's input
+    """prompt: int64 [n+1, T] (a CPU tensor or array); prefix_len: its shareable prefix's positions (below T - 1
+    for a whole prompt: the last token is the decode step's input, never prefilled) -> (key of the prefix's whole
+    pages, how many pages); (None, 0) when the prefix fills no page."""
+    pages = min(prefix_len, prompt.shape[1]) // page_size
     if pages == 0:
         return None, 0
     head = prompt[:, : pages * page_size]
