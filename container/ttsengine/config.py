@@ -207,7 +207,8 @@ class EngineConfig:
     max_queue: int = 0  # requests waiting for a slot before new ones get "busy"; 0 = auto (2 x max_batch)
     kv_cache_tokens: int = 0  # KV positions in the paged cache; 0 = the preset's, within the memory share
     gpu_memory_utilization: float = 0.0  # the engine's share of the GPU's memory (vLLM's meaning); 0 = the preset's
-    prefill_tokens: int = 4096  # prompt tokens prefilled per engine step (keeps running streams moving)
+    prefill_tokens: int = 4096  # prompt tokens prefilled per engine step at most (keeps running streams moving)
+    prefix_cache: bool = True  # share the KV pages of prompt prefixes (a voice's references) between requests
     first_chunk_frames: int = 4  # frames before a stream's first audio chunk (21.5 frames = 1 s)
     stream_chunk_frames: int = 8  # frames per later audio chunk
     cuda_graphs: str = "auto"  # auto (on with CUDA) | on | off
@@ -267,7 +268,10 @@ ENGINE_VARS = (
     Var("TTS_GPU_MEMORY_UTILIZATION", "gpu_memory_utilization", fraction(),
         "fraction of the GPU's memory the engine may use, weights included (vLLM's meaning); 0 = the preset's "
         "(0.85)"),
-    Var("TTS_PREFILL_TOKENS", "prefill_tokens", integer(1), "prompt tokens prefilled per engine step", dev=True),
+    Var("TTS_PREFILL_TOKENS", "prefill_tokens", integer(1),
+        "prompt tokens prefilled per engine step at most (longer prompts go in chunks)", dev=True),
+    Var("TTS_PREFIX_CACHE", "prefix_cache", toggle(auto=True),
+        "on (default) | off: a voice's prompt prefix (its references) is prefilled once and its KV pages shared"),
     Var("TTS_FIRST_CHUNK_FRAMES", "first_chunk_frames", integer(1),
         "frames (1/21.5 s each) before a stream's first audio chunk", dev=True),
     Var("TTS_STREAM_CHUNK_FRAMES", "stream_chunk_frames", integer(1), "frames per later streamed audio chunk",

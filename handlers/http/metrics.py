@@ -224,6 +224,16 @@ PER_ENGINE = (  # name, stats key, type, help: one series per engine, labelled w
     ("tts_engine_requests_completed_total", "requests_done", "counter", "requests completed"),
     ("tts_engine_errors_total", "failed_streams", "counter",
      "requests ended by an engine error (a failed step, the engine taken out of service)"),
+    ("tts_engine_prefill_tokens_total", "prefill_tokens", "counter",
+     "prompt positions prefilled (a prefix-cache hit's cached positions not counted)"),
+    ("tts_engine_prefix_hits_total", "prefix_hits", "counter", "requests whose prompt prefix was in the prefix cache"),
+    ("tts_engine_prefix_misses_total", "prefix_misses", "counter",
+     "requests with a shareable prompt prefix that was not cached (prefilled, then cached)"),
+    ("tts_engine_prefix_tokens_saved_total", "prefix_tokens_saved", "counter",
+     "prompt positions prefix-cache hits read from cached pages instead of prefilling"),
+    ("tts_engine_prefix_evictions_total", "prefix_evictions", "counter",
+     "cached prefixes evicted (least recently used) to make room"),
+    ("tts_engine_prefix_cached_pages", "prefix_cached_pages", "gauge", "KV pages the prefix cache holds"),
 )
 
 

@@ -29,6 +29,7 @@ from ttsengine import (
 )
 from ttsengine.engine.faults import MAX_CONSECUTIVE
 from ttsengine.engine.loader import load
+from ttsengine.engine.page_pool import PagePool
 from ttsengine.engine.runner import PrefillItem, RunnerConfig
 
 AUDIO_TOL = 5e-5  # streaming vs whole decode, fp32
@@ -69,8 +70,7 @@ class ScriptedRunner:
         self.compiled = False
         self.rows: list[tuple[int, int, int] | None] = [None] * cfg.max_slots  # (seed, frame index, chunk frames)
         self.out = torch.zeros(cfg.max_slots, 5, dtype=torch.int64)
-        self.slot_pages: list[list[int]] = [[] for _ in range(cfg.max_slots)]
-        self.free_pages = list(range(cfg.num_pages - 1, 0, -1))
+        self.pages = PagePool(cfg.num_pages, cfg.max_slots, cfg.page_size)  # the real runner's bookkeeping
         self.prefills: list[PrefillItem] = []
         self.moves: list[tuple[int, int]] = []
         self.resets: list[list[int]] = []
@@ -84,11 +84,26 @@ class ScriptedRunner:
         return None  # not a compiled runner
 
     # ---- Runner's methods, as Engine calls them ----------------------------------------------
+    @property
+    def slot_pages(self) -> list[list[int]]:
+        return self.pages.slot_pages
+
+    @property
+    def free_pages(self) -> list[int]:
+        return self.pages.free
+
     def prefill(self, items: list[PrefillItem]) -> None:
-        self.ensure_pages([(it.slot, it.prompt.shape[1] - 1) for it in items])
+        self.ensure_pages([(it.slot, it.stop - 1) for it in items if it.stop > it.start])
         for it in items:
-            self.prefills.append(it)
-            self.rows[it.slot] = (it.params[3], it.frame_offset, 0)
+            if it.last:  # a whole prompt (or its last chunk) arms the row
+                self.prefills.append(it)
+                self.rows[it.slot] = (it.params[3], it.frame_offset, 0)
+
+    def share_prefix(self, slot: int, pages: list[int]) -> None:
+        self.pages.share(slot, pages)
+
+    def keep_prefix(self, slot: int, count: int) -> list[int]:
+        return self.pages.keep(slot, count)
 
     def decode_step(self, bb: int) -> torch.Tensor:
         with self._gate:
@@ -112,19 +127,14 @@ class ScriptedRunner:
 
     def ensure_pages(self, needs: list[tuple[int, int]]) -> None:
         for slot, last_pos in needs:
-            held = self.slot_pages[slot]
-            while len(held) <= last_pos // self.cfg.page_size:
-                assert self.free_pages, "out of KV pages: the scheduler reserved too few"
-                held.append(self.free_pages.pop())
+            self.pages.grow(slot, last_pos)  # raises when out of pages: the scheduler reserved too few
 
     def release_pages(self, slot: int) -> None:
-        self.free_pages.extend(self.slot_pages[slot])
-        self.slot_pages[slot] = []
+        self.pages.release(slot)
 
     def move_slot(self, src: int, dst: int) -> None:
-        assert not self.slot_pages[dst], "moved onto a slot whose pages were not released"
+        self.pages.move(src, dst)
         self.rows[dst], self.rows[src] = self.rows[src], None
-        self.slot_pages[dst], self.slot_pages[src] = self.slot_pages[src], []
         self.moves.append((src, dst))
 
     def reset_slots(self, slots) -> None:

@@ -1,5 +1,7 @@
-"""The runner's prefill is padded to a few shapes (rows 1-8, positions 64..2048) so each can be a CUDA graph:
-the padding must change no value and write nowhere but the scratch page."""
+"""The runner's prefill is padded to a few shapes (rows 1-8, positions 64..2048, history pages) so each can be a
+CUDA graph: the padding must change no value and write nowhere but the scratch page. A prefill with history (a
+later chunk of a long prompt, a prefix-cache hit starting past the shared pages) must write the same cache and
+arm the same first frame as the whole prompt prefilled at once."""
 
 from __future__ import annotations
 
@@ -31,12 +33,17 @@ def _item(model, slot: int, length: int, seed: int) -> PrefillItem:
 def test_prefill_keys(model):
     r = _runner(model)
     cap = model.cfg.cache_len
-    assert r.prefill_key(1, 45) == (1, min(64, cap))
-    assert r.prefill_key(3, 64) == (4, min(64, cap))
-    assert r.prefill_key(5, 65) == (8, min(128, cap))
-    assert r.prefill_key(2, cap) == (2, cap)  # never past the RoPE table
+    assert r.prefill_key(1, 45) == (1, min(64, cap), 0)
+    assert r.prefill_key(3, 64) == (4, min(64, cap), 0)
+    assert r.prefill_key(5, 65) == (8, min(128, cap), 0)
+    assert r.prefill_key(2, cap) == (2, cap, 0)  # never past the RoPE table
+    # with history: the pages gathered (page 16 here), padded to 2, 8, 32, ... and never past a row's table
+    assert r.prefill_key(1, 30, 17) == (1, 64, 2) and r.prefill_key(1, 30, 33) == (1, 64, 8)
+    assert r.prefill_key(2, 30, cap) == (2, 64, r.max_pages_per_seq)
     keys = r.prefill_graph_keys()  # the shapes that get graphs: the small ones, none over 8,192 positions
-    assert r.prefill_key(1, 1) in keys and all(rows * t <= 8192 for rows, t in keys)
+    assert r.prefill_key(1, 1) in keys and all(rows * t <= 8192 for rows, t, _ in keys)
+    history = [k for k in keys if k[2]]  # short parts with history; gathered keys bounded
+    assert r.prefill_key(1, 30, 17) in history and all(t <= 128 and rows * p * 16 <= 16384 for rows, t, p in history)
 
 
 def test_padding_changes_no_value_and_writes_only_scratch(model):
@@ -50,7 +57,7 @@ def test_padding_changes_no_value_and_writes_only_scratch(model):
             exact = _runner(model)
             exact.ensure_pages([(it.slot, it.prompt.shape[1] - 1)])
             n = it.prompt.shape[1] - 1
-            table = exact.page_table[it.slot:it.slot + 1]
+            table = exact.host_table([it.slot], exact.max_pages_per_seq)
             exact.prefill_layers(it.prompt[None, :, :-1], torch.tensor([n]), table)
             for layer, (a, b) in enumerate(zip(padded.kv, exact.kv)):
                 for page in exact.slot_pages[it.slot]:
@@ -62,3 +69,68 @@ def test_padding_changes_no_value_and_writes_only_scratch(model):
     for kv in padded.kv:
         assert not kv.k[untouched].any() and not kv.v[untouched].any()
     assert padded.pos[:10].tolist() == [it.prompt.shape[1] - 1 for it in items]
+
+
+def _frames_after_step(r: Runner, slots: list[int]) -> torch.Tensor:
+    return r.decode_step(max(slots) + 1)[slots].clone()
+
+
+def _positions(r: Runner, slot: int, n: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Each layer's keys and values of the slot's positions [0, n) -> [(k, v) [Hk, n, d]]."""
+    table = r.host_table([slot], -(-n // r.cfg.page_size))
+    return [tuple(t[0, :, :n] for t in kv.gather(table)) for kv in r.kv]
+
+
+def test_chunks_and_a_shared_prefix_write_the_cache_and_arm_the_frame_of_the_whole_prompt(model):
+    whole_item = _item(model, 0, 150, 5)
+    n = 149  # positions prefill writes
+    with torch.inference_mode():
+        whole = _runner(model)
+        whole.prefill([whole_item])
+        want_kv, want_frame = _positions(whole, 0, n), _frames_after_step(whole, [0])
+
+        chunked = _runner(model)  # uneven chunks, one of a single position, the last one arms
+        for a, b in ((0, 40), (40, 41), (41, 100), (100, n)):
+            chunked.prefill([PrefillItem(0, whole_item.prompt, whole_item.params, 0, a, b)])
+            # until armed, the decode step sees an all-scratch row (it computes the slot as idle); then its pages
+            assert chunked.armed[0] == (b == n) and bool(chunked.page_table[0].any()) == (b == n)
+        assert chunked.page_table[0, :10].tolist() == chunked.slot_pages[0]
+
+        shared = _runner(model)  # slot 1 reads slot 0's first 3 pages (48 positions) through the prefix cache's path
+        shared.prefill([whole_item])
+        pages = shared.keep_prefix(0, 3)
+        shared.release_pages(0)  # the cache's reference keeps them
+        shared.reset_slots([0])
+        assert all(shared.pages.refs[p] == 1 for p in pages) and not set(pages) & set(shared.free_pages)
+        shared.share_prefix(1, pages)
+        shared.prefill([PrefillItem(1, whole_item.prompt, whole_item.params, 0, 48)])
+        assert shared.slot_pages[1][:3] == pages and all(shared.pages.refs[p] == 2 for p in pages)
+        for r, slot in ((chunked, 0), (shared, 1)):
+            for (k, v), (wk, wv) in zip(_positions(r, slot, n), want_kv):
+                assert torch.allclose(k, wk, atol=1e-5) and torch.allclose(v, wv, atol=1e-5)
+        assert torch.equal(_frames_after_step(chunked, [0]), want_frame)
+        assert torch.equal(_frames_after_step(shared, [1]), want_frame)
+
+
+def test_history_groups_pad_harmlessly(model):
+    # 10 later parts with different starts and lengths in one call (groups of 8 and 2, padded rows and
+    # positions, gathered pages padded to the key) == each part alone; nothing but scratch is written besides
+    lengths = [30, 5, 17, 44, 2, 9, 33, 21, 40, 12]
+    starts = [3, 1, 16, 20, 0, 7, 32, 5, 1, 11]
+    items = [_item(model, slot, length + start + 1, slot) for slot, (length, start) in enumerate(zip(lengths, starts))]
+    with torch.inference_mode():
+        together, alone = _runner(model), _runner(model)
+        together.prefill([PrefillItem(it.slot, it.prompt, it.params, 0, 0, s) for it, s in zip(items, starts) if s])
+        together.prefill([PrefillItem(it.slot, it.prompt, it.params, 0, s) for it, s in zip(items, starts)])
+        for it, s in zip(items, starts):
+            if s:
+                alone.prefill([PrefillItem(it.slot, it.prompt, it.params, 0, 0, s)])
+            alone.prefill([PrefillItem(it.slot, it.prompt, it.params, 0, s)])
+            n = it.prompt.shape[1] - 1
+            for (k, v), (wk, wv) in zip(_positions(together, it.slot, n), _positions(alone, it.slot, n)):
+                assert torch.allclose(k, wk, atol=1e-5) and torch.allclose(v, wv, atol=1e-5), it.slot
+        assert torch.equal(_frames_after_step(together, list(range(10))), _frames_after_step(alone, list(range(10))))
+    used = {0} | {p for pages in together.slot_pages for p in pages}
+    untouched = [p for p in range(120) if p not in used]
+    for kv in together.kv:
+        assert not kv.k[untouched].any() and not kv.v[untouched].any()

@@ -13,8 +13,14 @@ from ttsengine.errors import BusyError
 EOS = 99
 
 
-def sched(slots=4, queue=4, pages=100, page=16, prefill=1000) -> Scheduler:
-    return Scheduler(slots, queue, pages, page, prefill)
+def sched(slots=4, queue=4, pages=100, page=16, prefill=1000, cache=None) -> Scheduler:
+    return Scheduler(slots, queue, pages, page, prefill, cache)
+
+
+def admit(s: Scheduler, budget=None) -> list[Job]:
+    """The jobs this step admitted (their first chunks: continuations start past 0)."""
+    return [c.job for c in s.schedule(budget) if c.start == 0 or c.job.prefix is not None and
+            c.start == c.job.shared_pages * s.page_size]
 
 
 def test_imports_no_torch():
@@ -29,11 +35,11 @@ def test_fifo_admission_fills_slots_in_order():
     jobs = [Job(10, 5) for _ in range(3)]
     for j in jobs:
         s.submit(j)
-    assert s.admit() == jobs[:2]
+    assert admit(s) == jobs[:2]
     assert [j.slot for j in jobs[:2]] == [0, 1] and jobs[2].slot is None
-    assert s.admit() == []  # no free slot
+    assert admit(s) == []  # no free slot
     s.release([jobs[0]])
-    assert s.admit() == [jobs[2]]
+    assert admit(s) == [jobs[2]]
 
 
 def test_backpressure_is_immediate():
@@ -52,24 +58,67 @@ def test_page_reservations_bound_admission_without_overtaking():
     s.submit(Job(16, 16))  # 2 pages
     s.submit(big)
     s.submit(small)
-    admitted = s.admit()
+    admitted = admit(s)
     assert len(admitted) == 1  # `big` does not fit beside the first; `small` may not overtake it
-    assert s.admit() == []
+    assert admit(s) == []
     s.release(admitted)
-    assert s.admit() == [big]
+    assert admit(s) == [big]
     with pytest.raises(ValueError, match="1000 KV positions can never be admitted"):
         s.submit(Job(900, 100))  # a job that could never fit would block the queue for good
 
 
-def test_prefill_token_budget_but_always_one():
+def test_chunks_within_the_budget_new_first_chunks_before_continuations():
+    s = sched(slots=8, prefill=100, page=16)
+    long_, mid = Job(301, 5), Job(81, 5)  # 300 and 80 positions to prefill (the last token is the step's input)
+    s.submit(long_)
+    s.submit(mid)
+    step1 = [(c.job, c.start, c.end) for c in s.schedule()]
+    assert step1 == [(long_, 0, 100)]  # the budget is spent: `mid` waits, its slot untaken
+    assert not long_.decoding and mid.slot is None
+    short = Job(31, 5)
+    s.submit(short)
+    step2 = [(c.job, c.start, c.end) for c in s.schedule()]
+    # new requests' first chunks go ahead of the long continuation, which gets what is left
+    assert step2 == [(mid, 0, 80), (short, 0, 20)] + [(long_, 100, 116)]  # at least min_chunk (a page)
+    assert mid.decoding and not short.decoding
+    # continuations: the oldest gets a page first, then the fewest positions left go first
+    step3 = [(c.job, c.start, c.end, c.last) for c in s.schedule()]
+    assert step3 == [(short, 20, 30, True), (long_, 116, 206, False)] and short.decoding
+    assert [(c.job, c.start, c.end, c.last) for c in s.schedule()] == [(long_, 206, 300, True)] and long_.decoding
+    assert s.schedule() == []
+
+
+def test_the_oldest_continuation_is_never_starved():
+    s = sched(slots=8, queue=8, prefill=32, page=16)
+    old = Job(201, 5)
+    s.submit(old)
+    s.schedule()
+    for _ in range(3):  # a new request every step spends the whole budget on its first chunk
+        s.submit(Job(40, 5))
+        chunks = s.schedule()
+        assert chunks[0].job is not old and chunks[0].tokens == 32
+        assert chunks[-1].job is old and chunks[-1].tokens == 16  # one page anyway
+
+
+def test_a_smaller_budget_is_honoured_and_one_token_prompts_only_arm():
     s = sched(slots=8, prefill=100)
-    for n in (80, 80, 30):
-        s.submit(Job(n, 5))
-    assert [j.prompt_len for j in s.admit()] == [80]
-    assert [j.prompt_len for j in s.admit()] == [80]
-    s2 = sched(prefill=10)
-    s2.submit(Job(500, 5))
-    assert len(s2.admit()) == 1  # larger than the budget, admitted alone
+    a, one = Job(50, 5), Job(1, 5)
+    s.submit(a)
+    s.submit(one)
+    chunks = s.schedule(budget=30)  # the adaptive budget (prefill_budget.py) may lower the limit, never raise it
+    assert [(c.job, c.tokens) for c in chunks] == [(a, 30)]
+    chunks = s.schedule(budget=1000)
+    assert [(c.job, c.start, c.end, c.last) for c in chunks] == [(one, 0, 0, True), (a, 30, 49, True)]
+
+
+def test_record_frames_skips_jobs_still_prefilling():
+    s = sched(slots=4, prefill=10)
+    done_, later = Job(5, 3), Job(40, 3)
+    s.submit(done_)
+    s.submit(later)
+    s.schedule()  # done_ whole (4), later's first 6
+    assert done_.decoding and not later.decoding
+    assert s.record_frames([1, EOS], EOS) == [] and (done_.generated, later.generated) == (1, 0)
 
 
 def test_stop_and_length_rules():
@@ -77,7 +126,7 @@ def test_stop_and_length_rules():
     a, b, c = Job(5, 3), Job(5, 10), Job(5, 10, stop_on_eos=False)
     for j in (a, b, c):
         s.submit(j)
-    s.admit()
+    admit(s)
     for j in (a, b, c):
         j.generated = 1  # the prefill frame
     assert s.record_frames([1, EOS, EOS], EOS) == [b]  # c ignores EOS (benchmarks)
@@ -90,7 +139,7 @@ def test_eos_on_the_prefill_frame_does_not_stop():
     s = sched()
     j = Job(5, 10)
     s.submit(j)
-    s.admit()
+    admit(s)
     assert s.record_frames([EOS], EOS) == []  # generated becomes 1: that is the prefill frame
 
 
@@ -99,7 +148,7 @@ def test_release_compacts_slots():
     jobs = [Job(5, 5) for _ in range(5)]
     for j in jobs:
         s.submit(j)
-    s.admit()
+    admit(s)
     moves = s.release([jobs[1], jobs[4], jobs[2]])
     assert [j.slot for j in s.running] == [0, 1, 2][: len(s.running)]
     assert s.running == [jobs[0], jobs[3]]
@@ -112,7 +161,7 @@ def test_cancel_waiting_and_cancel_running():
     a, b = Job(5, 50), Job(5, 50)
     s.submit(a)
     s.submit(b)
-    s.admit()
+    admit(s)
     b.cancelled = True
     assert s.cancel_waiting() == [b] and s.queue_depth == 0
     a.cancelled = True

@@ -56,3 +56,16 @@ def test_a_transcript_no_clip_could_have_is_refused_before_encoding(tmp_path):
         s.add("long", b"aaaa", "x" * 1_000_000)
     assert encoded == [] and s.ids() == []
     assert s.add("fine", b"aaaa", "y" * 5000).text == "y" * 5000
+
+
+def test_deleting_or_replacing_a_voice_tells_who_cached_its_prompt(store):
+    # the engines drop the voice's cached prompt prefix (engine/prefix_cache.py); a rename changes no prompt
+    told = []
+    store.forget = lambda text, codes: told.append((text, codes.shape))
+    store.rename("bob", "robert")
+    assert told == []
+    store.add("alice", b"aaaaaa", "new words", replace=True)
+    assert told == [("hello alice", (4, 4))]  # the old voice's transcript and codes
+    assert store.delete("robert") and told[-1] == ("hello bob", (4, 2))
+    store.forget = lambda text, codes: 1 / 0  # a failing listener never fails the store's own work
+    assert store.delete("alice") and store.ids() == []

@@ -1,9 +1,12 @@
 """The serving engine: one loop thread owns the device and runs schedule -> run -> update.
 
-Each iteration: take new requests and cancellations, prefill admitted streams (their first frame),
-one decode step for every running stream (a CUDA graph per batch bucket on GPU), read the frames
-back with one copy, stop finished streams, decode new frames to audio in batches, hand chunks to
-their streams. Long texts continue chunk by chunk with the previous chunk as context.
+Each iteration: take new requests and cancellations, prefill this step's prompt chunks (new streams'
+first chunks, then continuations of long prompts, within a budget that keeps decoding streams real time;
+a stream's last chunk arms its first frame), one decode step for every decoding stream (a CUDA graph per
+batch bucket on GPU), read the frames back with one copy, stop finished streams, decode new frames to audio
+in batches, hand chunks to their streams. Long texts continue chunk by chunk with the previous chunk as
+context. A prompt prefix shared with earlier requests (a voice's references) is read from the prefix cache's
+pages instead of prefilled again (prefix_cache.py).
 """
 
 from __future__ import annotations
@@ -32,8 +35,10 @@ from .cuda_graphs import GraphSet
 from .faults import FaultCounter, simulated
 from .loader import load
 from .metrics import EngineMetrics
+from .prefill_budget import PrefillBudget
+from .prefix_cache import PrefixCache, prefix_key
 from .runner import PrefillItem, Runner, RunnerConfig
-from .scheduler import Job, Scheduler
+from .scheduler import Chunk, Job, Scheduler
 from .settings import BatchSettings, snake_kernel_usable
 from .vocoder import Delivery, Vocoder
 
@@ -68,8 +73,14 @@ class Engine:
         if s.compile or s.cuda_graphs:
             self.kernel_cache.setup()
         self.runner = runner(checkpoint.model, s.runner)
+        # the prefix cache: admission counts its pages (scheduler), the page pool evicts from it (runner)
+        self.prefix_cache = PrefixCache() if s.prefix_cache else None
+        self.runner.pages.cache = self.prefix_cache
         self.scheduler = Scheduler(s.runner.max_slots, s.max_queue, s.runner.num_pages - 1, s.runner.page_size,
-                                   s.prefill_tokens)
+                                   s.prefill_tokens, self.prefix_cache)
+        self.budget = PrefillBudget(s.prefill_tokens, checkpoint.codec.frame_length / checkpoint.codec.sample_rate,
+                                    s.runner.page_size)
+        self._forget: deque[str] = deque()  # prefix keys to drop (a voice deleted or replaced), any thread
         self.metrics = EngineMetrics()
         self.vocoder = Vocoder(checkpoint.codec, s.runner.max_slots, checkpoint.config.max_seq_len,
                                (s.first_chunk_frames, s.stream_chunk_frames), s.buckets, self._capture_lock,
@@ -220,10 +231,24 @@ class Engine:
             return self.down
         return f"{type(self._failed).__name__}: {self._failed}" if self._failed is not None else None
 
+    def forget_voice(self, text: str, codes: np.ndarray) -> None:
+        """A stored voice was deleted or replaced: its cached prefix is dropped at the next step (its pages
+        free now, or when the streams reading them end). Its key would never match again anyway (a replaced
+        voice's prompt differs); this frees the memory sooner than LRU eviction would."""
+        if self.prefix_cache is None:
+            return
+        prefix = self.planner.prefix([(text, torch.as_tensor(np.asarray(codes), dtype=torch.int64))])
+        key, _ = prefix_key(prefix, prefix.shape[1], self.settings.runner.page_size)
+        if key is not None:
+            with self._cv:
+                self._forget.append(key)
+                self._cv.notify_all()
+
     def stats(self) -> dict:
+        cache = self.prefix_cache
         return {**self.metrics.snapshot(running=len(self.scheduler.running),
                                         waiting=self.scheduler.queue_depth + len(self._inbox),
-                                        device=self.runner.device),
+                                        device=self.runner.device, prefix_cache=cache),
                 "device": str(self.runner.device), "codec_device": str(self.vocoder.device), "state": self.state,
                 "error": self.error,
                 "quantization": self.ckpt.quantization, "kernel_cache": self.kernel_cache.status,
@@ -307,7 +332,7 @@ class Engine:
             stream.finish(error)
 
     def _idle(self) -> bool:
-        return not self._stop and not self._inbox and not self.scheduler.has_work()
+        return not self._stop and not self._inbox and not self._forget and not self.scheduler.has_work()
 
     def _warm_up(self) -> None:
         """Compiles and captures the decode step for every bucket (all slots idle: no side effects)."""
@@ -407,11 +432,17 @@ class Engine:
     def _iteration(self) -> None:
         self._intake()
         self._cancellations()
-        admitted = self.scheduler.admit()
-        if admitted:
-            self._prefill(admitted)
-        if self.scheduler.running:
+        running = self.scheduler.running
+        decoding = any(j.decoding for j in running)
+        t0 = time.perf_counter()
+        chunks = self.scheduler.schedule(self.budget.tokens(self.settings.bucket(len(running)) if decoding else 0))
+        if chunks:
+            self._prefill(chunks)
+        if any(j.decoding for j in running):
+            bucket = self.settings.bucket(len(running))
             self._step()
+            # this iteration's prefill + step, timed up to the step's host sync (prefill_budget.py)
+            self.budget.observe(bucket, sum(c.tokens for c in chunks), time.perf_counter() - t0)
         self._vocode()
 
     def _intake(self) -> None:
@@ -421,10 +452,18 @@ class Engine:
             tasks, self._inbox = list(self._inbox), deque()
             for task in tasks:
                 self._enqueue(task, front=False)
+            forget, self._forget = list(self._forget), deque()
+        for key in forget:
+            self.runner.pages.unref(self.prefix_cache.forget(key))
 
     def _enqueue(self, task: Task, front: bool) -> None:
         budget = self.planner.budget(task.prompt, task.plan)
-        job = Job(task.prompt.shape[1], budget, owner=task, stop_on_eos=not task.plan.ignore_stop)
+        key, pages = None, 0
+        if self.prefix_cache is not None:
+            key, pages = prefix_key(task.prompt, min(task.plan.prefix_length, task.prompt.shape[1] - 1),
+                                    self.settings.runner.page_size)
+        job = Job(task.prompt.shape[1], budget, owner=task, stop_on_eos=not task.plan.ignore_stop,
+                  prefix_key=key, prefix_pages=pages)
         task.job = job
         try:
             self.scheduler.submit(job, front=front)
@@ -443,25 +482,34 @@ class Engine:
         if done:
             self._release(done)
 
-    def _prefill(self, jobs: list[Job]) -> None:
+    def _prefill(self, chunks: list[Chunk]) -> None:
         t0 = time.perf_counter()
         items = []
-        for job in jobs:
+        for chunk in chunks:
+            job = chunk.job
             task: Task = job.owner
             req = task.plan.request
+            if task.voc_slot < 0:  # the job's first chunk
+                if job.prefix is not None:  # a prefix-cache hit: the slot starts with the cached pages
+                    self.runner.share_prefix(job.slot, job.prefix.pages)
+                task.voc_slot = self._free_voc.pop()
+                task.stream.start()  # host clock only: the queue wait /metrics reports
             items.append(PrefillItem(job.slot, task.prompt, (req.temperature, req.top_p, req.repetition_penalty,
-                                                             req.seed), task.frame_offset))
-            task.voc_slot = self._free_voc.pop()
-            task.stream.start()  # host clock only: the queue wait /metrics reports
-        self.runner.prefill(items)  # the next decode step samples each one's first frame
-        self.metrics.prefill(sum(j.prompt_len for j in jobs), time.perf_counter() - t0)
+                                                             req.seed), task.frame_offset, chunk.start, chunk.end))
+        self.runner.prefill(items)  # a last chunk arms its stream: the next decode step samples its first frame
+        for chunk in chunks:  # a miss that wrote its prefix's pages offers them to later requests
+            if self.scheduler.can_cache(chunk.job):
+                job = chunk.job
+                self.scheduler.cache_prefix(job, self.runner.keep_prefix(job.slot, job.prefix_pages))
+        self.metrics.prefill(sum(c.tokens for c in chunks), time.perf_counter() - t0)
 
     def _step(self) -> None:
         if self._fail_at is not None and self.metrics.steps + 1 >= self._fail_at:
             raise simulated(str(self.runner.device))
         t0 = time.perf_counter()
         running = self.scheduler.running
-        self.runner.ensure_pages([(j.slot, j.prompt_len + j.generated - 1) for j in running])
+        # a job whose prompt is still going in keeps an idle row: its frame is not read, its table row is scratch
+        self.runner.ensure_pages([(j.slot, j.prompt_len + j.generated - 1) for j in running if j.decoding])
         B = len(running)
         bb = self.settings.bucket(B)
         out = self.graphs.run(bb) if self.graphs is not None else self.runner.decode_step(bb)
@@ -470,10 +518,12 @@ class Engine:
         if self.runner.device.type == "cuda":
             torch.cuda.current_stream(self.runner.device).synchronize()
         frames = host.numpy().copy()
+        decoding = [job.decoding for job in running]  # before record_frames: it skips the same jobs
         finished = self.scheduler.record_frames(frames[:, 0].tolist(), self.eos)
-        for job, frame in zip(running, frames):
-            job.owner.frames.append(frame)
-        self.metrics.step(B, time.perf_counter() - t0)
+        for job, frame, made in zip(running, frames, decoding):
+            if made:
+                job.owner.frames.append(frame)
+        self.metrics.step(sum(decoding), time.perf_counter() - t0)
         if finished:
             self._release(finished)
 
@@ -528,6 +578,9 @@ class Engine:
             self.runner.release_pages(job.slot)
         old = len(self.scheduler.running)
         self.scheduler.release(jobs)
+        if self.prefix_cache is not None:  # a failed step may have left any page half written: cache nothing
+            for key in list(self.prefix_cache.entries):
+                self.runner.pages.unref(self.prefix_cache.forget(key))
         self.runner.reset_slots(range(0, old))
         self.scheduler.waiting.clear()
         with self._cv:

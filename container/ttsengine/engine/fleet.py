@@ -183,6 +183,12 @@ class Fleet:
         """Stored voices are codes on the host: any engine's codec makes the same (the weights are copies)."""
         return self._any().voice_codes(audio)
 
+    def forget_voice(self, text: str, codes: np.ndarray) -> None:
+        """A stored voice was deleted or replaced: every engine drops its cached prompt prefix."""
+        for engine in self.engines:
+            if engine.state == "ready":
+                engine.forget_voice(text, codes)
+
     def stats(self) -> dict:
         """The engines' counters summed, the first ready engine's settings, and every engine's own under
         "engines" (device, state, error, its counters)."""

@@ -18,12 +18,21 @@ from ..model.kernels.paged_attention import PagedKV, write_and_attend_op
 from ..model.layers import attend
 from ..model.sampling import RepetitionWindow, SamplingTensors, register_top_p_op
 from .compile.units import StepOps
+from .page_pool import PagePool
 
 # Prefill shapes (engine/cuda_graphs.py keys): prompts padded up to these rows and positions; a padded
 # prefill of more than PREFILL_GRAPH_TOKENS positions runs uncaptured (its graph's activations would be large).
 PREFILL_ROWS = (1, 2, 4, 8)
 PREFILL_POSITIONS = (64, 128, 256, 512, 1024, 2048)
 PREFILL_GRAPH_TOKENS = 8192
+# A prefill with history (a prefix-cache hit, a later chunk of a long prompt) also reads the pages before its
+# first position: its key gains the pages it gathers, padded up to one of these (coarse: a gather of a few
+# pages more costs little, a graph per page count would multiply the graphs). Graphs only for the short new
+# parts a hit has (the prefix's last partial page plus the request's text): a chunk of a long prompt is
+# compute-bound and runs uncaptured, and PREFILL_HISTORY_GRAPH_POSITIONS bounds each graph's gathered keys.
+PREFILL_HISTORY_PAGES = (2, 8, 32, 128, 512)
+PREFILL_HISTORY_GRAPH_POSITIONS = (64, 128)
+PREFILL_HISTORY_GRAPH_KEYS = 16384
 
 
 @dataclass(frozen=True)
@@ -38,10 +47,23 @@ class RunnerConfig:
 
 @dataclass
 class PrefillItem:
+    """Prompt positions [start, end) of one stream (end None: all but the last, T - 1). The chunk that reaches
+    T - 1 arms the slot; positions before `start` are in the slot's pages already (a cached prefix, earlier chunks)."""
+
     slot: int
     prompt: Tensor  # int64 [n+1, T] on CPU
     params: tuple[float, float, float, int]  # temperature, top_p, repetition_penalty, seed
     frame_offset: int  # frames the request generated before (RNG counter start)
+    start: int = 0
+    end: int | None = None
+
+    @property
+    def stop(self) -> int:
+        return self.prompt.shape[1] - 1 if self.end is None else self.end
+
+    @property
+    def last(self) -> bool:
+        return self.stop == self.prompt.shape[1] - 1
 
 
 class Runner:
@@ -72,32 +94,59 @@ class Runner:
         self._attend = write_and_attend_op()
         self.ops = StepOps.eager(self._attend, cfg.triton_attention, cfg.fused)
         self.prefill_graphs = None  # a GraphSet over prefill_layers keyed by prefill_key (the engine's)
-        # host side: pages held per slot; page 0 is scratch and never handed out
-        self.slot_pages: list[list[int]] = [[] for _ in range(S)]
-        self.free_pages = list(range(cfg.num_pages - 1, 0, -1))
+        # host side: pages held per slot (page 0 is scratch and never handed out), shared prefix pages counted.
+        # A slot's device page_table row lists its pages only once it is armed (its last prefill chunk ran):
+        # until then the decode step computes the row as idle, writing to scratch, never into its real pages.
+        self.pages = PagePool(cfg.num_pages, S, cfg.page_size)
+        self.armed = [False] * S
 
     # ---- pages --------------------------------------------------------------------------------
+    @property
+    def slot_pages(self) -> list[list[int]]:
+        return self.pages.slot_pages
+
+    @property
+    def free_pages(self) -> list[int]:
+        return self.pages.free
+
     def ensure_pages(self, needs: list[tuple[int, int]]) -> None:
-        """needs: (slot, highest position it will write). Allocates pages and updates the table with
-        one small host-to-device copy."""
+        """needs: (slot, highest position it will write). Allocates pages and updates the armed slots' rows of
+        the table with one small host-to-device copy."""
         updates: list[tuple[int, int, int]] = []
         for slot, last_pos in needs:
-            held = self.slot_pages[slot]
-            while len(held) <= last_pos // self.cfg.page_size:
-                page = self.free_pages.pop()  # the scheduler's reservations guarantee there is one
-                updates.append((slot, len(held), page))
-                held.append(page)
+            new = self.pages.grow(slot, last_pos)  # the scheduler's reservations guarantee the pages
+            if self.armed[slot]:
+                updates += new
         if updates:
             idx = torch.tensor(updates, dtype=torch.int64).T.to(self.device, non_blocking=True)
             self.page_table.index_put_((idx[0], idx[1]), idx[2].to(torch.int32))
 
+    def share_prefix(self, slot: int, pages: list[int]) -> None:
+        """A prefix-cache hit: the (free, unarmed) slot starts with the cached prefix's pages."""
+        self.pages.share(slot, pages)
+
+    def keep_prefix(self, slot: int, count: int) -> list[int]:
+        """The prefix cache takes a reference on the slot's first `count` pages (prefilled) -> those pages."""
+        return self.pages.keep(slot, count)
+
     def release_pages(self, slot: int) -> None:
-        """Returns a finished stream's pages; its row is reset by reset_slots or overwritten by a move."""
-        self.free_pages.extend(self.slot_pages[slot])
-        self.slot_pages[slot] = []
+        """Returns a finished stream's pages (those a cached prefix holds stay); its row is reset by
+        reset_slots or overwritten by a move."""
+        self.pages.release(slot)
+
+    def host_table(self, slots: list[int], width: int) -> Tensor:
+        """The slots' page tables from the host lists (an unarmed slot's device row is scratch) -> int32
+        [len(slots), width] on the device, unlisted pages scratch."""
+        table = torch.zeros(len(slots), width, dtype=torch.int32)
+        for i, slot in enumerate(slots):
+            held = self.slot_pages[slot][:width]
+            table[i, : len(held)] = torch.tensor(held, dtype=torch.int32)
+        return table.to(self.device, non_blocking=True)
 
     def reset_slots(self, slots) -> None:
         slots = list(slots)
+        for slot in slots:
+            self.armed[slot] = False
         if slots:
             self._reset_rows(torch.tensor(slots, device=self.device))
 
@@ -114,69 +163,108 @@ class Runner:
         for t in (self.page_table, self.frames, self.pos, self.frame_index, self.active, self.fresh, p.temperature,
                   p.top_p, p.repetition_penalty, p.seed_lo, p.seed_hi, self.window.frames, self.window.count):
             t[dst] = t[src]
-        self.slot_pages[dst], self.slot_pages[src] = self.slot_pages[src], []
+        self.pages.move(src, dst)
+        self.armed[dst], self.armed[src] = self.armed[src], False
         self._reset_rows(torch.tensor([src], device=self.device))
 
     # ---- prefill ------------------------------------------------------------------------------
-    def prefill_key(self, g: int, T: int) -> tuple[int, int]:
-        """(rows, positions) a prefill of g prompts of up to T positions is padded to: few shapes, so each can
-        be a CUDA graph (the padding is masked and writes to the scratch page, so it changes no value)."""
+    def prefill_key(self, g: int, T: int, history: int = 0) -> tuple[int, int, int]:
+        """(rows, positions, history pages) a prefill of g prompt parts of up to T positions is padded to: few
+        shapes, so each can be a CUDA graph (the padding is masked and writes to the scratch page, so it changes
+        no value). history: the highest position + 1 any row reads (0: the parts start at position 0 and read
+        only themselves) -> the pages gathered per row, padded to PREFILL_HISTORY_PAGES."""
         rows = next((b for b in PREFILL_ROWS if b >= g), g)
         cap = self.model.cfg.cache_len  # padded positions index the RoPE table
-        return rows, min(next((b for b in PREFILL_POSITIONS if b >= T), T), cap)
+        positions = min(next((b for b in PREFILL_POSITIONS if b >= T), T), cap)
+        if history == 0:
+            return rows, positions, 0
+        need = -(-history // self.cfg.page_size)
+        pages = min(next((b for b in PREFILL_HISTORY_PAGES if b >= need), need), self.max_pages_per_seq)
+        return rows, positions, pages
 
-    def prefill_graph_keys(self) -> list[tuple[int, int]]:
-        """The padded shapes worth a CUDA graph: every key up to PREFILL_GRAPH_TOKENS padded positions (a
-        larger prefill runs uncaptured: GraphSet runs an unplanned key as plain work)."""
+    def prefill_graph_keys(self) -> list[tuple[int, int, int]]:
+        """The padded shapes worth a CUDA graph: every key up to PREFILL_GRAPH_TOKENS padded positions, and with
+        history the short parts (PREFILL_HISTORY_GRAPH_POSITIONS) up to PREFILL_HISTORY_GRAPH_KEYS gathered
+        positions (a larger prefill runs uncaptured: GraphSet runs an unplanned key as plain work)."""
         keys = {self.prefill_key(g, t) for g in PREFILL_ROWS for t in PREFILL_POSITIONS}
-        return sorted(k for k in keys if k[0] * k[1] <= PREFILL_GRAPH_TOKENS)
+        keys = {k for k in keys if k[0] * k[1] <= PREFILL_GRAPH_TOKENS}
+        ps = self.cfg.page_size
+        for g in PREFILL_ROWS:
+            for t in PREFILL_HISTORY_GRAPH_POSITIONS:
+                for pages in PREFILL_HISTORY_PAGES:
+                    key = self.prefill_key(g, t, pages * ps)
+                    if key[0] * key[2] * ps <= PREFILL_HISTORY_GRAPH_KEYS:
+                        keys.add(key)
+        return sorted(keys)
 
     def prefill(self, items: list[PrefillItem]) -> None:
-        """Writes the KV cache of each new stream's prompt except its last token and arms the slot:
-        the prompt's last column becomes the slot's next input, so the (graphed) decode step samples
-        the first frame, without repetition penalty (the `fresh` flag) as upstream does."""
-        dev = self.device
-        g = len(items)
-        slots = torch.tensor([it.slot for it in items], device=dev)
-        last = torch.stack([it.prompt[:, -1] for it in items]).to(dev)  # [g, n+1]
-        lens = [it.prompt.shape[1] - 1 for it in items]
-        self.ensure_pages([(it.slot, it.prompt.shape[1] - 1) for it in items])
+        """Writes the KV cache of each item's prompt positions [start, stop). An item that reaches its prompt's
+        last position arms its slot: the prompt's last column becomes the slot's next input, so the (graphed)
+        decode step samples the first frame, without repetition penalty (the `fresh` flag) as upstream does."""
+        # an armed slot also holds the page of its first decode position (the prompt's last)
+        self.ensure_pages([(it.slot, it.stop if it.last else it.stop - 1) for it in items
+                           if it.last or it.stop > it.start])
+        # parts from position 0 attend only within themselves (the first prefill of a stream: no gather); parts
+        # with history read the slot's earlier positions through its pages
+        fresh = [it for it in items if it.start == 0]
+        later = [it for it in items if it.start > 0]
         # with prefill graphs: groups of at most 8 prompts (each group one graph); without, one padded call
-        top = PREFILL_ROWS[-1] if self.prefill_graphs is not None else g
-        for i in range(0, g, top):
-            self._prefill_group(items[i:i + top], slots[i:i + top], lens[i:i + top])
+        for part in (fresh, later):
+            top = PREFILL_ROWS[-1] if self.prefill_graphs is not None else max(len(part), 1)
+            for i in range(0, len(part), top):
+                self._prefill_group(part[i:i + top])
+        self._arm([it for it in items if it.last])
+
+    def _arm(self, items: list[PrefillItem]) -> None:
+        if not items:
+            return
+        dev = self.device
+        slots = torch.tensor([it.slot for it in items], device=dev)
+        for it in items:
+            self.armed[it.slot] = True
+        self.page_table.index_copy_(0, slots, self.host_table([it.slot for it in items], self.max_pages_per_seq))
+        last = torch.stack([it.prompt[:, -1] for it in items]).to(dev)  # [g, n+1]
         params = SamplingTensors.from_values([it.params for it in items], dev)
         for name in ("temperature", "top_p", "repetition_penalty", "seed_lo", "seed_hi"):
             getattr(self.params, name).index_copy_(0, slots, getattr(params, name))
         self.frames.index_copy_(0, slots, last)
-        self.pos.index_copy_(0, slots, torch.tensor(lens, device=dev))
+        self.pos.index_copy_(0, slots, torch.tensor([it.prompt.shape[1] - 1 for it in items], device=dev))
         self.frame_index.index_copy_(0, slots, torch.tensor([it.frame_offset for it in items], device=dev))
         self.active.index_fill_(0, slots, True)
         self.fresh.index_fill_(0, slots, True)
         self.window.reset_rows(torch.zeros_like(self.active).index_fill_(0, slots, True))
 
-    def _prefill_group(self, items: list[PrefillItem], slots: Tensor, lens: list[int]) -> None:
+    def _prefill_group(self, items: list[PrefillItem]) -> None:
+        lens = [it.stop - it.start for it in items]
         if max(lens) == 0:
             return
-        key = self.prefill_key(len(items), max(lens))
-        rows, T = key
+        history = max(it.stop for it in items) if items[0].start > 0 else 0
+        key = self.prefill_key(len(items), max(lens), history)
+        rows, T, pages = key
         tokens = torch.zeros(rows, self.model.cfg.num_codebooks + 1, T, dtype=torch.int64)
         for i, it in enumerate(items):
-            tokens[i, :, : lens[i]] = it.prompt[:, :-1]
+            tokens[i, :, : lens[i]] = it.prompt[:, it.start:it.stop]
         # padding rows: one position, written to the scratch page through an all-scratch table row
         valid = torch.tensor(lens + [1] * (rows - len(items)), device=self.device)
-        table = torch.zeros(rows, self.max_pages_per_seq, dtype=torch.int32, device=self.device)
-        table[: len(items)] = self.page_table.index_select(0, slots)
-        tokens = tokens.to(self.device, non_blocking=True)
+        table = self.host_table([it.slot for it in items], pages or self.max_pages_per_seq)
+        table = torch.cat([table, table.new_zeros(rows - len(items), table.shape[1])])
+        inputs = (tokens.to(self.device, non_blocking=True), valid, table)
+        if pages:
+            inputs += (torch.tensor([it.start for it in items] + [0] * (rows - len(items)), device=self.device),)
         if self.prefill_graphs is not None:
-            self.prefill_graphs.run(key, tokens, valid, table)
+            self.prefill_graphs.run(key, *inputs)
         else:
-            self.prefill_layers(tokens, valid, table)
+            self.prefill_layers(*inputs)
 
-    def prefill_layers(self, tokens: Tensor, lens: Tensor, table: Tensor) -> Tensor:
-        """The slow layers over padded prompts, writing positions < lens into the paged cache (the rest to
-        scratch). tokens: int64 [G, n+1, T]; lens: int64 [G] (>= 1); table: int32 [G, P] -> hidden [G, T, D]
-        (unused: a graph's output). Reads nothing but its arguments and the weights: a CUDA graph per shape."""
+    def prefill_layers(self, tokens: Tensor, lens: Tensor, table: Tensor, start: Tensor | None = None) -> Tensor:
+        """The slow layers over padded prompt parts, writing positions start + [0, lens) into the paged cache (the
+        rest to scratch). tokens: int64 [G, n+1, T]; lens: int64 [G] (>= 1); table: int32 [G, P]; start: int64
+        [G] each part's first position (None: 0, and the parts read only themselves) -> hidden [G, T, D]
+        (unused: a graph's output). With `start`, each part also reads positions [0, start) of its row through
+        the table's P pages (gathered, then SDPA: the reference path; P is part of the graph key). Reads nothing
+        but its arguments and the weights: a CUDA graph per shape."""
+        if start is not None:
+            return self._prefill_with_history(tokens, lens, table, start)
         m = self.model
         g, _, T = tokens.shape
         pos = torch.arange(T, device=tokens.device)[None].expand(g, T)
@@ -194,12 +282,37 @@ class Runner:
             x = x + layer.feed_forward(layer.ffn_norm(x))
         return x
 
-    def prefill_scratch_inputs(self, key: tuple[int, int]) -> tuple[Tensor, Tensor, Tensor]:
+    def _prefill_with_history(self, tokens: Tensor, lens: Tensor, table: Tensor, start: Tensor) -> Tensor:
+        m = self.model
+        g, _, T = tokens.shape
+        step = torch.arange(T, device=tokens.device)[None]  # [1, T]
+        pos = start[:, None] + step  # [g, T] absolute positions of the new tokens
+        valid = step < lens[:, None]
+        write_pos = torch.where(valid, pos, torch.full_like(pos, -1))  # padding goes to scratch
+        keys = torch.arange(table.shape[1] * self.cfg.page_size, device=tokens.device)  # [S] gathered positions
+        # a query reads every written position up to its own: the history and the new tokens before it; position
+        # 0 is always readable, so a padded query's row is never all-masked (no NaN)
+        mask = (keys[None, None, :] <= pos[:, :, None]) & (keys[None, None, :] < (start + lens)[:, None, None])
+        rope = m.rope_slow[pos.clamp(max=m.rope_slow.shape[0] - 1)]  # padded positions may run past the table
+        x = m.embed(tokens)
+        for i, layer in enumerate(m.layers):
+            att = layer.attention
+            q, k, v = att.project(layer.attention_norm(x), rope)
+            self.kv[i].write(table, write_pos, k, v)
+            k_all, v_all = self.kv[i].gather(table)  # [g, Hk, S, d]
+            y = attend(q.transpose(1, 2), k_all.to(q.dtype), v_all.to(q.dtype), mask[:, None])
+            x = x + att.wo(y.transpose(1, 2).reshape(g, T, -1))
+            x = x + layer.feed_forward(layer.ffn_norm(x))
+        return x
+
+    def prefill_scratch_inputs(self, key: tuple[int, int, int]) -> tuple[Tensor, ...]:
         """Inputs a prefill graph of `key` may be captured on: every row writes one position to scratch."""
-        rows, T = key
-        return (torch.zeros(rows, self.model.cfg.num_codebooks + 1, T, dtype=torch.int64, device=self.device),
-                torch.ones(rows, dtype=torch.int64, device=self.device),
-                torch.zeros(rows, self.max_pages_per_seq, dtype=torch.int32, device=self.device))
+        rows, T, pages = key
+        dev = self.device
+        inputs = (torch.zeros(rows, self.model.cfg.num_codebooks + 1, T, dtype=torch.int64, device=dev),
+                  torch.ones(rows, dtype=torch.int64, device=dev),
+                  torch.zeros(rows, pages or self.max_pages_per_seq, dtype=torch.int32, device=dev))
+        return inputs + (torch.zeros(rows, dtype=torch.int64, device=dev),) if pages else inputs
 
     # ---- decode step --------------------------------------------------------------------------
     def enable_compile(self, store: Path | None = None) -> None:

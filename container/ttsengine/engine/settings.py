@@ -70,7 +70,8 @@ def choose_preset(config: EngineConfig, device: torch.device) -> Preset:
 class BatchSettings:
     runner: RunnerConfig
     max_queue: int
-    prefill_tokens: int
+    prefill_tokens: int  # the largest prefill budget per step (engine/prefill_budget.py may use less)
+    prefix_cache: bool  # share cached prompt prefixes' KV pages (engine/prefix_cache.py)
     first_chunk_frames: int
     stream_chunk_frames: int
     cuda_graphs: bool
@@ -152,7 +153,8 @@ class BatchSettings:
                               penalty_window=ckpt.family.RULES.penalty_window, triton_attention=triton_attention,
                               fused=fused_kernels(config.fused_kernels, cuda, triton_attention))
         return BatchSettings(runner=runner, max_queue=config.max_queue or 2 * max_batch,
-                             prefill_tokens=config.prefill_tokens, first_chunk_frames=config.first_chunk_frames,
+                             prefill_tokens=config.prefill_tokens, prefix_cache=config.prefix_cache,
+                             first_chunk_frames=config.first_chunk_frames,
                              stream_chunk_frames=config.stream_chunk_frames, cuda_graphs=graphs,
                              lazy_graphs=config.lazy_graphs, prefill_graphs=graphs and config.prefill_graphs != "off",
                              compile=compile_, codec_compile=codec_compile,

@@ -76,6 +76,7 @@ class Service:
             if self.voices_dir is not None:
                 try:
                     self.voices = VoiceStore(self.voices_dir, fleet.voice_codes, fleet.codec_tag, fleet.frame_rate)
+                    self.voices.forget = getattr(fleet, "forget_voice", None)  # drops a changed voice's prefix
                 except OSError as e:  # degrade, don't die: synthesis without stored voices is still a service
                     why = e.strerror or str(e)
                     self.voices_error = f"stored voices are disabled: {self.voices_dir} is not usable ({why})"

@@ -57,12 +57,15 @@ def check_id(voice_id: object) -> str:
 
 
 class VoiceStore:
-    def __init__(self, root: Path, encode: Callable[[bytes], np.ndarray], codec_tag: str, frame_rate: float):
-        """encode(audio bytes) -> codes [n, F] (raises InputError for unreadable audio)."""
+    def __init__(self, root: Path, encode: Callable[[bytes], np.ndarray], codec_tag: str, frame_rate: float,
+                 forget: Callable[[str, np.ndarray], None] | None = None):
+        """encode(audio bytes) -> codes [n, F] (raises InputError for unreadable audio); forget(text, codes): told
+        about a voice deleted or replaced, so the engines drop its cached prompt prefix (engine/prefix_cache.py)."""
         self.root = Path(root)
         self.root.mkdir(parents=True, exist_ok=True)
         tempfile.TemporaryFile(dir=self.root).close()  # OSError now, not at the first upload, if not writable
         self.encode, self.codec_tag, self.frame_rate = encode, codec_tag, frame_rate
+        self.forget = forget
         self._lock = threading.Lock()
 
     def _dir(self, voice_id: str) -> Path:
@@ -89,10 +92,26 @@ class VoiceStore:
             (tmp / "text.txt").write_text(text, encoding="utf-8")
             np.save(tmp / "codes.npy", codes)
             (tmp / "meta.json").write_text(json.dumps({"codec": self.codec_tag, "frames": int(codes.shape[1])}))
+            old = self._stored(target) if target.exists() else None
             if target.exists():
                 shutil.rmtree(target)
             tmp.rename(target)
+        self._forget(old)
         return Voice(voice_id, text, codes, codes.shape[1] / self.frame_rate)
+
+    def _stored(self, path: Path) -> tuple[str, np.ndarray] | None:
+        """The transcript and codes a voice's prompt prefix was made of (None: unreadable, nothing to drop)."""
+        try:
+            return (path / "text.txt").read_text(encoding="utf-8"), np.load(path / "codes.npy", allow_pickle=False)
+        except (OSError, ValueError):
+            return None
+
+    def _forget(self, old: tuple[str, np.ndarray] | None) -> None:
+        if old is not None and self.forget is not None:
+            try:
+                self.forget(*old)
+            except Exception:  # noqa: BLE001 - the cache entry is only memory: LRU eviction frees it anyway
+                log.exception("dropping a cached voice prefix failed")
 
     def get(self, voice_id: str) -> Voice | None:
         """None when there is no such voice; InputError when its files are damaged (that voice only)."""
@@ -138,8 +157,10 @@ class VoiceStore:
         with self._lock:
             if not path.exists():
                 return False
+            old = self._stored(path)
             shutil.rmtree(path)
-            return True
+        self._forget(old)
+        return True
 
     def ids(self) -> list[str]:
         return sorted(p.name for p in self.root.iterdir()

@@ -46,6 +46,9 @@ class Plan:
     prompt_lengths: list[int]  # each text chunk's prompt without the previous chunk as context
     reports: list[ChunkReport] = field(default_factory=list)
     ignore_stop: bool = False  # benchmarks only: generate exactly max_new_tokens frames
+    # the first columns every chunk's prompt shares with other requests using the same references (the
+    # references' turns: everything before the previous chunk and the text); the engine caches their KV
+    prefix_length: int = 0
 
     @property
     def seed(self) -> int:
@@ -88,7 +91,7 @@ class Planner:
         tokens = TextTokens(self.ckpt.tokenizer)
         lengths = [self.prompt(text, refs, tokens).shape[1] for text in texts]
         self.capacity.check(lengths, req.max_new_tokens)
-        return Plan(req, refs, texts, tokens, lengths)
+        return Plan(req, refs, texts, tokens, lengths, prefix_length=self.prefix(refs, tokens).shape[1])
 
     def check_reference_lengths(self, req: ResolvedRequest) -> None:
         """The cheap checks, before any decode or encode: every reference's header is readable, its rate in
@@ -120,6 +123,12 @@ class Planner:
         """tokens: a request's memo of tokenized parts (None: tokenize afresh). -> int64 [n+1, T]."""
         tokenizer = self.ckpt.tokenizer if tokens is None else tokens
         return self.ckpt.family.build_prompt(tokenizer, self.ckpt.config.num_codebooks, text, context,
+                                             self.config.allow_special_tokens)
+
+    def prefix(self, references: list[tuple[str, Tensor]], tokens: TextTokens | None = None) -> Tensor:
+        """The columns every prompt with these references starts with, whatever its text -> int64 [n+1, P]."""
+        tokenizer = self.ckpt.tokenizer if tokens is None else tokens
+        return self.ckpt.family.build_prefix(tokenizer, self.ckpt.config.num_codebooks, references,
                                              self.config.allow_special_tokens)
 
     def chunk_prompt(self, plan: Plan, index: int, previous: tuple[str, Tensor] | None) -> tuple[Tensor, bool]:

@@ -84,8 +84,19 @@ def build_prompt(tokenizer: Tokenizer, num_codebooks: int, text: str,
     references: (text, codes [n, F]) pairs; a previous chunk of a long text is passed the same way.
     -> int64 [n+1, T]
     """
+    parts = _prefix_parts(references, allow_special) + [TextPart(SPEAKER), TextPart(text, allow_special)]
+    return assemble(parts, tokenizer, num_codebooks)
+
+
+def build_prefix(tokenizer: Tokenizer, num_codebooks: int, references: list[tuple[str, Tensor]],
+                 allow_special: bool) -> Tensor:
+    """The first columns of every build_prompt with these references, whatever the text (each part is tokenized
+    on its own): the prefix requests with the same voice share (engine/prefix_cache.py). -> int64 [n+1, P]"""
+    return assemble(_prefix_parts(references, allow_special), tokenizer, num_codebooks)
+
+
+def _prefix_parts(references: list[tuple[str, Tensor]], allow_special: bool) -> list[TextPart | CodesPart]:
     parts: list[TextPart | CodesPart] = [TextPart(INTERLEAVE)]
     for ref_text, codes in references:
         parts += [TextPart(SPEAKER), TextPart(ref_text, allow_special), CodesPart(codes), TextPart(IM_END)]
-    parts += [TextPart(SPEAKER), TextPart(text, allow_special)]
-    return assemble(parts, tokenizer, num_codebooks)
+    return parts

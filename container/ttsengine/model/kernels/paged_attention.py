@@ -51,6 +51,16 @@ class PagedKV:
         self.k[pages, :, offset] = k.to(self.k.dtype)
         self.v[pages, :, offset] = v.to(self.v.dtype)
 
+    def gather(self, page_table: Tensor) -> tuple[Tensor, Tensor]:
+        """The rows' pages in position order: page_table int32 [B, P] -> k, v [B, Hk, P * page_size, d] (a copy;
+        the prefill-with-history reference path, where the keys past a row's length are masked)."""
+        B, P = page_table.shape
+        pages = page_table.long()
+        Hk, ps, d = self.k.shape[1], self.page_size, self.k.shape[3]
+        k = self.k[pages].permute(0, 2, 1, 3, 4).reshape(B, Hk, P * ps, d)
+        v = self.v[pages].permute(0, 2, 1, 3, 4).reshape(B, Hk, P * ps, d)
+        return k, v
+
 
 def write_and_attend_op():
     """-> fn(q, k, v, k_pool, v_pool, page_table, pos, use_triton): the decode step's attention. Writes

@@ -1,0 +1,54 @@
+"""How many prompt positions one engine step may prefill, so that decoding streams stay at least real time.
+
+Each loop iteration makes one frame for every decoding stream; a frame is 1/21.5 s of audio, so an iteration
+must take less than that for the streams to stay real time. An iteration costs roughly
+`step(batch) + tokens * per_token`: the decode step at the current batch bucket plus the prefill. Both are
+measured from the iterations themselves (the step's one host sync per step ends each timing, so the GPU work
+of the prefill queued before it is inside; no extra sync): iterations without prefill give step(batch) per
+bucket, the others give per_token. The budget is what fits in HEADROOM of the frame period beside the step:
+
+    tokens = (HEADROOM * frame_seconds - step(batch)) / per_token,   clamped to [floor, limit]
+
+`limit` is TTS_PREFILL_TOKENS; `floor` (a page) keeps prefill moving even when the step alone is already
+slower than real time (then nothing keeps those streams real time; new requests must still get in). With no
+stream decoding nothing is at stake: the whole limit. Pure Python.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+HEADROOM = 0.8  # of the frame period: the codec shares the GPU with the step, and timings jitter
+SMOOTHING = 0.2  # weight of the newest timing in the moving averages
+
+
+def _average(old: float | None, new: float) -> float:
+    return new if old is None else old + SMOOTHING * (new - old)
+
+
+@dataclass
+class PrefillBudget:
+    limit: int  # prompt positions per step at most (TTS_PREFILL_TOKENS)
+    frame_seconds: float  # one frame of audio
+    floor: int  # positions per step at least
+    step_seconds: dict[int, float] = field(default_factory=dict)  # per batch bucket: an iteration without prefill
+    token_seconds: float | None = None  # one prefilled position
+
+    def tokens(self, bucket: int) -> int:
+        """The budget of the next step while `bucket` rows decode (0: none)."""
+        step = self.step_seconds.get(bucket)
+        if bucket == 0 or step is None or not self.token_seconds:
+            return self.limit
+        room = HEADROOM * self.frame_seconds - step
+        return max(min(self.floor, self.limit), min(self.limit, int(room / self.token_seconds)))
+
+    def observe(self, bucket: int, prefilled: int, seconds: float) -> None:
+        """One iteration: `bucket` decode rows (0: no decode step), `prefilled` positions, `seconds` from the
+        prefill's start to the step's host sync."""
+        if bucket == 0:
+            return  # a prefill without a step never synced: its time is launch time, not work
+        if prefilled == 0:
+            self.step_seconds[bucket] = _average(self.step_seconds.get(bucket), seconds)
+        elif bucket in self.step_seconds:
+            extra = max(seconds - self.step_seconds[bucket], 0.0) / prefilled
+            self.token_seconds = _average(self.token_seconds, extra)
