@@ -1,7 +1,7 @@
 """Where one decode step goes (real S1-mini shapes, random weights, the engine's own settings): the graphed
-step's time per bucket, then a profile of the (compiled, uncaptured) step at 1 row: kernels per frame and GPU
-time per kernel class. Usage: python3 scripts/device/step_profile.py [ROWS ...]   (default 2 8 64; compiled buckets start at 2)
-Env as the engine's (TTS_COMPILE, TTS_QUANT, TTS_FUSED_* ...)."""
+step's time per bucket, then a profile of the (compiled, uncaptured) step at the first: kernels per frame and GPU
+time per kernel class. Usage: python3 scripts/device/step_profile.py [ROWS ...]
+(default 2 8 64: compiled buckets start at 2). Env as the engine's (TTS_COMPILE, TTS_QUANT, TTS_FUSED_KERNELS ...)."""
 import re
 import sys
 import time
