@@ -122,7 +122,8 @@ DEVICE = Kind(str.lower, "auto | cpu | cuda | cuda:N", _device)
 DTYPE = choice("auto", "bfloat16", "float16", "float32")
 DEVICES = Kind(lambda text: ",".join(d.strip() for d in text.lower().split(",")),
                "auto or a comma-separated list of cpu, cuda, cuda:N", _devices)
-FUSED_KERNEL_NAMES = ("fast_attention", "codebook_sampler", "vocab_scan")  # engine/settings.py resolves them
+# the decode step's fused pieces (TTS_FUSED_KERNELS); engine/settings.py resolves them
+FUSED_KERNEL_NAMES = ("fast_attention", "codebook_sampler", "vocab_scan", "merged_ffn")
 
 
 def _fused(value) -> str | None:
@@ -289,7 +290,8 @@ ENGINE_VARS = (
         "auto (= all, on CUDA with Triton) | off | a comma-separated list of fast_attention (the fast layers' "
         "cache write + attention as one Triton kernel) and codebook_sampler (a codebook's penalty, top-p, "
         "temperature and draw as one kernel) and vocab_scan (top-p's cumulative sum over the slow vocabulary in "
-        "1,024-wide blocks, in parallel): the decode step's fused kernels", dev=True),
+        "1,024-wide blocks, in parallel) and merged_ffn (each layer's W1 and W3 as one matmul): the decode step's "
+        "fused kernels", dev=True),
     Var("TTS_CODEC_COMPILE", "codec_compile", switch(),
         "on | off (auto = off): torch.compile the streaming codec as well (~1 ms faster per small chunk on an H100; "
         "its trace adds ~18 s to every start)", dev=True),

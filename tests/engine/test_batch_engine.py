@@ -106,3 +106,28 @@ def test_max_new_tokens_one_is_no_audio(engine):
     # one kept frame is audio
     r = engine.submit(SynthesisRequest(text="hi", seed=1, max_new_tokens=2)).result()
     assert r.frames == 1
+
+
+def test_merged_ffn_equals_the_reference_and_adds_no_memory(eager_engine):
+    # TTS_FUSED_KERNELS=merged_ffn,fast_attention on CPU: the step's layers run W1|W3 as one matmul (the fast
+    # layers too: they share the slow layers' function with fast_attention); w1/w3 become views of the merged weight
+    from conftest import MODEL_DIR
+
+    from ttsengine import Engine, EngineConfig
+    from ttsengine.model.quant import weight_bytes
+
+    config = EngineConfig(model_dir=MODEL_DIR, device="cpu", max_batch=4)
+    plain = Engine.load(config)
+    eng = Engine.load(config.with_(fused_kernels="merged_ffn,fast_attention"))
+    try:
+        ff = eng.runner.model.layers[0].feed_forward
+        assert ff.w13.data_ptr() == ff.w1.weight.data_ptr() and not hasattr(plain.runner.model.layers[0].feed_forward,
+                                                                             "w13")
+        assert weight_bytes(eng.runner.model) == weight_bytes(plain.runner.model)
+        reqs = [SynthesisRequest(text=f"Merged {i}.", seed=60 + i, max_new_tokens=12 + 5 * i) for i in range(5)]
+        streams = [eng.submit(r) for r in reqs]
+        for req, stream in zip(reqs, streams):
+            same(eager_engine.synthesize(req), stream.result())
+    finally:
+        eng.close()
+        plain.close()

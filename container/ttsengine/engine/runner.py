@@ -92,6 +92,9 @@ class Runner:
         self.fresh = torch.zeros(S, dtype=torch.bool, device=dev)  # the next frame is the stream's first
         self.out = torch.zeros(S, n + 1, dtype=torch.int64, device=dev)  # frames made by the last step
         self._attend = write_and_attend_op()
+        if "merged_ffn" in cfg.fused:  # W1|W3 as one matmul in the step's layers (their weights become views)
+            for layer in (*model.layers, *model.fast_layers):
+                layer.feed_forward.merge_inputs()
         self.ops = StepOps.eager(self._attend, cfg.triton_attention, cfg.fused)
         self.prefill_graphs = None  # a GraphSet over prefill_layers keyed by prefill_key (the engine's)
         # host side: pages held per slot (page 0 is scratch and never handed out), shared prefix pages counted.

@@ -49,7 +49,7 @@ def fused_kernels(switch: str, cuda: bool, triton_attention: bool) -> frozenset[
     if switch == "auto":
         if not cuda:
             return frozenset()
-        return frozenset({"vocab_scan"} | ({"codebook_sampler"} if triton_available() else set())
+        return frozenset({"vocab_scan", "merged_ffn"} | ({"codebook_sampler"} if triton_available() else set())
                          | ({"fast_attention"} if triton_attention else set()))
     names = frozenset(switch.split(","))
     if "codebook_sampler" in names and not (cuda and triton_available()):

@@ -130,6 +130,31 @@ class FeedForward(nn.Module):
     def forward(self, x: Tensor) -> Tensor:
         return self.w2(F.silu(self.w1(x)) * self.w3(x))
 
+    def merge_inputs(self) -> bool:
+        """Keeps W1 and W3 as the two halves of one weight, buffer `w13` [2 * hidden, dim], with w1/w3's weights
+        now views of it (no extra memory), so a decode step can run both as one matmul (swiglu). Plain linears
+        without bias only (quantized ones keep theirs) -> whether merged."""
+        w1, w3 = self.w1, self.w3
+        if getattr(self, "w13", None) is not None:
+            return True
+        if type(w1) is not nn.Linear or type(w3) is not nn.Linear or w1.bias is not None or w3.bias is not None:
+            return False
+        w13 = torch.cat([w1.weight.detach(), w3.weight.detach()])
+        self.register_buffer("w13", w13, persistent=False)
+        h = w1.weight.shape[0]
+        w1.weight.data, w3.weight.data = w13[:h], w13[h:]
+        return True
+
+
+def swiglu(ff: FeedForward, x: Tensor) -> Tensor:
+    """ff(x), through its merged W1|W3 (FeedForward.merge_inputs) when it has one: one matmul, same numbers
+    where the matmul computes each output as the two separate ones do."""
+    w13 = getattr(ff, "w13", None)
+    if w13 is None:
+        return ff(x)
+    a, b = F.linear(x, w13).chunk(2, dim=-1)
+    return ff.w2(F.silu(a) * b)
+
 
 def causal_mask_from_positions(pos: Tensor, kv_len: int) -> Tensor:
     # pos: [B, T] -> bool [B, 1, T, kv_len]; slot s visible to a query at position p iff s <= p

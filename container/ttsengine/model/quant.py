@@ -190,9 +190,11 @@ def _contiguous_input(module: nn.Module, args: tuple) -> tuple:
 
 
 def weight_bytes(model: nn.Module) -> int:
-    """Bytes of parameters and buffers as stored (quantized tensors report their packed size)."""
+    """Bytes of parameters and buffers as stored (quantized tensors report their packed size). A merged W1|W3
+    (layers.FeedForward.merge_inputs) holds the bytes of w1's and w3's weights, which are its views: not counted."""
     total = 0
-    for t in list(model.parameters()) + list(model.buffers()):
+    buffers = [t for name, t in model.named_buffers() if name.rsplit(".", 1)[-1] != "w13"]
+    for t in list(model.parameters()) + buffers:
         inner = getattr(t, "__tensor_flatten__", None)
         if inner is not None:  # a torchao tensor subclass: count its components
             names, _ = t.__tensor_flatten__()

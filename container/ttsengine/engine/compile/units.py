@@ -19,6 +19,7 @@ from torch import Tensor, nn
 
 from ...model.frame import FrameOps, fast_layer_step, fast_logits, sample_token, sample_token_blocked
 from ...model.kernels.codebook_sampler import sample_codebook_triton
+from ...model.layers import swiglu
 
 
 def make_slow_layer(attend: Callable, use_triton: bool) -> Callable:
@@ -29,7 +30,7 @@ def make_slow_layer(attend: Callable, use_triton: bool) -> Callable:
         q, k, v = att.project(layer.attention_norm(x), rope)
         y = attend(q[:, 0], k[:, 0], v[:, 0], k_pool, v_pool, table, pos, use_triton)
         x = x + att.wo(y.reshape(x.shape[0], 1, -1))
-        return x + layer.feed_forward(layer.ffn_norm(x))
+        return x + swiglu(layer.feed_forward, layer.ffn_norm(x))
 
     return slow_layer
 
