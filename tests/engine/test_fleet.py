@@ -108,3 +108,31 @@ def test_when_every_engine_is_down_the_front_says_so():
         assert svc.health()["status"] == "failed" and svc.error == fleet.failure
     finally:
         fleet.close()
+
+
+def test_a_voices_requests_go_to_its_home_engine_and_meet_its_cached_prefix():
+    from test_prefix_cache import voice_codes
+
+    from ttsengine import Reference
+    from ttsengine.engine.fleet import voice_affinity
+
+    fleet = fleet_of(max_queue=4)
+    try:
+        ref = (Reference(text="a voice of its own", codes=voice_codes(3)),)
+        home_index = voice_affinity(SynthesisRequest(text="x", references=ref)) % 2
+        home, other = fleet.engines[home_index], fleet.engines[1 - home_index]
+        for i in range(4):  # one after another: both engines idle each time, the voice's home takes it
+            fleet.submit(SynthesisRequest(text=f"Line {i}.", seed=i, max_new_tokens=6, references=ref)).result()
+        assert (home.stats()["prefix_misses"], home.stats()["prefix_hits"]) == (1, 3)
+        assert (other.stats()["prefix_misses"], other.stats()["prefix_hits"]) == (0, 0)
+        # the home engine full: load wins, the other engine takes the voice (and prefills its prefix once)
+        busy = [home.submit(LONG, ignore_stop=True) for _ in range(2)]
+        until(lambda: len(home.scheduler.running) == 2)
+        fleet.submit(SynthesisRequest(text="Elsewhere.", seed=9, max_new_tokens=6, references=ref)).result()
+        assert other.stats()["prefix_misses"] == 1
+        for s in busy:
+            s.cancel()
+        # requests without a voice are routed by load alone
+        assert voice_affinity(SynthesisRequest(text="no voice")) is None
+    finally:
+        fleet.close()

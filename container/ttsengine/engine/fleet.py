@@ -10,6 +10,7 @@ The fleet is ready while at least one engine is.
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 import logging
 import threading
@@ -120,7 +121,7 @@ class Fleet:
     def submit(self, request: SynthesisRequest | Plan, *, ignore_stop: bool = False) -> Stream:
         """Queues the request on the engine with the most room; InputError at once; BusyError when none has
         room; EngineDown when none is in service."""
-        order = self.route()
+        order = self.route(voice_affinity(request))
         if not order:
             if self.failure:
                 raise EngineDown(self.failure)
@@ -140,18 +141,26 @@ class Fleet:
     def synthesize(self, request: SynthesisRequest | Plan):
         return self.submit(request).result()
 
-    def route(self) -> list[Engine]:
-        """Ready engines, best first: most free slots, then fewest waiting, ties in turn."""
+    def route(self, affinity: int | None = None) -> list[Engine]:
+        """Ready engines, best first: most free slots, then fewest waiting, ties in turn. affinity (a voice's,
+        voice_affinity): its home engine (affinity mod engines) goes first while it has a free slot and at
+        least half the free slots of the best, so a voice's requests meet its cached prompt prefix there
+        instead of prefilling it once per engine; past that, load wins."""
         live = [(i, e) for i, e in enumerate(self.engines) if e.state == "ready"]
         turn = next(self._turn)
         n = len(self.engines)
+        free = {i: e.occupancy() for i, e in live}
 
         def key(item: tuple[int, Engine]) -> tuple[int, int, int]:
-            i, engine = item
-            free, waiting = engine.occupancy()
-            return -free, waiting, (i - turn) % n
+            i, _ = item
+            return -free[i][0], free[i][1], (i - turn) % n
 
-        return [e for _, e in sorted(live, key=key)]
+        order = sorted(live, key=key)
+        home = affinity % n if affinity is not None else None
+        if order and home in free and home != order[0][0] and free[home][0] > 0 \
+                and 2 * free[home][0] >= free[order[0][0]][0]:
+            order.sort(key=lambda item: item[0] != home)  # stable: the rest keep their order
+        return [e for _, e in order]
 
     # ---- what the front reports ---------------------------------------------------------------
     @property
@@ -207,3 +216,17 @@ class Fleet:
         total["engines"] = [{"index": i, **p} for i, p in enumerate(per)]
         return total
 
+
+def voice_affinity(request: SynthesisRequest | Plan) -> int | None:
+    """A stable number for the request's voice (its references' transcripts and audio or codes; None without
+    references): requests of one voice share a home engine in Fleet.route."""
+    refs = request.request.references if isinstance(request, Plan) else request.references
+    if not refs:
+        return None
+    h = hashlib.blake2b(digest_size=8)
+    for ref in refs:
+        h.update(ref.text.encode())
+        h.update(b"\0")
+        h.update(ref.audio if ref.audio is not None else np.ascontiguousarray(ref.codes).tobytes())
+        h.update(b"\1")
+    return int.from_bytes(h.digest(), "little")
