@@ -36,3 +36,15 @@ def test_timings_are_smoothed():
     b.observe(4, 0, 0.010)
     b.observe(4, 0, 0.020)
     assert b.step_seconds[4] == pytest.approx(0.012)  # 0.8 * old + 0.2 * new
+
+
+def test_an_unmeasured_bucket_borrows_a_timed_one_instead_of_the_whole_limit():
+    # a long prompt's admission moves the batch into a bucket with no timing (timings come from iterations
+    # without prefill, which a steady stream of prefills never leaves): its rest must not go in at once
+    b = PrefillBudget(limit=4096, frame_seconds=FRAME, floor=64)
+    b.observe(64, 0, 0.030)
+    b.observe(64, 1000, 0.040)
+    assert b.tokens(128) == b.tokens(64) < 4096  # nothing timed above 128: the largest below
+    b.observe(256, 0, 0.050)
+    assert b.tokens(128) == 64  # the nearest timed bucket above (slower than real time: the floor)
+    assert b.tokens(8) == b.tokens(64)  # a smaller batch: the nearest above

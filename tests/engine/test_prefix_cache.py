@@ -285,3 +285,27 @@ def test_forget_frees_unpinned_pages_at_once_and_pinned_ones_first_when_unread()
     cache.unpin(cache.entries["C"])
     cache.unpin(b)
     assert cache.evict() == [3]  # the forgotten entry goes first, before the older-used C
+
+
+def test_page_counters_follow_every_change():
+    # cached/pinned pages are counters (read from HTTP threads and every step), kept equal to the entries' sums
+    import random
+
+    cache, rng, users = PrefixCache(), random.Random(0), []
+    for i in range(400):
+        op = rng.choice(["insert", "pin", "unpin", "evict", "forget"])
+        if op == "insert":
+            users.append(cache.insert(f"k{i}", list(range(rng.randint(1, 4)))))
+        elif op == "pin" and cache.entries:
+            entry = rng.choice(list(cache.entries.values()))
+            if not entry.key.startswith("forgotten"):
+                cache.pin(entry, 64)
+                users.append(entry)
+        elif op == "unpin" and users:
+            cache.unpin(users.pop(rng.randrange(len(users))))
+        elif op == "evict":
+            cache.evict()
+        elif op == "forget" and cache.entries:
+            cache.forget(rng.choice(list(cache.entries)))
+        assert cache.cached_pages == sum(len(e.pages) for e in cache.entries.values())
+        assert cache.pinned_pages == sum(len(e.pages) for e in cache.entries.values() if e.users)

@@ -100,6 +100,25 @@ def test_the_oldest_continuation_is_never_starved():
         assert chunks[-1].job is old and chunks[-1].tokens == 16  # one page anyway
 
 
+def test_the_oldest_continuation_keeps_its_page_when_slots_move():
+    # a finished job's slot takes the last slot's job, so a newer long prompt can sit before an older one
+    s = sched(slots=3, queue=8, pages=1000, page=16, prefill=32)
+    short, old, newer = Job(10, 3), Job(2000, 5), Job(2000, 5)
+    for j in (short, old, newer):
+        s.submit(j)
+    s.schedule()
+    s.schedule()
+    assert short.decoding and [j.slot for j in (short, old, newer)] == [0, 1, 2]
+    s.release([short])
+    assert (newer.slot, old.slot) == (0, 1)
+    for _ in range(3):  # a new request every step takes the budget; the oldest prompt still gets its page
+        s.submit(Job(100, 5))
+        before = old.prefilled
+        chunks = s.schedule()
+        assert chunks[0].tokens == 32 and [c.job for c in chunks[1:]] == [old] and old.prefilled == before + 16
+        s.release([chunks[0].job])
+
+
 def test_a_smaller_budget_is_honoured_and_one_token_prompts_only_arm():
     s = sched(slots=8, prefill=100)
     a, one = Job(50, 5), Job(1, 5)

@@ -435,7 +435,9 @@ class Engine:
         running = self.scheduler.running
         decoding = any(j.decoding for j in running)
         t0 = time.perf_counter()
-        chunks = self.scheduler.schedule(self.budget.tokens(self.settings.bucket(len(running)) if decoding else 0))
+        # the budget at the bucket this step may grow to (every waiting request admitted): admissions come first
+        rows = min(self.scheduler.max_slots, len(running) + len(self.scheduler.waiting))
+        chunks = self.scheduler.schedule(self.budget.tokens(self.settings.bucket(rows)) if decoding else 0)
         if chunks:
             self._prefill(chunks)
         if any(j.decoding for j in running):

@@ -35,10 +35,16 @@ class PrefillBudget:
     token_seconds: float | None = None  # one prefilled position
 
     def tokens(self, bucket: int) -> int:
-        """The budget of the next step while `bucket` rows decode (0: none)."""
-        step = self.step_seconds.get(bucket)
-        if bucket == 0 or step is None or not self.token_seconds:
+        """The budget of the next step while `bucket` rows decode (0: none). A bucket not timed yet (an
+        iteration without prefill gives its time: under a steady stream of prefills that may never come) takes
+        the time of the nearest timed bucket above it, else the largest below (a step is never faster with more
+        rows), so one long prompt cannot go in whole because its admission moved the batch into a new bucket."""
+        if bucket == 0 or not self.token_seconds or not self.step_seconds:
             return self.limit
+        step = self.step_seconds.get(bucket)
+        if step is None:
+            above = [b for b in self.step_seconds if b > bucket]
+            step = self.step_seconds[min(above)] if above else self.step_seconds[max(self.step_seconds)]
         room = HEADROOM * self.frame_seconds - step
         return max(min(self.floor, self.limit), min(self.limit, int(room / self.token_seconds)))
 

@@ -50,6 +50,10 @@ class PrefixCache:
     misses: int = 0
     tokens_saved: int = 0  # prompt positions hits did not prefill
     evictions: int = 0
+    # page counts kept as the entries change (the scheduler reads pinned every step; /metrics reads both from
+    # HTTP threads, where iterating `entries` beside the engine thread's changes could fail)
+    cached_pages: int = 0  # pages the cache holds, pinned or not
+    pinned_pages: int = 0  # pages running jobs read: not free-able
 
     def lookup(self, key: str | None) -> Entry | None:
         entry = self.entries.get(key) if key is not None else None
@@ -57,6 +61,8 @@ class PrefixCache:
 
     def pin(self, entry: Entry, page_size: int) -> None:
         """A job admitted with this prefix (a hit) reads its pages until unpin."""
+        if entry.users == 0:
+            self.pinned_pages += len(entry.pages)
         entry.users += 1
         self.entries.move_to_end(entry.key)
         self.hits += 1
@@ -66,11 +72,15 @@ class PrefixCache:
         """The pages of a prefix just prefilled by a job (a miss), pinned by that job."""
         entry = Entry(key, list(pages), users=1)
         self.entries[key] = entry
+        self.cached_pages += len(entry.pages)
+        self.pinned_pages += len(entry.pages)
         return entry
 
     def unpin(self, entry: Entry) -> None:
         """A job that read `entry` finished: the entry stays cached, evictable once nobody reads it."""
         entry.users -= 1
+        if entry.users == 0:
+            self.pinned_pages -= len(entry.pages)
 
     def evict(self) -> list[int]:
         """The least recently used unpinned entry's pages (dropped from the cache); [] when every entry is pinned."""
@@ -78,6 +88,7 @@ class PrefixCache:
             if entry.users == 0:
                 del self.entries[key]
                 self.evictions += 1
+                self.cached_pages -= len(entry.pages)
                 return entry.pages
         return []
 
@@ -88,18 +99,9 @@ class PrefixCache:
         if entry is None:
             return []
         if entry.users == 0:
+            self.cached_pages -= len(entry.pages)
             return entry.pages
         entry.key = f"forgotten:{key}:{id(entry)}"
         self.entries[entry.key] = entry
         self.entries.move_to_end(entry.key, last=False)
         return []
-
-    @property
-    def pinned_pages(self) -> int:
-        """Pages running jobs read: not free-able."""
-        return sum(len(e.pages) for e in self.entries.values() if e.users)
-
-    @property
-    def cached_pages(self) -> int:
-        """Pages the cache holds (pinned or not)."""
-        return sum(len(e.pages) for e in self.entries.values())

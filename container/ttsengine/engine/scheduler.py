@@ -136,7 +136,8 @@ class Scheduler:
         positions left first, the oldest with at least min_chunk. A chunk may be empty (a one-token prompt): it
         only arms the job."""
         budget = self.prefill_tokens if budget is None else max(1, min(budget, self.prefill_tokens))
-        continuing = [j for j in self.running if not j.decoding]
+        # by admission (job ids grow), not slot: a finished job's slot takes the last one's, so slots reorder
+        continuing = sorted((j for j in self.running if not j.decoding), key=lambda j: j.id)
         chunks = [Chunk(job, job.prefilled, job.prefilled + min(job.prefill_end - job.prefilled, room))
                   for job, room in self._admit(budget)]
         room = budget - sum(c.tokens for c in chunks)

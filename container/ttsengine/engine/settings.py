@@ -41,9 +41,9 @@ def cudnn_autotune_mode(switch: str, cuda: bool, graphs: bool) -> str:
 
 def fused_kernels(switch: str, cuda: bool, triton_attention: bool) -> frozenset[str]:
     """TTS_FUSED_KERNELS -> the decode step's fused kernels in use. auto: the measured ones where they are fast
-    (CUDA; the Triton ones with Triton, the fast attention with the 16-bit cache its Triton kernel reads). A named list is taken as
-    asked, except the codebook sampler without CUDA (Triton's interpreter would crawl): the fast attention
-    then runs its reference path (gather + SDPA), which CPU tests use."""
+    (CUDA; the Triton ones with Triton, the fast attention with the 16-bit cache its Triton kernel reads). A named
+    list is taken as asked, except the codebook sampler without CUDA (Triton's interpreter would crawl): the fast
+    attention then runs its reference path (gather + SDPA), which CPU tests use."""
     if switch == "off":
         return frozenset()
     if switch == "auto":
