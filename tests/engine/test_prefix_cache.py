@@ -6,13 +6,14 @@ prefill's. The cache's and the page pool's bookkeeping alone (no torch) at the e
 from __future__ import annotations
 
 import io
+import time
 
 import numpy as np
 import pytest
 import soundfile as sf
 from conftest import MODEL_DIR
 
-from ttsengine import Engine, EngineConfig, Reference, SynthesisRequest
+from ttsengine import BusyError, Engine, EngineConfig, Reference, SynthesisRequest
 from ttsengine.engine.page_pool import PagePool
 from ttsengine.engine.prefix_cache import PrefixCache, prefix_key
 from ttsengine.engine.scheduler import Job, Scheduler
@@ -309,3 +310,95 @@ def test_page_counters_follow_every_change():
             cache.forget(rng.choice(list(cache.entries)))
         assert cache.cached_pages == sum(len(e.pages) for e in cache.entries.values())
         assert cache.pinned_pages == sum(len(e.pages) for e in cache.entries.values() if e.users)
+
+
+def wait_idle(eng: Engine, timeout: float = 60) -> None:
+    end = time.time() + timeout
+    while eng.scheduler.has_work() or eng._inbox or eng._forget:
+        assert time.time() < end, "the engine never went idle"
+        time.sleep(0.05)
+    time.sleep(0.2)  # the loop's last iteration releases what it held
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_cancels_mid_chunked_prefill_and_forgotten_voices_leave_the_pages_balanced(seed):
+    # a small pool, a 16-token budget (every voice prompt goes in chunks), streams cancelled between their chunks,
+    # voices forgotten while their prefixes are read (helper-12's stress run, kept as a test)
+    import random
+
+    eng = engine(kv_cache_tokens=640, prefill_tokens=16)
+    rng = random.Random(seed)
+    try:
+        refs = [(Reference(text=f"voice {v}", codes=voice_codes(v)),) for v in range(3)]
+        original, cancel_after, cut = eng.runner.prefill, {}, []
+
+        def spy(items):
+            original(items)
+            for job in list(eng.scheduler.running):
+                stream = job.owner.stream
+                if id(stream) in cancel_after and not job.decoding:
+                    cancel_after[id(stream)] -= 1
+                    if cancel_after[id(stream)] == 0:
+                        cut.append(stream)
+                        stream.cancel()
+
+        eng.runner.prefill = spy
+        streams = []
+        for i in range(14):
+            req = SynthesisRequest(text=f"Sentence number {i} here." + " More text." * rng.randrange(0, 6), seed=i,
+                                   max_new_tokens=rng.randrange(3, 15), chunk_length=rng.choice([60, 200]),
+                                   references=refs[rng.randrange(3)])
+            try:
+                stream = eng.submit(req)
+            except BusyError:
+                continue
+            if rng.random() < 0.4:
+                cancel_after[id(stream)] = rng.randrange(1, 6)
+            streams.append(stream)
+            if rng.random() < 0.3:
+                v = refs[rng.randrange(3)][0]
+                eng.forget_voice(v.text, v.codes)
+            time.sleep(rng.random() * 0.05)
+        for stream in streams:
+            try:
+                stream.result()
+            except Exception as e:  # noqa: BLE001 - only a cancellation may end a stream early
+                assert stream in cut, f"{type(e).__name__}: {e}"
+        assert cut  # some streams were cut mid-prefill
+        wait_idle(eng)
+        idle_pages_balance(eng)
+    finally:
+        eng.close()
+
+
+def test_an_engine_error_mid_chunked_prefill_returns_every_page_and_serves_on(plain):
+    eng = engine(kv_cache_tokens=1280, prefill_tokens=16)
+    try:
+        ref = (Reference(text="voice", codes=voice_codes(1)),)
+        eng.synthesize(SynthesisRequest(text="warm the cache.", seed=1, max_new_tokens=5, references=ref))
+        assert eng.stats()["prefix_cached_pages"] > 0
+        original, calls = eng.runner.prefill, []
+
+        def boom(items):
+            calls.append(items)
+            if len(calls) == 4:
+                raise RuntimeError("simulated failure in a prefill chunk")
+            original(items)
+
+        eng.runner.prefill = boom
+        streams = [eng.submit(SynthesisRequest(text=f"Request {i} " * 5, seed=i, max_new_tokens=6, references=ref))
+                   for i in range(3)]
+        failed = 0
+        for s in streams:
+            try:
+                s.result()
+            except Exception:  # noqa: BLE001 - the failed step fails the requests it held
+                failed += 1
+        assert failed >= 1
+        wait_idle(eng)
+        idle_pages_balance(eng)
+        reqs = [SynthesisRequest(text=f"After {i}.", seed=9 + i, max_new_tokens=8, references=ref) for i in range(2)]
+        same_tokens(Recorder(eng).run(eng, reqs), Recorder(plain).run(plain, reqs))
+        idle_pages_balance(eng)
+    finally:
+        eng.close()
