@@ -74,6 +74,22 @@ def test_the_fused_fast_attention_path_equals_the_reference(eager_engine):
         eng.close()
 
 
+def test_a_lone_prompt_is_prefilled_in_one_call(engine):
+    # nothing decodes: the whole TTS_PREFILL_TOKENS budget, not a chunk per step
+    calls, original = [], engine.runner.prefill
+
+    def spy(items):
+        calls.append([(it.start, it.stop, it.last) for it in items])
+        original(items)
+
+    engine.runner.prefill = spy
+    try:
+        engine.submit(SynthesisRequest(text="In one call, please.", seed=1, max_new_tokens=3)).result()
+    finally:
+        engine.runner.prefill = original
+    assert len(calls) == 1 and len(calls[0]) == 1 and calls[0][0][0] == 0 and calls[0][0][2]
+
+
 def test_audio_streams_before_the_request_ends(engine):
     stream = engine.submit(SynthesisRequest(text="Stream me.", seed=9, max_new_tokens=60), ignore_stop=True)
     chunks = list(stream)

@@ -84,14 +84,6 @@ class ScriptedRunner:
         return None  # not a compiled runner
 
     # ---- Runner's methods, as Engine calls them ----------------------------------------------
-    @property
-    def slot_pages(self) -> list[list[int]]:
-        return self.pages.slot_pages
-
-    @property
-    def free_pages(self) -> list[int]:
-        return self.pages.free
-
     def prefill(self, items: list[PrefillItem]) -> None:
         self.ensure_pages([(it.slot, it.stop - 1) for it in items if it.stop > it.start])
         for it in items:
@@ -172,7 +164,7 @@ class ScriptedRunner:
 
     @property
     def idle(self) -> bool:
-        return all(r is None for r in self.rows) and len(self.free_pages) == self.cfg.num_pages - 1
+        return all(r is None for r in self.rows) and len(self.pages.free) == self.cfg.num_pages - 1
 
 
 @pytest.fixture(scope="module")

@@ -27,24 +27,30 @@ REQUESTS = [
 ]
 
 
-def tokens(engine_cfg: EngineConfig, stats: dict | None = None) -> list:
-    """Every generated frame of every request, recorded through the engine's tasks; `stats` gets the
-    engine's stats()."""
+def tokens(engine_cfg: EngineConfig, stats: dict | None = None, waves: tuple = (REQUESTS,)) -> list:
+    """Every generated frame of every text chunk of every request, recorded through the engine's tasks; the
+    requests of a wave are submitted at once, a wave after the previous one ended. `stats` gets the engine's
+    stats() and the prefill graph keys it captured."""
     eng = Engine.load(engine_cfg)
     seen: dict[int, list] = {}
     original = eng._close
 
     def spy(task, reason):
-        seen.setdefault(id(task.stream), []).append(np.stack(task.frames))
+        seen.setdefault(id(task.stream), []).append(np.stack(task.frames) if task.frames else None)
         original(task, reason)
 
     eng._close = spy
     try:
-        streams = [eng.submit(r) for r in REQUESTS]
-        for s in streams:
-            s.result()
+        streams = []
+        for wave in waves:
+            submitted = [eng.submit(r) for r in wave]
+            for s in submitted:
+                s.result()
+            streams += submitted
         if stats is not None:
             stats.update(eng.stats())
+            graphs = eng.runner.prefill_graphs
+            stats["prefill_graph_keys"] = sorted(graphs.graphs) if graphs is not None else []
         return [seen[id(s)] for s in streams]
     finally:
         eng.close()

@@ -12,9 +12,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from conftest import MODEL_DIR
+from test_gpu import tokens
 from torch_helpers import no_tf32
 
-from ttsengine import Engine, EngineConfig, Reference, SynthesisRequest
+from ttsengine import EngineConfig, Reference, SynthesisRequest
 
 pytestmark = pytest.mark.gpu
 
@@ -40,39 +41,12 @@ def cfg(**kw) -> EngineConfig:
                         dtype="float32", codec_dtype="float32", **kw)
 
 
-def tokens(config: EngineConfig, stats: dict) -> list:
-    """Every generated frame of every text chunk of FIRST (alone), then of LATER (at once); `stats` gets the
-    engine's stats() and which prefill graph keys it captured."""
-    eng = Engine.load(config)
-    seen: dict[int, list] = {}
-    original = eng._close
-
-    def spy(task, reason):
-        seen.setdefault(id(task.stream), []).append(np.stack(task.frames) if task.frames else None)
-        original(task, reason)
-
-    eng._close = spy
-    try:
-        streams = [eng.submit(r) for r in FIRST]
-        for s in streams:
-            s.result()
-        later = [eng.submit(r) for r in LATER]
-        for s in later:
-            s.result()
-        stats.update(eng.stats())
-        graphs = eng.runner.prefill_graphs
-        stats["prefill_graph_keys"] = sorted(graphs.graphs) if graphs is not None else []
-        return [seen[id(s)] for s in streams + later]
-    finally:
-        eng.close()
-
-
 def test_cached_and_chunked_prefill_equal_plain_prefill_tokens_fp32():
     with no_tf32():
         plain_stats, cached_stats, chunked_stats = {}, {}, {}
-        plain = tokens(cfg(prefix_cache=False), plain_stats)
-        cached = tokens(cfg(), cached_stats)
-        chunked = tokens(cfg(prefill_tokens=48), chunked_stats)
+        plain = tokens(cfg(prefix_cache=False), plain_stats, (FIRST, LATER))
+        cached = tokens(cfg(), cached_stats, (FIRST, LATER))
+        chunked = tokens(cfg(prefill_tokens=48), chunked_stats, (FIRST, LATER))
     assert plain_stats["prefix_hits"] == 0 and plain_stats["prefill_graph_keys"]
     for stats in (cached_stats, chunked_stats):
         assert stats["prefix_misses"] == 1 and stats["prefix_hits"] >= 4  # the long text's chunks hit too

@@ -82,7 +82,7 @@ def idle_pages_balance(eng: Engine) -> None:
     """Idle: no job holds a page; every page is free or held once by the cache (and nothing is pinned)."""
     pool, cache = eng.runner.pages, eng.prefix_cache
     cached = {p for e in cache.entries.values() for p in e.pages} if cache is not None else set()
-    assert eng.scheduler.reserved_pages == 0 and not any(eng.runner.slot_pages)
+    assert eng.scheduler.reserved_pages == 0 and not any(eng.runner.pages.slot_pages)
     assert all(e.users == 0 for e in cache.entries.values()) if cache is not None else True
     assert sorted(pool.free + sorted(cached)) == list(range(1, len(pool.refs)))
     assert all(pool.refs[p] == (1 if p in cached else 0) for p in range(1, len(pool.refs)))

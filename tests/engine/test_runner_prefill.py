@@ -60,11 +60,11 @@ def test_padding_changes_no_value_and_writes_only_scratch(model):
             table = exact.host_table([it.slot], exact.max_pages_per_seq)
             exact.prefill_layers(it.prompt[None, :, :-1], torch.tensor([n]), table)
             for layer, (a, b) in enumerate(zip(padded.kv, exact.kv)):
-                for page in exact.slot_pages[it.slot]:
-                    mine = padded.slot_pages[it.slot][exact.slot_pages[it.slot].index(page)]
+                for page in exact.pages.slot_pages[it.slot]:
+                    mine = padded.pages.slot_pages[it.slot][exact.pages.slot_pages[it.slot].index(page)]
                     for x, y in ((a.k, b.k), (a.v, b.v)):
                         assert torch.allclose(x[mine], y[page], atol=1e-5), (it.slot, layer)
-    used = {0} | {p for pages in padded.slot_pages for p in pages}
+    used = {0} | {p for pages in padded.pages.slot_pages for p in pages}
     untouched = [p for p in range(120) if p not in used]
     for kv in padded.kv:
         assert not kv.k[untouched].any() and not kv.v[untouched].any()
@@ -94,17 +94,17 @@ def test_chunks_and_a_shared_prefix_write_the_cache_and_arm_the_frame_of_the_who
             chunked.prefill([PrefillItem(0, whole_item.prompt, whole_item.params, 0, a, b)])
             # until armed, the decode step sees an all-scratch row (it computes the slot as idle); then its pages
             assert chunked.armed[0] == (b == n) and bool(chunked.page_table[0].any()) == (b == n)
-        assert chunked.page_table[0, :10].tolist() == chunked.slot_pages[0]
+        assert chunked.page_table[0, :10].tolist() == chunked.pages.slot_pages[0]
 
         shared = _runner(model)  # slot 1 reads slot 0's first 3 pages (48 positions) through the prefix cache's path
         shared.prefill([whole_item])
         pages = shared.keep_prefix(0, 3)
         shared.release_pages(0)  # the cache's reference keeps them
         shared.reset_slots([0])
-        assert all(shared.pages.refs[p] == 1 for p in pages) and not set(pages) & set(shared.free_pages)
+        assert all(shared.pages.refs[p] == 1 for p in pages) and not set(pages) & set(shared.pages.free)
         shared.share_prefix(1, pages)
         shared.prefill([PrefillItem(1, whole_item.prompt, whole_item.params, 0, 48)])
-        assert shared.slot_pages[1][:3] == pages and all(shared.pages.refs[p] == 2 for p in pages)
+        assert shared.pages.slot_pages[1][:3] == pages and all(shared.pages.refs[p] == 2 for p in pages)
         for r, slot in ((chunked, 0), (shared, 1)):
             for (k, v), (wk, wv) in zip(_positions(r, slot, n), want_kv):
                 assert torch.allclose(k, wk, atol=1e-5) and torch.allclose(v, wv, atol=1e-5)
@@ -130,7 +130,7 @@ def test_history_groups_pad_harmlessly(model):
             for (k, v), (wk, wv) in zip(_positions(together, it.slot, n), _positions(alone, it.slot, n)):
                 assert torch.allclose(k, wk, atol=1e-5) and torch.allclose(v, wv, atol=1e-5), it.slot
         assert torch.equal(_frames_after_step(together, list(range(10))), _frames_after_step(alone, list(range(10))))
-    used = {0} | {p for pages in together.slot_pages for p in pages}
+    used = {0} | {p for pages in together.pages.slot_pages for p in pages}
     untouched = [p for p in range(120) if p not in used]
     for kv in together.kv:
         assert not kv.k[untouched].any() and not kv.v[untouched].any()

@@ -437,7 +437,7 @@ class Engine:
         t0 = time.perf_counter()
         # the budget at the bucket this step may grow to (every waiting request admitted): admissions come first
         rows = min(self.scheduler.max_slots, len(running) + len(self.scheduler.waiting))
-        chunks = self.scheduler.schedule(self.budget.tokens(self.settings.bucket(rows)) if decoding else 0)
+        chunks = self.scheduler.schedule(self.budget.tokens(self.settings.bucket(rows) if decoding else 0))
         if chunks:
             self._prefill(chunks)
         if any(j.decoding for j in running):

@@ -104,14 +104,6 @@ class Runner:
         self.armed = [False] * S
 
     # ---- pages --------------------------------------------------------------------------------
-    @property
-    def slot_pages(self) -> list[list[int]]:
-        return self.pages.slot_pages
-
-    @property
-    def free_pages(self) -> list[int]:
-        return self.pages.free
-
     def ensure_pages(self, needs: list[tuple[int, int]]) -> None:
         """needs: (slot, highest position it will write). Allocates pages and updates the armed slots' rows of
         the table with one small host-to-device copy."""
@@ -142,7 +134,7 @@ class Runner:
         [len(slots), width] on the device, unlisted pages scratch."""
         table = torch.zeros(len(slots), width, dtype=torch.int32)
         for i, slot in enumerate(slots):
-            held = self.slot_pages[slot][:width]
+            held = self.pages.slot_pages[slot][:width]
             table[i, : len(held)] = torch.tensor(held, dtype=torch.int32)
         return table.to(self.device, non_blocking=True)
 
