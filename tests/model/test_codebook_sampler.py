@@ -65,3 +65,5 @@ def test_bf16_logits_a_strided_row_and_a_peaked_distribution():
     view = logits[:, :1024]  # the fast head's logits are a slice of a wider row
     got, want = both(view, p, ids, counter)
     assert torch.equal(got, want)
+    strided_ids = torch.stack([ids, ids], dim=2)[:, :, 0]  # a window column view: ids 2 apart
+    assert torch.equal(both(view, p, strided_ids, counter)[0], want)

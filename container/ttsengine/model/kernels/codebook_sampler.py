@@ -91,6 +91,8 @@ def sample_codebook_triton(logits: Tensor, temperature: Tensor, top_p: Tensor, p
         logits = logits.contiguous()
     out = torch.empty(B, dtype=torch.int64, device=logits.device)
     ids = previous_ids if previous_ids is not None else counter  # any int64 tensor: unread without ids
+    if ids.dim() == 2 and ids.stride(1) != 1:  # the kernel walks a row's ids with stride 1
+        ids = ids.contiguous()
     W = previous_ids.shape[1] if previous_ids is not None else 0
     _kernel[(B,)](logits, logits.stride(0), V, temperature.float().contiguous(), top_p.float().contiguous(),
                     penalty.float().contiguous(), ids, ids.stride(0), W, seed_lo, seed_hi, counter, out,
