@@ -109,6 +109,7 @@ def test_bench_with_a_stored_voice_and_poisson_arrivals(tmp_path):
     report = json.loads((tmp_path / "bench.json").read_text())
     assert report["voice_seconds"] == 2 and report["voice_prompt_tokens"] == 44  # ceil(2 s * 44100 / 2048)
     assert report["arrivals"] == "poisson:40" and report["memory_preset"]["name"] == "cpu"
+    assert report["fused_kernels"] == [] and report["prefix_cache"] is True  # CPU: the reference step
     for level in report["levels"]:
         assert level["arrival_rate"] == 40 and level["rejected"] == 0
         assert level["prefill_tokens_per_request"] > 44  # the voice's codes, then the transcript and text
