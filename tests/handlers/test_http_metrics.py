@@ -124,6 +124,36 @@ def test_speech_requests_are_observed_with_their_labels(server):
 
 
 # ---- in process --------------------------------------------------------------------------------------------
+def test_a_stored_voices_prefix_is_prefilled_once_and_counted(server):
+    # a real server: a ~4 s stored voice fills a whole KV page of prompt prefix, so its first request misses and
+    # caches it, the next ones hit; /metrics says so, and the prefill counter drops by the cached positions
+    r = httpx.post(server + "/v1/references/add", data={"id": "prefixvoice", "text": "some words"},
+                   files={"audio": ("v.wav", wav_bytes(4.0, 44100, seed=5))}, timeout=60)
+    assert r.status_code == 201, r.text
+
+    def total(samples, name: str) -> float:
+        return sum(s.value for s in samples if s.name == name)
+
+    names = ("tts_engine_prefix_hits_total", "tts_engine_prefix_misses_total", "tts_engine_prefix_tokens_saved_total",
+             "tts_engine_prefill_tokens_total")
+    marks = []
+    for _ in range(3):
+        marks.append({n: total(scrape(server), n) for n in names})
+        resp = httpx.post(server + SPEECH, json={"input": "The same sentence.", "seed": 7, "voice": "prefixvoice",
+                                                 "stream": False, "response_format": "wav", "max_new_tokens": 8},
+                          timeout=120)
+        assert resp.status_code == 200, resp.text
+    marks.append({n: total(scrape(server), n) for n in names})
+    step = [{n: b[n] - a[n] for n in names} for a, b in zip(marks, marks[1:])]
+    assert [(d["tts_engine_prefix_misses_total"], d["tts_engine_prefix_hits_total"]) for d in step] == \
+           [(1, 0), (0, 1), (0, 1)]
+    saved = step[1]["tts_engine_prefix_tokens_saved_total"]
+    assert saved >= 64 and step[2]["tts_engine_prefix_tokens_saved_total"] == saved
+    # the same request again prefills exactly the cached positions fewer
+    assert step[0]["tts_engine_prefill_tokens_total"] - step[1]["tts_engine_prefill_tokens_total"] == saved
+    assert total(scrape(server), "tts_engine_prefix_cached_pages") >= saved // 64
+
+
 def test_each_app_counts_on_its_own_registry(tmp_path):
     (tmp_path / "a").mkdir()
     (tmp_path / "b").mkdir()
