@@ -42,11 +42,12 @@ def test_cpu_defaults(ckpt):
 
 def test_fused_kernels_resolve_per_device():
     from ttsengine.engine.settings import fused_kernels
-    from ttsengine.model.kernels.triton_support import triton_available
+    from ttsengine.model.kernels.triton_support import triton_available, triton_major
 
     assert fused_kernels("off", True, True) == frozenset()
     assert fused_kernels("auto", False, False) == frozenset()  # CPU: the reference step
-    triton_ones = {"codebook_sampler", "fast_attention"} if triton_available() else set()
+    triton_ones = ({"fast_attention"} if triton_available() else set()) | \
+        ({"codebook_sampler"} if triton_major() >= 3 else set())
     everything = {"vocab_scan"} | triton_ones  # merged_ffn: opt-in until measured
     assert fused_kernels("auto", True, True) == everything
     assert "fast_attention" not in fused_kernels("auto", True, False)  # an fp32 cache: no 16-bit kernel

@@ -11,7 +11,7 @@ from ..compat import compile_supported
 from ..config import EngineConfig
 from ..errors import ConfigError
 from ..model.checkpoint import Checkpoint
-from ..model.kernels.triton_support import triton_available
+from ..model.kernels.triton_support import triton_available, triton_major
 from .presets import Preset, by_name, choose, kv_bytes
 from .runner import RunnerConfig
 
@@ -50,7 +50,8 @@ def fused_kernels(switch: str, cuda: bool, triton_attention: bool) -> frozenset[
         if not cuda:
             return frozenset()
         # merged_ffn stays opt-in until a device run measures it (GPU-tested equal, not yet timed)
-        return frozenset({"vocab_scan"} | ({"codebook_sampler"} if triton_available() else set())
+        # the sampler's tl.sort / tl.cumsum: tested on Triton 3.x (torch 2.2's Triton 2.2 keeps the unfused sampler)
+        return frozenset({"vocab_scan"} | ({"codebook_sampler"} if triton_major() >= 3 else set())
                          | ({"fast_attention"} if triton_attention else set()))
     names = frozenset(switch.split(","))
     if "codebook_sampler" in names and not (cuda and triton_available()):

@@ -16,6 +16,20 @@ def triton_available() -> bool:
     return True
 
 
+@functools.lru_cache(maxsize=1)
+def triton_major() -> int:
+    """Triton's major version (0 when absent): kernels that use newer language features (tl.sort, tl.cumsum over
+    a block) are chosen by default only where they were tested (3.x)."""
+    if not triton_available():
+        return 0
+    import triton
+
+    try:
+        return int(triton.__version__.split(".")[0])
+    except ValueError:
+        return 0
+
+
 def next_pow2(x: int) -> int:
     """The smallest power of two >= x (tl.arange extents must be powers of two); 1 for x <= 1."""
     return 1 << max(0, (x - 1).bit_length()) if x > 1 else 1
