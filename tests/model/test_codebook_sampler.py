@@ -12,7 +12,6 @@ from ttsengine.model.kernels.codebook_sampler import sample_codebook_triton
 from ttsengine.model.kernels.triton_support import triton_major
 from ttsengine.model.sampling import SamplingTensors
 
-
 pytestmark = [
     pytest.mark.skipif(triton_major() < 3, reason="needs Triton >= 3 (its interpreter)"),
     pytest.mark.skipif(torch.cuda.is_available() and not os.environ.get("TRITON_INTERPRET"), reason="GPU test"),
