@@ -11,21 +11,15 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from conftest import MODEL_DIR
-from test_gpu import REQUESTS, tokens
+from test_gpu import REQUESTS, cfg, tokens
 from torch_helpers import no_tf32
 
-from ttsengine import EngineConfig
 from ttsengine.model.frame import sample_token
 from ttsengine.model.kernels.codebook_sampler import sample_codebook_triton
 from ttsengine.model.kernels.paged_attention import PagedKV, paged_decode_reference, paged_write_decode_triton
 from ttsengine.model.sampling import SamplingTensors
 
 pytestmark = pytest.mark.gpu
-
-
-def cfg(**kw) -> EngineConfig:
-    return EngineConfig(model_dir=MODEL_DIR, device="cuda", max_batch=8, **kw)
 
 
 def draws(B, V, dtype, seed):
@@ -73,20 +67,15 @@ def test_paged_kernel_as_the_fast_layers_attention():
             assert torch.equal(kv.k, ref.k) and torch.equal(kv.v, ref.v)
 
 
-@pytest.fixture
-def exact_fp32():
-    with no_tf32():
-        yield
-
-
 @pytest.mark.parametrize("graphs,compile_", [("on", "on"), ("off", "off")])
-def test_fused_step_equals_unfused_tokens_fp32(exact_fp32, graphs, compile_):
+def test_fused_step_equals_unfused_tokens_fp32(graphs, compile_):
     # fp32 caches: the fast attention runs its reference path inside the fused layer (the Triton kernel is
     # 16-bit), the codebook sampler its kernel, W1|W3 one matmul; compiled units + graphs and eager both
-    fused = tokens(cfg(cuda_graphs=graphs, compile=compile_, dtype="float32", codec_dtype="float32",
-                       fused_kernels="fast_attention,codebook_sampler,vocab_scan,merged_ffn"))
-    plain = tokens(cfg(cuda_graphs="off", compile="off", dtype="float32", codec_dtype="float32",
-                       fused_kernels="off"))
+    with no_tf32():
+        fused = tokens(cfg(cuda_graphs=graphs, compile=compile_, dtype="float32", codec_dtype="float32",
+                           fused_kernels="fast_attention,codebook_sampler,vocab_scan,merged_ffn"))
+        plain = tokens(cfg(cuda_graphs="off", compile="off", dtype="float32", codec_dtype="float32",
+                           fused_kernels="off"))
     assert len(fused) == len(REQUESTS)
     for f, e in zip(fused, plain):
         assert len(f) == len(e) and all(np.array_equal(a, b) for a, b in zip(f, e))

@@ -456,7 +456,11 @@ class Engine:
                 self._enqueue(task, front=False)
             forget, self._forget = list(self._forget), deque()
         for key in forget:
-            self.runner.pages.unref(self.prefix_cache.forget(key))
+            self._drop_prefix(key)
+
+    def _drop_prefix(self, key: str) -> None:
+        """The prefix cache forgets `key`; its pages go back to the pool now, or when the streams reading them end."""
+        self.runner.pages.unref(self.prefix_cache.forget(key))
 
     def _enqueue(self, task: Task, front: bool) -> None:
         budget = self.planner.budget(task.prompt, task.plan)
@@ -582,7 +586,7 @@ class Engine:
         self.scheduler.release(jobs)
         if self.prefix_cache is not None:  # a failed step may have left any page half written: cache nothing
             for key in list(self.prefix_cache.entries):
-                self.runner.pages.unref(self.prefix_cache.forget(key))
+                self._drop_prefix(key)
         self.runner.reset_slots(range(0, old))
         self.scheduler.waiting.clear()
         with self._cv:

@@ -150,16 +150,16 @@ class Fleet:
         live = [(i, e) for i, e in enumerate(self.engines) if e.state == "ready"]
         turn = next(self._turn)
         n = len(self.engines)
-        free = {i: e.occupancy() for i, e in live}
+        occupancy = {i: e.occupancy() for i, e in live}  # (free slots, waiting), read once per engine
 
         def key(item: tuple[int, Engine]) -> tuple[int, int, int]:
-            i, _ = item
-            return -free[i][0], free[i][1], (i - turn) % n
+            free, waiting = occupancy[item[0]]
+            return -free, waiting, (item[0] - turn) % n
 
         order = sorted(live, key=key)
         home = affinity % n if affinity is not None else None
-        if order and home in free and home != order[0][0] and free[home][0] > 0 \
-                and 2 * free[home][0] >= free[order[0][0]][0]:
+        if order and home in occupancy and home != order[0][0] and occupancy[home][0] > 0 \
+                and 2 * occupancy[home][0] >= occupancy[order[0][0]][0]:
             order.sort(key=lambda item: item[0] != home)  # stable: the rest keep their order
         return [e for _, e in order]
 

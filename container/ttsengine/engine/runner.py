@@ -266,16 +266,7 @@ class Runner:
         valid = pos < lens[:, None]
         mask = (pos[:, None, :] <= pos[:, :, None]) & valid[:, None, :]  # [g, T(q), T(k)]
         write_pos = torch.where(valid, pos, torch.full_like(pos, -1))  # padding goes to scratch
-        rope = m.rope_slow[pos]
-        x = m.embed(tokens)
-        for i, layer in enumerate(m.layers):
-            att = layer.attention
-            q, k, v = att.project(layer.attention_norm(x), rope)
-            self.kv[i].write(table, write_pos, k, v)
-            y = attend(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), mask[:, None])
-            x = x + att.wo(y.transpose(1, 2).reshape(g, T, -1))
-            x = x + layer.feed_forward(layer.ffn_norm(x))
-        return x
+        return self._prefill_slow_layers(m.embed(tokens), m.rope_slow[pos], table, write_pos, mask, history=False)
 
     def _prefill_with_history(self, tokens: Tensor, lens: Tensor, table: Tensor, start: Tensor) -> Tensor:
         m = self.model
@@ -289,13 +280,20 @@ class Runner:
         # 0 is always readable, so a padded query's row is never all-masked (no NaN)
         mask = (keys[None, None, :] <= pos[:, :, None]) & (keys[None, None, :] < (start + lens)[:, None, None])
         rope = m.rope_slow[pos.clamp(max=m.rope_slow.shape[0] - 1)]  # padded positions may run past the table
-        x = m.embed(tokens)
-        for i, layer in enumerate(m.layers):
+        return self._prefill_slow_layers(m.embed(tokens), rope, table, write_pos, mask, history=True)
+
+    def _prefill_slow_layers(self, x: Tensor, rope: Tensor, table: Tensor, write_pos: Tensor, mask: Tensor,
+                             history: bool) -> Tensor:
+        """x: [g, T, D] embedded parts; write_pos: int64 [g, T] (-1: scratch); mask: bool [g, T, S]. Each layer
+        writes the parts' keys and values, then attends over the parts themselves (S = T) or, with history, over
+        the rows' pages gathered through `table` (S = P * page_size) -> hidden [g, T, D]."""
+        g, T, _ = x.shape
+        for i, layer in enumerate(self.model.layers):
             att = layer.attention
             q, k, v = att.project(layer.attention_norm(x), rope)
             self.kv[i].write(table, write_pos, k, v)
-            k_all, v_all = self.kv[i].gather(table)  # [g, Hk, S, d]
-            y = attend(q.transpose(1, 2), k_all.to(q.dtype), v_all.to(q.dtype), mask[:, None])
+            k, v = self.kv[i].gather(table) if history else (k.transpose(1, 2), v.transpose(1, 2))  # [g, Hk, S, d]
+            y = attend(q.transpose(1, 2), k.to(q.dtype), v.to(q.dtype), mask[:, None])
             x = x + att.wo(y.transpose(1, 2).reshape(g, T, -1))
             x = x + layer.feed_forward(layer.ffn_norm(x))
         return x

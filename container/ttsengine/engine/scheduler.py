@@ -136,14 +136,14 @@ class Scheduler:
         positions left first, the oldest with at least min_chunk. A chunk may be empty (a one-token prompt): it
         only arms the job."""
         budget = self.prefill_tokens if budget is None else max(1, min(budget, self.prefill_tokens))
-        # by admission (job ids grow), not slot: a finished job's slot takes the last one's, so slots reorder
-        continuing = sorted((j for j in self.running if not j.decoding), key=lambda j: j.id)
+        continuing = [j for j in self.running if not j.decoding]
         chunks = [Chunk(job, job.prefilled, job.prefilled + min(job.prefill_end - job.prefilled, room))
                   for job, room in self._admit(budget)]
         room = budget - sum(c.tokens for c in chunks)
         take: dict[int, int] = {}
         if continuing:  # progress: the oldest gets min_chunk even when new first chunks took the budget
-            oldest = continuing[0]
+            # by admission (job ids grow), not slot: a finished job's slot takes the last one's, so slots reorder
+            oldest = min(continuing, key=lambda j: j.id)
             take[oldest.id] = min(oldest.prefill_end - oldest.prefilled, self.min_chunk, budget)
             room -= take[oldest.id]
         # then the fewest positions left first: the stream closest to its first frame gets there soonest

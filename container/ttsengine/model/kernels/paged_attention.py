@@ -101,13 +101,10 @@ def paged_decode_reference(q: Tensor, kv: PagedKV, page_table: Tensor, seq_lens:
                            max_pages: int | None = None) -> Tensor:
     """q: [B, H, d] (one query per row); page_table: int32 [B, P]; seq_lens: int [B] keys per row
     -> [B, H, d]. Reads only the first `max_pages` pages of each row (default: all)."""
-    B, H, d = q.shape
+    H, Hk = q.shape[1], kv.k.shape[1]
     P = page_table.shape[1] if max_pages is None else max_pages
-    pages = page_table[:, :P].long()  # [B, P]
-    Hk, ps = kv.k.shape[1], kv.page_size
-    k = kv.k[pages].permute(0, 2, 1, 3, 4).reshape(B, Hk, P * ps, d)
-    v = kv.v[pages].permute(0, 2, 1, 3, 4).reshape(B, Hk, P * ps, d)
-    mask = torch.arange(P * ps, device=q.device)[None, :] < seq_lens[:, None]  # [B, S]
+    k, v = kv.gather(page_table[:, :P])  # [B, Hk, P * page_size, d]
+    mask = torch.arange(k.shape[2], device=q.device)[None, :] < seq_lens[:, None]  # [B, S]
     g = H // Hk
     if g > 1:
         k, v = k.repeat_interleave(g, dim=1), v.repeat_interleave(g, dim=1)
