@@ -121,8 +121,10 @@ for path in sorted(glob.glob(os.path.join(sys.argv[1], "coldstart-*-*-*.log"))):
     if lines:
         rows.setdefault((q, c), []).append(json.loads(lines[-1]))
 names = {"empty": "empty cache", "dir": "warm cache directory", "blob": "blob into an empty directory"}
-print("| case | quant | runs | start -> first audio, median (all) | load s, median | codec cache | kernel cache |")
-print("|---|---|---|---|---|---|---|")
+print("| case | quant | runs | start -> first audio, median (all) | imports s | load s | warm-up s | codec cache |"
+      " kernel cache |")
+print("|---|---|---|---|---|---|---|---|---|")
+med = lambda runs, key: statistics.median(r.get(key) or 0.0 for r in runs)  # noqa: E731
 for q in ("bf16", "int8", "int4"):
     for c in ("empty", "dir", "blob"):
         runs = rows.get((q, c))
@@ -130,7 +132,8 @@ for q in ("bf16", "int8", "int4"):
             continue
         first = [r["process_to_first_audio_s"] for r in runs]
         print(f"| {names[c]} | {q} | {len(runs)} | {statistics.median(first):.1f} s "
-              f"({', '.join(f'{x:.1f}' for x in first)}) | {statistics.median(r['load_s'] for r in runs):.2f} | "
+              f"({', '.join(f'{x:.1f}' for x in first)}) | {med(runs, 'imports_s'):.2f} | {med(runs, 'load_s'):.2f} | "
+              f"{med(runs, 'warmup_s'):.2f} | "
               f"{'/'.join(sorted({r['codec_cache'] for r in runs}))} | "
               f"{'/'.join(sorted({r['kernel_cache'] for r in runs}))} |")
 any_run = next(iter(rows.values()), [{}])[0]

@@ -37,6 +37,7 @@ _IMPORTED = time.perf_counter()
 
 
 def main(argv: list[str] | None = None) -> int:
+    imports_s = process_age()  # interpreter start and the imports up to here: the part of a start before the load
     ap = argparse.ArgumentParser(prog="python -m ttsengine warm", description=__doc__.splitlines()[0])
     src = ap.add_mutually_exclusive_group()
     src.add_argument("--model", type=Path, help="model dir (default: $TTS_MODEL_DIR)")
@@ -69,7 +70,7 @@ def main(argv: list[str] | None = None) -> int:
         engine.close()
         wait_for_writers()  # the codec cache's entry too: warm leaves a complete cache
     print(json.dumps({
-        "process_to_first_audio_s": round(first_audio, 2), "load_s": round(load_s, 2),
+        "process_to_first_audio_s": round(first_audio, 2), "imports_s": round(imports_s, 2), "load_s": round(load_s, 2),
         "model": f"random weights ({random_weights})" if random_weights else str(config.model_dir),
         "write_checkpoint_s": write_s, "codec_cache": ckpt.codec_cache,
         "warmup_s": round(engine.warmup_seconds or 0.0, 2), "kernel_cache": engine.kernel_cache.status,

@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import json
 import logging
+import os
+from pathlib import Path
 
 import pytest
 import torch
 from conftest import MODEL_DIR, run_cli
 
 from ttsengine import compat
-from ttsengine.engine.compile.kernel_cache import KernelCache, environment
+from ttsengine.engine.compile.kernel_cache import KernelCache, environment, relink_triton_groups
 
 
 def test_fresh_directory_is_a_miss_then_dir(tmp_path):
@@ -84,6 +86,79 @@ def test_the_blob_carries_the_precompiled_units(tmp_path):
     assert kc2.setup() == "blob"
     assert (kc2.precompiled_dir / "slow_layer.0.pt2").read_bytes() == b"trace bytes"
     assert kc2.precompiled_dir.name == kc.precompiled_dir.name == f"precompiled-{kc.key}"
+
+
+def _triton_kernel(root, key, name):
+    """A compiled kernel as Triton's file cache lays it out: its files, and a group file listing them by path."""
+    d = root / "triton" / key
+    d.mkdir(parents=True)
+    files = {f"{name}.{ext}": d / f"{name}.{ext}" for ext in ("cubin", "json")}
+    for path in files.values():
+        path.write_bytes(b"kernel bytes")
+    (d / f"__grp__{name}.json").write_text(json.dumps({"child_paths": {n: str(p) for n, p in files.items()}}))
+    return d / f"__grp__{name}.json"
+
+
+def _children(group):
+    return json.loads(group.read_text())["child_paths"]
+
+
+def test_a_moved_cache_keeps_its_triton_kernels(tmp_path):
+    # Triton takes a group whose listed paths are missing for a miss; a cache moved (or unpacked from the blob)
+    # elsewhere must point them here, or every Triton kernel compiles again at each start
+    _triton_kernel(tmp_path / "made", "K1", "snake")
+    (tmp_path / "made").rename(tmp_path / "served")
+    group = tmp_path / "served" / "triton" / "K1" / "__grp__snake.json"
+    assert not any(Path(p).exists() for p in _children(group).values())  # what Triton would see: a miss
+    KernelCache(tmp_path / "served", {"model": "tiny"}).setup()
+    assert _children(group) == {"snake.cubin": str(group.parent / "snake.cubin"),
+                                "snake.json": str(group.parent / "snake.json")}
+    assert relink_triton_groups(tmp_path / "served" / "triton") == 0  # in place now: nothing to rewrite
+
+
+def test_relink_leaves_sound_and_truly_missing_kernels(tmp_path):
+    sound = _triton_kernel(tmp_path, "K1", "int8")
+    before = sound.read_text()
+    lost = _triton_kernel(tmp_path, "K2", "paged")
+    for p in _children(lost).values():
+        Path(p).unlink()  # its files are gone everywhere: Triton must compile it again
+    lost_before = lost.read_text()
+    (tmp_path / "triton" / "K3").mkdir()
+    (tmp_path / "triton" / "K3" / "__grp__junk.json").write_text("{not json")
+    assert relink_triton_groups(tmp_path / "triton") == 0
+    assert sound.read_text() == before and lost.read_text() == lost_before
+    assert relink_triton_groups(tmp_path / "absent") == 0
+
+
+@pytest.mark.gpu
+def test_a_moved_triton_cache_compiles_nothing_again(tmp_path):
+    # a real Triton kernel compiled in one process, its cache moved, a second process: without the relink Triton
+    # compiles it again (rewrites the kernel's files), with it the moved files are loaded as they are
+    script = ("import sys, torch; from pathlib import Path; from ttsengine.engine.compile.kernel_cache import "
+              "relink_triton_groups; from ttsengine.model.kernels.snake import snake_triton\n"
+              "if sys.argv[1] == '1': relink_triton_groups(Path(sys.argv[2]))\n"
+              "x = torch.randn(2, 8, 64, device='cuda'); snake_triton(x, torch.ones(8, device='cuda'))\n"
+              "torch.cuda.synchronize()")
+
+    def compiled(cache, relink):
+        """Runs the kernel with `cache` as Triton's cache -> the kernel files written (not group files)."""
+        import subprocess
+        import sys
+
+        old = 1_000_000_000  # 2001: any file written by the run is newer
+        for p in cache.rglob("*") if cache.exists() else ():
+            os.utime(p, (old, old))
+        proc = subprocess.run([sys.executable, "-c", script, relink, str(cache)], capture_output=True, text=True,
+                              env={**os.environ, "TRITON_CACHE_DIR": str(cache)}, timeout=300)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        return {p.name for p in cache.rglob("*") if p.is_file() and not p.name.startswith("__grp__")
+                and p.stat().st_mtime > old + 1}
+
+    assert compiled(tmp_path / "a", "0")  # the first run compiles
+    (tmp_path / "a").rename(tmp_path / "b")
+    assert compiled(tmp_path / "b", "1") == set()  # relinked: loaded, nothing compiled
+    (tmp_path / "b").rename(tmp_path / "c")
+    assert compiled(tmp_path / "c", "0")  # the control: not relinked, Triton compiles it again
 
 
 def test_blob_members_outside_the_directory_are_refused(tmp_path, caplog):

@@ -95,7 +95,9 @@ class KernelCache:
                 self.status = "miss"
         else:
             self.status = "dir" if meta else "miss"
-        log.info("kernel cache %s: %s (key %s)", self.directory, self.status, self.key)
+        relinked = relink_triton_groups(self.directory / "triton")
+        log.info("kernel cache %s: %s (key %s)%s", self.directory, self.status, self.key,
+                 f"; {relinked} Triton kernel(s) made elsewhere relinked here" if relinked else "")
         return self.status
 
     def save_metadata(self) -> None:
@@ -144,6 +146,34 @@ class KernelCache:
             if ARTIFACTS in z.namelist():
                 loaded = compat.load_cache_artifacts(z.read(ARTIFACTS)) or loaded
         return loaded
+
+
+def relink_triton_groups(triton_dir: Path) -> int:
+    """Triton's cache lists each compiled kernel's files in a group file `KEY/__grp__NAME.json` by absolute path,
+    and takes a kernel whose listed paths are missing for a miss: a cache unpacked from the blob or mounted at
+    another path than where it was compiled (a volume, /opt/ml/model) compiled every Triton kernel again (~2.7 s
+    of an H100 start). Points each missing path at the same file beside its group file, where a moved cache has
+    it -> groups rewritten. A listed file that is missing there too is left: Triton compiles that kernel again."""
+    fixed = 0
+    for group in triton_dir.glob("*/__grp__*.json") if triton_dir.is_dir() else ():
+        try:
+            data = json.loads(group.read_text())
+            children = data["child_paths"]
+            here = {name: str(group.parent / Path(path).name) for name, path in children.items()}
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
+            continue  # not a group file we understand: Triton decides what it is worth
+        moved = {name: here[name] if not os.path.exists(path) and os.path.isfile(here[name]) else path
+                 for name, path in children.items()}
+        if moved == children:
+            continue
+        tmp = group.with_name(group.name + ".relink")
+        try:
+            tmp.write_text(json.dumps({**data, "child_paths": moved}))
+            tmp.replace(group)  # atomic: a Triton reading beside us sees the old group or the new one
+            fixed += 1
+        except OSError:  # a read-only cache (baked into an image) keeps compiling those kernels: no worse than before
+            tmp.unlink(missing_ok=True)
+    return fixed
 
 
 def _read_json(path: Path) -> dict | None:
