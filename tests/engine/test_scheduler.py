@@ -130,6 +130,35 @@ def test_a_smaller_budget_is_honoured_and_one_token_prompts_only_arm():
     assert [(c.job, c.start, c.end, c.last) for c in chunks] == [(one, 0, 0, True), (a, 30, 49, True)]
 
 
+def test_a_budget_by_rows_admits_a_burst_at_each_size_pace():
+    # the engine's budget is a function of the rows the step will run: each admission is checked at the rows it
+    # brings, so a burst onto a small batch goes in at the small step's room, not the full batch's
+    s = sched(slots=16, queue=16, prefill=1000)
+    jobs = [Job(11, 5) for _ in range(10)]  # 10 prefill positions each
+    for j in jobs:
+        s.submit(j)
+    seen = []
+
+    def budget(rows):
+        seen.append(rows)
+        return 100 if rows <= 4 else 25
+
+    chunks = s.schedule(budget)
+    assert [(c.job, c.tokens) for c in chunks] == [(j, 10) for j in jobs[:4]]  # the 5th would make it a 5-row step
+    assert max(seen) == 5
+    # the same burst under the budget of the full batch (what a fixed number at the final bucket gives): 25 positions
+    s2 = sched(slots=16, queue=16, prefill=1000)
+    for _ in range(10):
+        s2.submit(Job(11, 5))
+    assert [c.tokens for c in s2.schedule(25)] == [10, 10, 5]
+    # a budget the admitted positions already fill at the next row count stops admission there
+    s3 = sched(slots=16, queue=16, prefill=1000)
+    a, b = Job(11, 5), Job(11, 5)
+    s3.submit(a)
+    s3.submit(b)
+    assert [(c.job, c.tokens) for c in s3.schedule(lambda rows: 10 if rows <= 1 else 5)] == [(a, 10)]
+
+
 def test_record_frames_skips_jobs_still_prefilling():
     s = sched(slots=4, prefill=10)
     done_, later = Job(5, 3), Job(40, 3)

@@ -435,9 +435,10 @@ class Engine:
         running = self.scheduler.running
         decoding = any(j.decoding for j in running)
         t0 = time.perf_counter()
-        # the budget at the bucket this step may grow to (every waiting request admitted): admissions come first
-        rows = min(self.scheduler.max_slots, len(running) + len(self.scheduler.waiting))
-        chunks = self.scheduler.schedule(self.budget.tokens(self.settings.bucket(rows) if decoding else 0))
+        # the budget at the bucket of the step each admission brings it to (prefill_budget.py): a burst of arrivals
+        # goes in at the pace the small steps leave room for, not the full batch's
+        bucket = self.settings.bucket
+        chunks = self.scheduler.schedule(lambda rows: self.budget.tokens(bucket(rows) if decoding else 0))
         if chunks:
             self._prefill(chunks)
         if any(j.decoding for j in running):

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import itertools
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from ..errors import BusyError
@@ -129,16 +130,21 @@ class Scheduler:
         return bool(self.running or self.waiting)
 
     # ---- per step -----------------------------------------------------------------------------
-    def schedule(self, budget: int | None = None) -> list[Chunk]:
-        """This step's prefill work, at most `budget` prompt positions (default: prefill_tokens): first the
-        first chunks of waiting jobs moved into free slots (FIFO, stopping at the first that does not fit: no
-        overtaking, so a large request cannot starve), then the next chunks of earlier long prompts, fewest
+    def schedule(self, budget: int | Callable[[int], int] | None = None) -> list[Chunk]:
+        """This step's prefill work, at most `budget` prompt positions (default: prefill_tokens; never more):
+        first the first chunks of waiting jobs moved into free slots (FIFO, stopping at the first that does not
+        fit: no overtaking, so a large request cannot starve), then the next chunks of earlier long prompts, fewest
         positions left first, the oldest with at least min_chunk. A chunk may be empty (a one-token prompt): it
-        only arms the job."""
-        budget = self.prefill_tokens if budget is None else max(1, min(budget, self.prefill_tokens))
+        only arms the job. `budget` may be a function of the rows the step will run (running jobs, admitted ones
+        included): each admission is checked against the budget at the rows it brings the step to, so a burst of
+        arrivals goes in as fast as the step at each size leaves room, not at the pace of the full batch."""
+        at = (lambda rows: self.prefill_tokens) if budget is None else \
+            (lambda rows, n=budget: n) if isinstance(budget, int) else budget
+        clamp = lambda rows: max(1, min(at(rows), self.prefill_tokens))  # noqa: E731
         continuing = [j for j in self.running if not j.decoding]
         chunks = [Chunk(job, job.prefilled, job.prefilled + min(job.prefill_end - job.prefilled, room))
-                  for job, room in self._admit(budget)]
+                  for job, room in self._admit(clamp)]
+        budget = clamp(len(self.running))
         room = budget - sum(c.tokens for c in chunks)
         take: dict[int, int] = {}
         if continuing:  # progress: the oldest gets min_chunk even when new first chunks took the budget
@@ -157,11 +163,12 @@ class Scheduler:
             c.job.prefilled = c.end
         return chunks
 
-    def _admit(self, budget: int) -> list[tuple[Job, int]]:
-        """Waiting jobs moved into free slots -> (job, prefill positions its first chunk may take)."""
+    def _admit(self, budget_at: Callable[[int], int]) -> list[tuple[Job, int]]:
+        """Waiting jobs moved into free slots while the budget at the rows each brings leaves room -> (job, prefill
+        positions its first chunk may take)."""
         admitted: list[tuple[Job, int]] = []
         used = 0
-        while self.waiting and len(self.running) < self.max_slots and used < budget:
+        while self.waiting and len(self.running) < self.max_slots and used < budget_at(len(self.running) + 1):
             job = self.waiting[0]
             if job.cancelled:
                 self.waiting.popleft()
@@ -182,7 +189,7 @@ class Scheduler:
                 self.cache.misses += 1
             job.slot = len(self.running)
             self.running.append(job)
-            room = budget - used
+            room = budget_at(len(self.running)) - used
             admitted.append((job, room))
             used += min(job.prefill_end - job.prefilled, room)
         return admitted
