@@ -48,7 +48,7 @@ def test_fused_kernels_resolve_per_device():
     assert fused_kernels("auto", False, False) == frozenset()  # CPU: the reference step
     triton_ones = ({"fast_attention"} if triton_available() else set()) | \
         ({"codebook_sampler"} if triton_major() >= 3 else set())
-    everything = {"vocab_scan"} | triton_ones  # merged_ffn: opt-in until measured
+    everything = {"vocab_scan", "merged_ffn"} | triton_ones
     assert fused_kernels("auto", True, True) == everything
     assert "fast_attention" not in fused_kernels("auto", True, False)  # an fp32 cache: no 16-bit kernel
     # a named list as asked (CPU tests run the fast attention's reference path), but never the sampler on CPU
