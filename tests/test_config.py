@@ -6,6 +6,7 @@ import copy
 import json
 import re
 from dataclasses import fields
+from pathlib import Path
 
 import pytest
 from conftest import GOLDEN, MODEL_DIR, ROOT
@@ -294,3 +295,12 @@ def test_codec_config_lookup_prefers_the_model_dir(tmp_path):
     assert load_codec_config(model).num_codebooks == 4  # the parent's (golden layout)
     (model / "codec_config.json").write_text(json.dumps(S1_CODEC))
     assert load_codec_config(model).num_codebooks == 10  # beside codec.pth wins
+
+
+def test_engine_config_takes_string_paths():
+    # a Python caller's strings work like from_env's Paths (the engine calls Path methods on both)
+    from ttsengine.config import EngineConfig
+
+    cfg = EngineConfig(model_dir="models/x", cache_dir="/tmp/kc")
+    assert cfg.model_dir == Path("models/x") and cfg.cache_dir == Path("/tmp/kc")
+    assert EngineConfig(cache_dir=None).cache_dir is None and cfg.with_(cache_dir="b").cache_dir == Path("b")

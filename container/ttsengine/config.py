@@ -228,6 +228,13 @@ class EngineConfig:
     int8_kernel: str = "auto"  # int8 implementation: auto | fused | tile | dequant | off (model/quant.py)
     default_max_new_tokens: int = 0  # frames per chunk when a request does not say; 0 = the family's (1024)
 
+    def __post_init__(self):
+        # Python callers may pass strings for the paths (from_env gives Paths): the engine calls Path methods on them
+        for name in ("model_dir", "cache_dir"):
+            value = getattr(self, name)
+            if isinstance(value, (str, os.PathLike)) and not isinstance(value, Path):
+                object.__setattr__(self, name, Path(value))
+
     def with_(self, **changes) -> EngineConfig:
         return replace(self, **changes)
 
