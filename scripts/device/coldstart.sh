@@ -124,7 +124,9 @@ names = {"empty": "empty cache", "dir": "warm cache directory", "blob": "blob in
 print("| case | quant | runs | start -> first audio, median (all) | imports s | load s | warm-up s | codec cache |"
       " kernel cache |")
 print("|---|---|---|---|---|---|---|---|---|")
-med = lambda runs, key: statistics.median(r.get(key) or 0.0 for r in runs)  # noqa: E731
+def med(runs, key):  # "-" where a run's JSON lacks the key (an older warm)
+    values = [r[key] for r in runs if isinstance(r.get(key), (int, float))]
+    return f"{statistics.median(values):.2f}" if len(values) == len(runs) else "-"
 for q in ("bf16", "int8", "int4"):
     for c in ("empty", "dir", "blob"):
         runs = rows.get((q, c))
@@ -132,8 +134,8 @@ for q in ("bf16", "int8", "int4"):
             continue
         first = [r["process_to_first_audio_s"] for r in runs]
         print(f"| {names[c]} | {q} | {len(runs)} | {statistics.median(first):.1f} s "
-              f"({', '.join(f'{x:.1f}' for x in first)}) | {med(runs, 'imports_s'):.2f} | {med(runs, 'load_s'):.2f} | "
-              f"{med(runs, 'warmup_s'):.2f} | "
+              f"({', '.join(f'{x:.1f}' for x in first)}) | {med(runs, 'imports_s')} | {med(runs, 'load_s')} | "
+              f"{med(runs, 'warmup_s')} | "
               f"{'/'.join(sorted({r['codec_cache'] for r in runs}))} | "
               f"{'/'.join(sorted({r['kernel_cache'] for r in runs}))} |")
 any_run = next(iter(rows.values()), [{}])[0]

@@ -5,7 +5,7 @@
 #   procs     two processes started together, one GPU each, LEVEL1 streams each (one process per GPU)
 # Each run repeats its level REPEAT times so the two processes' middle levels overlap whatever their start
 # offsets; compare the middle levels. Usage: scripts/device/replica_ab.sh   env: LEVEL1 (256) LEVEL2 (512)
-#   REPEAT (4) SI (0.0005) FRAMES (192) PER_RUN_S (240)
+#   REPEAT (4) SI (0.0005) FRAMES (192) PER_RUN_S (180: three phases must fit one 600 s device call)
 set -uo pipefail
 OUT=${OUT:-device-out}
 mkdir -p "$OUT"
@@ -15,7 +15,7 @@ export PYTHONPATH=$PWD/container:$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERE
 nvidia-smi --query-gpu=index,name --format=csv,noheader
 bench() {  # bench LABEL SWITCH_INTERVAL ARGS...
   local label=$1 si=$2; shift 2
-  timeout "${PER_RUN_S:-240}" python3 -c 'import runpy, sys
+  timeout "${PER_RUN_S:-180}" python3 -c 'import runpy, sys
 sys.setswitchinterval(float(sys.argv[1])); sys.argv = ["ttsengine"] + sys.argv[2:]
 runpy.run_module("ttsengine", run_name="__main__")' "$si" bench --random-weights s1-mini --frames "${FRAMES:-192}" \
     --out "$OUT/$label" "$@" > "$OUT/$label.log" 2>&1

@@ -124,6 +124,27 @@ def test_max_new_tokens_one_is_no_audio(engine):
     assert r.frames == 1
 
 
+@pytest.mark.parametrize("int8_kernel", ["off", "dequant"])
+def test_merged_ffn_leaves_quantized_layers_alone(int8_kernel):
+    # merged_ffn is in TTS_FUSED_KERNELS=auto: a quantized model must still start. Our int8 layers are not nn.Linear;
+    # torchao's (int8_kernel=off with torchao installed) are nn.Linear with a quantized weight tensor, which a cat of
+    # W1 and W3 cannot take: both stay unmerged and the engine serves as without merged_ffn
+    from conftest import MODEL_DIR
+
+    from ttsengine import Engine, EngineConfig
+
+    config = EngineConfig(model_dir=MODEL_DIR, device="cpu", max_batch=4, quant="int8", int8_kernel=int8_kernel)
+    plain = Engine.load(config)
+    eng = Engine.load(config.with_(fused_kernels="merged_ffn"))
+    try:
+        assert not any(hasattr(layer.feed_forward, "w13") for layer in eng.runner.model.layers)
+        req = SynthesisRequest(text="Quantized.", seed=7, max_new_tokens=12)
+        same(plain.synthesize(req), eng.synthesize(req))
+    finally:
+        eng.close()
+        plain.close()
+
+
 def test_merged_ffn_equals_the_reference_and_adds_no_memory(eager_engine):
     # TTS_FUSED_KERNELS=merged_ffn,fast_attention on CPU: the step's layers run W1|W3 as one matmul (the fast
     # layers too: they share the slow layers' function with fast_attention); w1/w3 become views of the merged weight

@@ -69,7 +69,7 @@ class Engine:
             "model": repr(checkpoint.config), "codec": repr(checkpoint.codec_config),
             "dtype": str(checkpoint.model.norm.weight.dtype), "quant": checkpoint.quantization,
             "buckets": s.buckets, "chunks": (s.first_chunk_frames, s.stream_chunk_frames),
-            "codec_compile": s.codec_compile, "snake_kernel": s.snake_kernel})
+            "codec_compile": s.codec_compile, "snake_kernel": s.snake_kernel, "fused": sorted(s.runner.fused)})
         if s.compile or s.cuda_graphs:
             self.kernel_cache.setup()
         self.runner = runner(checkpoint.model, s.runner)
@@ -437,8 +437,8 @@ class Engine:
         t0 = time.perf_counter()
         # the budget at the bucket of the step each admission brings it to (prefill_budget.py): a burst of arrivals
         # goes in at the pace the small steps leave room for, not the full batch's
-        bucket = self.settings.bucket
-        chunks = self.scheduler.schedule(lambda rows: self.budget.tokens(bucket(rows) if decoding else 0))
+        bucket_of = self.settings.bucket
+        chunks = self.scheduler.schedule(lambda rows: self.budget.tokens(bucket_of(rows) if decoding else 0))
         if chunks:
             self._prefill(chunks)
         if any(j.decoding for j in running):

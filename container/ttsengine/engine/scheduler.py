@@ -131,7 +131,8 @@ class Scheduler:
 
     # ---- per step -----------------------------------------------------------------------------
     def schedule(self, budget: int | Callable[[int], int] | None = None) -> list[Chunk]:
-        """This step's prefill work, at most `budget` prompt positions (default: prefill_tokens; never more):
+        """This step's prefill work, at most `budget` prompt positions (default and ceiling: prefill_tokens; the
+        oldest continuation's min_chunk may go past a smaller budget):
         first the first chunks of waiting jobs moved into free slots (FIFO, stopping at the first that does not
         fit: no overtaking, so a large request cannot starve), then the next chunks of earlier long prompts, fewest
         positions left first, the oldest with at least min_chunk. A chunk may be empty (a one-token prompt): it
@@ -139,7 +140,7 @@ class Scheduler:
         included): each admission is checked against the budget at the rows it brings the step to, so a burst of
         arrivals goes in as fast as the step at each size leaves room, not at the pace of the full batch."""
         at = (lambda rows: self.prefill_tokens) if budget is None else \
-            (lambda rows, n=budget: n) if isinstance(budget, int) else budget
+            budget if callable(budget) else (lambda rows, n=int(budget): n)
         clamp = lambda rows: max(1, min(at(rows), self.prefill_tokens))  # noqa: E731
         continuing = [j for j in self.running if not j.decoding]
         chunks = [Chunk(job, job.prefilled, job.prefilled + min(job.prefill_end - job.prefilled, room))

@@ -133,12 +133,14 @@ class FeedForward(nn.Module):
     def merge_inputs(self) -> bool:
         """Keeps W1 and W3 as the two halves of one weight, buffer `w13` [2 * hidden, dim], with w1/w3's weights
         now views of it (no extra memory), so a decode step can run both as one matmul (swiglu). Plain linears
-        without bias only (quantized ones keep theirs) -> whether merged."""
+        with plain weights and no bias only (ours and torchao's quantized ones keep theirs) -> whether merged."""
         w1, w3 = self.w1, self.w3
         if getattr(self, "w13", None) is not None:
             return True
         if type(w1) is not nn.Linear or type(w3) is not nn.Linear or w1.bias is not None or w3.bias is not None:
             return False
+        if type(w1.weight.data) is not torch.Tensor or type(w3.weight.data) is not torch.Tensor:
+            return False  # torchao keeps nn.Linear and swaps the weight for a quantized tensor subclass: no cat
         w13 = torch.cat([w1.weight.detach(), w3.weight.detach()])
         self.register_buffer("w13", w13, persistent=False)
         h = w1.weight.shape[0]

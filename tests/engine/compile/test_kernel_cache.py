@@ -130,6 +130,47 @@ def test_relink_leaves_sound_and_truly_missing_kernels(tmp_path):
     assert relink_triton_groups(tmp_path / "absent") == 0
 
 
+def test_relink_on_a_read_only_cache_is_no_error(tmp_path, monkeypatch):
+    # a cache baked into an image or mounted read-only: the rewrite fails (EROFS, also for the cleanup's unlink of a
+    # file never made), the start goes on and Triton compiles those kernels as before
+    import errno
+
+    from ttsengine.engine.compile import kernel_cache
+
+    _triton_kernel(tmp_path / "made", "K1", "snake")
+    (tmp_path / "made").rename(tmp_path / "served")
+    group = tmp_path / "served" / "triton" / "K1" / "__grp__snake.json"
+    before = group.read_text()
+
+    def read_only(*args, **kwargs):
+        raise OSError(errno.EROFS, "Read-only file system")
+
+    monkeypatch.setattr(kernel_cache.Path, "write_bytes", read_only)
+    monkeypatch.setattr(kernel_cache.Path, "unlink", read_only)
+    assert relink_triton_groups(tmp_path / "served" / "triton") == 0
+    assert group.read_text() == before
+
+
+def test_blob_members_are_written_whole(tmp_path, monkeypatch):
+    # unpacking writes each member aside and renames it: a start killed mid-write leaves no torn kernel file that a
+    # relinked group would then point Triton at
+    from ttsengine.engine.compile import kernel_cache
+
+    kc = KernelCache(tmp_path / "a", {"model": "tiny"})
+    kc.setup()
+    _triton_kernel(tmp_path / "a", "K1", "snake")
+    blob = kc.save()
+    fresh = tmp_path / "b"
+    fresh.mkdir()
+    (fresh / blob.name).write_bytes(blob.read_bytes())
+    real_replace, renamed = kernel_cache.os.replace, []
+    monkeypatch.setattr(kernel_cache.os, "replace", lambda a, b: (renamed.append(Path(b).name), real_replace(a, b)))
+    assert KernelCache(fresh, {"model": "tiny"}).setup() == "blob"
+    assert {"snake.cubin", "snake.json", "__grp__snake.json"} <= set(renamed)
+    assert not [p for p in fresh.rglob("*.tmp")]
+    assert (fresh / "triton" / "K1" / "snake.cubin").read_bytes() == b"kernel bytes"
+
+
 @pytest.mark.gpu
 def test_a_moved_triton_cache_compiles_nothing_again(tmp_path):
     # a real Triton kernel compiled in one process, its cache moved, a second process: without the relink Triton

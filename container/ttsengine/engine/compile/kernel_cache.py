@@ -13,11 +13,13 @@ one log line, then a recompile, never a crash.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import io
 import json
 import logging
 import os
+import uuid
 import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -139,9 +141,9 @@ class KernelCache:
                 target = (root / name).resolve()
                 if root not in target.parents:
                     raise ValueError(f"blob member {name!r} points outside the cache directory")
-                if not target.exists():
+                if not target.exists():  # atomic: a start killed here, or one beside it, never sees half a file
                     target.parent.mkdir(parents=True, exist_ok=True)
-                    target.write_bytes(z.read(name))
+                    _write_atomic(target, z.read(name))
                 loaded = True
             if ARTIFACTS in z.namelist():
                 loaded = compat.load_cache_artifacts(z.read(ARTIFACTS)) or loaded
@@ -166,14 +168,24 @@ def relink_triton_groups(triton_dir: Path) -> int:
                  for name, path in children.items()}
         if moved == children:
             continue
-        tmp = group.with_name(group.name + ".relink")
         try:
-            tmp.write_text(json.dumps({**data, "child_paths": moved}))
-            tmp.replace(group)  # atomic: a Triton reading beside us sees the old group or the new one
+            _write_atomic(group, json.dumps({**data, "child_paths": moved}).encode())
             fixed += 1
         except OSError:  # a read-only cache (baked into an image) keeps compiling those kernels: no worse than before
-            tmp.unlink(missing_ok=True)
+            pass
     return fixed
+
+
+def _write_atomic(path: Path, data: bytes) -> None:
+    """Writes `data` to a temporary file of this process beside `path`, then renames it into place: a reader (Triton,
+    another engine starting on the same volume) sees the old file or the whole new one, never a part."""
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.{uuid.uuid4().hex}.tmp")
+    try:
+        tmp.write_bytes(data)
+        os.replace(tmp, path)
+    finally:
+        with contextlib.suppress(OSError):  # gone after the rename; on a read-only mount it never existed (EROFS)
+            tmp.unlink(missing_ok=True)
 
 
 def _read_json(path: Path) -> dict | None:
