@@ -210,6 +210,29 @@ def test_chunked_prefill_gives_the_tokens_of_whole_prefill(plain, eager_engine):
         chunked.close()
 
 
+def test_a_burst_on_a_voice_not_cached_yet_prefills_its_prefix_once(plain):
+    # four requests of a new voice in one intake (queued before the loop starts): one writes the prefix, the others
+    # wait a step and start from its cached pages; the tokens are those of the engine without the cache
+    codes = voice_codes(5)
+    ref = (Reference(text="a voice nobody used yet", codes=codes),)
+    reqs = [SynthesisRequest(text=f"Burst request {i}.", seed=40 + i, max_new_tokens=14, references=ref)
+            for i in range(4)]
+    cached = Engine.load(EngineConfig(model_dir=MODEL_DIR, device="cpu", max_batch=8), start=False)
+    try:
+        recorder = Recorder(cached)
+        streams = [cached.submit(r) for r in reqs]
+        cached.start()
+        results = [st.result() for st in streams]
+        got = [(recorder.frames[id(st)], r) for st, r in zip(streams, results)]
+        stats = cached.stats()
+        assert (stats["prefix_misses"], stats["prefix_hits"]) == (1, 3)
+        assert stats["prefix_tokens_saved"] == 3 * (prefix_len(cached, ref[0].text, codes) // 64) * 64
+        same_tokens(got, Recorder(plain).run(plain, reqs))
+        idle_pages_balance(cached)
+    finally:
+        cached.close()
+
+
 # ---- the bookkeeping alone ------------------------------------------------------------------------------------
 def test_prefix_key_covers_whole_pages_of_the_prefix_only():
     import torch
@@ -259,6 +282,39 @@ def test_a_pinned_prefix_is_never_evicted_and_admission_counts_unpinned_pages_fr
     assert chunk.job is small
     pool.grow(small.slot, small.max_len - 1)
     assert cache.evictions == 1 and not cache.entries and pool.free == []
+
+
+def test_a_burst_on_a_new_prefix_computes_it_once():
+    # three requests of a voice not cached yet, arriving together: the first writes the prefix's pages, the others
+    # wait (FIFO: so does the request behind them) until those are cached, then start from them as hits
+    cache = PrefixCache()
+    pool = PagePool(num_pages=40, max_slots=8, page_size=16, cache=cache)
+    s = Scheduler(8, 8, 39, 16, 1000, cache)
+    first, second, third = (Job(40, 8, prefix_key="V", prefix_pages=2) for _ in range(3))
+    other = Job(20, 8)
+    for j in (first, second, third, other):
+        s.submit(j)
+    (chunk,) = s.schedule()
+    assert chunk.job is first and list(s.waiting) == [second, third, other] and cache.misses == 1
+    pool.grow(first.slot, first.prompt_len - 1)
+    assert s.can_cache(first)
+    s.cache_prefix(first, pool.keep(first.slot, 2))
+    chunks = s.schedule()
+    assert [c.job for c in chunks] == [second, third, other] and [c.start for c in chunks] == [32, 32, 0]
+    assert second.prefix is third.prefix is first.prefix and (cache.hits, cache.misses) == (2, 1)
+
+
+def test_a_prefix_writer_that_leaves_stops_the_wait():
+    # the job writing the prefix is cancelled before its pages are cached: the next one computes it
+    cache = PrefixCache()
+    s = Scheduler(8, 8, 39, 16, 20, cache)  # 20 positions a step: the prefix (32) takes two steps
+    writer, waiting = Job(40, 8, prefix_key="V", prefix_pages=2), Job(40, 8, prefix_key="V", prefix_pages=2)
+    s.submit(writer)
+    s.submit(waiting)
+    assert [c.job for c in s.schedule()] == [writer] and writer.prefilled == 20
+    s.release([writer])  # it leaves (cancelled) with its prefix half written
+    (chunk,) = s.schedule()
+    assert chunk.job is waiting and chunk.start == 0 and waiting.prefix is None and cache.misses == 2
 
 
 def test_eviction_skips_pinned_entries_and_fails_loudly_without_room():

@@ -7,7 +7,9 @@ row's device state), so the batch bucket is always the smallest that covers B.
 Admission is FIFO, bounded by free slots and free KV pages: each job reserves the pages its longest
 possible sequence needs, so a running job never runs out. A prompt prefix cached for earlier requests
 (prefix_cache.py) is not reserved again: its pages are counted once, as pinned, while jobs read them; cached
-pages nobody reads count as free (the page pool evicts them when it needs the room).
+pages nobody reads count as free (the page pool evicts them when it needs the room). A request whose prefix a
+running request is still writing as a miss waits (FIFO) until those pages are cached, then starts from them: a
+burst on a new voice computes its prefix once.
 
 Prefill is chunked: each step prefills at most a token budget of prompt positions, so the decode steps of
 running streams keep their pace while a long prompt goes in over several steps. New jobs' first chunks go
@@ -169,6 +171,7 @@ class Scheduler:
         positions its first chunk may take)."""
         admitted: list[tuple[Job, int]] = []
         used = 0
+        writing = self._prefixes_being_written()
         while self.waiting and len(self.running) < self.max_slots and used < budget_at(len(self.running) + 1):
             job = self.waiting[0]
             if job.cancelled:
@@ -176,6 +179,11 @@ class Scheduler:
                 job.finish_reason = "cancelled"
                 continue
             entry = self.cache.lookup(job.prefix_key) if self.cache is not None else None
+            if entry is None and job.prefix_key in writing:
+                # a running job is writing this prefix's pages (a burst on a voice not cached yet): wait until they
+                # are cached, a step or two, and start from them, rather than compute the same prefix again.
+                # Those behind it wait too (FIFO); the wait ends when that job caches them or leaves.
+                break
             shared = len(entry.pages) if entry is not None else 0
             newly_pinned = shared if entry is not None and entry.users == 0 else 0
             own = self.pages_for(job) - shared
@@ -188,12 +196,21 @@ class Scheduler:
                 job.prefix, job.prefilled = entry, shared * self.page_size
             elif job.prefix_key is not None and self.cache is not None:
                 self.cache.misses += 1
+                writing.add(job.prefix_key)
             job.slot = len(self.running)
             self.running.append(job)
             room = budget_at(len(self.running)) - used
             admitted.append((job, room))
             used += min(job.prefill_end - job.prefilled, room)
         return admitted
+
+    def _prefixes_being_written(self) -> set[str]:
+        """Prefix keys that running jobs are prefilling as misses: the cache will have them once those jobs pass
+        their prefix pages (can_cache / cache_prefix)."""
+        if self.cache is None:
+            return set()
+        return {j.prefix_key for j in self.running if j.prefix_key is not None and j.prefix is None
+                and j.prefilled < j.prefix_pages * self.page_size}
 
     def can_cache(self, job: Job) -> bool:
         """The job prefilled its shareable prefix's pages and nobody cached that prefix yet: it may offer them."""
