@@ -116,7 +116,8 @@ class HttpMetrics:
                              "Audio seconds delivered / wall seconds of the request (above 1: faster than real "
                              "time); completed requests only.", SPEECH_LABELS, buckets=RTF_BUCKETS, registry=r)
         self.queue_wait = Histogram("tts_speech_queue_wait_seconds",
-                                    "Submitted to the engine until its first prefill (waiting for a slot).",
+                                    "Submitted to the engine until its first prefill (waiting for a slot); a "
+                                    "request that never got one (the client left, an error): until it ended.",
                                     SPEECH_LABELS, buckets=LATENCY_BUCKETS, registry=r)
         self.audio_seconds = Counter("tts_speech_audio_seconds_total", "Seconds of audio delivered.",
                                      SPEECH_LABELS, registry=r)
@@ -146,8 +147,7 @@ class HttpMetrics:
             self.first_audio.labels(*labels).observe(ex.first_audio_at - ex.accepted_at)
         if status == "ok" and sp.tally.audio_seconds > 0 and wall > 0:
             self.rtf.labels(*labels).observe(sp.tally.audio_seconds / wall)
-        if sp.stream.queue_wait is not None:
-            self.queue_wait.labels(*labels).observe(sp.stream.queue_wait)
+        self.queue_wait.labels(*labels).observe(sp.stream.waited(end))  # a request that left the queue too
         self.audio_seconds.labels(*labels).inc(sp.tally.audio_seconds)
 
 

@@ -225,6 +225,31 @@ def job(*refs: Reference) -> SpeechJob:
     return SpeechJob(SynthesisRequest("hi", references=refs), "wav", None, 1.0, streaming=True)
 
 
+def test_a_request_that_left_the_queue_is_observed_with_its_wait():
+    # a client that gives up while its request waits for a slot: its wait (to the end) is observed, not dropped
+    from conftest import MODEL_DIR
+
+    from handlers.http.metrics import HttpMetrics
+    from ttsengine import Engine, EngineConfig
+
+    eng = Engine.load(EngineConfig(model_dir=MODEL_DIR, device="cpu", max_batch=2), start=False)  # nothing runs
+    try:
+        stream = eng.submit(SynthesisRequest(text="Queued.", seed=1, max_new_tokens=5))
+        time.sleep(0.05)
+        stream.cancel()
+        metrics = HttpMetrics(None)  # the engine collector is not scraped here
+        ex = Exchange(stream.submitted_at, SPEECH, status=200, speech=Speech("pcm", "default", stream,
+                                                                             Tally(outcome="cancelled")))
+        metrics.ended("POST", ex)
+        (family,) = metrics.queue_wait.collect()
+        want = labels(SPEECH, "cancelled", "pcm", "default")
+        count = [s.value for s in family.samples if s.name.endswith("_count") and s.labels == want]
+        total = [s.value for s in family.samples if s.name.endswith("_sum") and s.labels == want]
+        assert count == [1] and total[0] >= 0.05
+    finally:
+        eng.close()
+
+
 def test_voice_kind():
     assert voice_kind(job()) == "default"
     assert voice_kind(job(Reference("t", codes=[[1]]))) == "stored"

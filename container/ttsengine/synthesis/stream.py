@@ -96,6 +96,11 @@ class Stream:
         """Seconds from submit to the first prefill (waiting for a slot)."""
         return None if self.started_at is None else self.started_at - self.submitted_at
 
+    def waited(self, now: float) -> float:
+        """Seconds this request waited for a slot: to its first prefill, or, if it never got one (the client left
+        or it failed while queued), to `now` (time.perf_counter()): under load those are the longest waits."""
+        return (self.started_at if self.started_at is not None else now) - self.submitted_at
+
     @property
     def ttfa(self) -> float | None:
         """Seconds from submit to the first audio chunk."""
