@@ -124,9 +124,7 @@ class KernelCache:
                 for path in sorted((self.directory / sub).rglob("*")):
                     if path.is_file() and not path.name.endswith(".lock"):
                         z.write(path, path.relative_to(self.directory).as_posix())
-        tmp = self.blob_path.with_suffix(".tmp")
-        tmp.write_bytes(buf.getvalue())
-        tmp.replace(self.blob_path)
+        _write_atomic(self.blob_path, buf.getvalue())
         return self.blob_path
 
     def _unpack(self, blob: bytes) -> bool:
