@@ -213,6 +213,7 @@ class EngineConfig:
     first_chunk_frames: int = 4  # frames before a stream's first audio chunk (21.5 frames = 1 s)
     stream_chunk_frames: int = 8  # frames per later audio chunk
     cuda_graphs: str = "auto"  # auto (on with CUDA) | on | off
+    overlap_step: bool = True  # launch the next decode step before reading the last one's frames (engine.py)
     lazy_graphs: bool = True  # capture only the smallest bucket before ready, the others when idle or first used
     prefill_graphs: str = "auto"  # the prefill as CUDA graphs per padded shape: auto (= on with graphs) | off
     compile: str = "auto"  # torch.compile of the decode step: auto (on with CUDA, torch >= 2.6) | on | off
@@ -285,6 +286,10 @@ ENGINE_VARS = (
     Var("TTS_STREAM_CHUNK_FRAMES", "stream_chunk_frames", integer(1), "frames per later streamed audio chunk",
         dev=True),
     Var("TTS_CUDA_GRAPHS", "cuda_graphs", switch(), "auto | on | off: replay the decode step as CUDA graphs",
+        dev=True),
+    Var("TTS_OVERLAP_STEP", "overlap_step", toggle(auto=True),
+        "on (default) | off: the next decode step is queued on the GPU before the host reads the last step's frames, "
+        "so the GPU never waits for the host's bookkeeping (a finishing stream computes one frame that is dropped)",
         dev=True),
     Var("TTS_LAZY_GRAPHS", "lazy_graphs", toggle(auto=True),
         "auto | on: capture the smallest batch's graph before ready and the others while idle or at first use; "

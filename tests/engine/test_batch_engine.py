@@ -4,6 +4,7 @@ slot churn. The loop's states (cancel, backpressure, continuation, slot moves, f
 from __future__ import annotations
 
 import asyncio
+import time
 
 import numpy as np
 import pytest
@@ -168,3 +169,30 @@ def test_merged_ffn_equals_the_reference_and_adds_no_memory(eager_engine):
     finally:
         eng.close()
         plain.close()
+
+
+@pytest.mark.parametrize("overlap", [True, False])
+def test_overlapped_and_serial_steps_equal_the_reference_and_free_every_page(eager_engine, overlap):
+    # TTS_OVERLAP_STEP: step k+1 is launched before step k's frames are read, so a stream that ends at step k makes
+    # one more frame in step k+1 that must be dropped (and its KV position must lie in its own pages); off: the
+    # serial loop. Both equal the eager engine, and every page is back in the pool once the streams are done.
+    from conftest import MODEL_DIR
+
+    from ttsengine import Engine, EngineConfig
+
+    eng = Engine.load(EngineConfig(model_dir=MODEL_DIR, device="cpu", max_batch=3, overlap_step=overlap,
+                                   prefix_cache=False))
+    try:
+        assert eng.settings.overlap_step is overlap
+        reqs = [SynthesisRequest(text=f"Overlap {i}.", seed=70 + i, max_new_tokens=3 + 5 * i) for i in range(7)]
+        streams = [eng.submit(r) for r in reqs]  # 7 requests through 3 slots, ending at every step
+        for req, stream in zip(reqs, streams):
+            same(eager_engine.synthesize(req), stream.result())
+        deadline = time.monotonic() + 10  # the loop may still be finishing its last iteration
+        while eng._in_flight is not None and time.monotonic() < deadline:  # noqa: SLF001
+            time.sleep(0.01)
+        assert eng._in_flight is None  # noqa: SLF001 - an idle engine has no step in flight
+        pool = eng.runner.pages
+        assert len(pool.free) == len(pool.refs) - 1 and not any(pool.refs[1:])
+    finally:
+        eng.close()

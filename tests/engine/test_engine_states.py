@@ -212,8 +212,12 @@ def test_cancel_while_queued_never_reaches_the_runner(ckpt):
         assert eng.stats()["cancelled"] == 2
 
 
-def test_cancel_while_running_frees_the_slot_after_the_step_in_flight(ckpt):
-    with scripted_engine(ckpt, max_batch=2) as (eng, runner, script):
+@pytest.mark.parametrize("overlap, delivered", [(False, 20), (True, 12)])
+def test_cancel_while_running_frees_the_slot_after_the_step_in_flight(ckpt, overlap, delivered):
+    # without overlap the 21st step's frame is read before the cancel is seen: 21 frames, 20 kept, all audio. With
+    # overlap the 21st step was launched before the 20th was read: the cancel comes with 19 read (12 as audio), the
+    # 20th is read after it (kept: 19, not a whole chunk) and the 21st is dropped
+    with scripted_engine(ckpt, max_batch=2, overlap_step=overlap) as (eng, runner, script):
         runner.pause()
         stream = eng.submit(SynthesisRequest(text="Long one.", seed=3, max_new_tokens=500), ignore_stop=True)
         runner.allow(20)
@@ -223,8 +227,8 @@ def test_cancel_while_running_frees_the_slot_after_the_step_in_flight(ckpt):
         audio = np.concatenate([c.audio for c in stream])  # ends once the engine let go of the stream
         assert runner.idle and runner.steps == 21  # the step in flight, none after it
         report = stream.reports[-1]
-        assert report.finish_reason == "cancelled" and report.frames == 20  # what was delivered as audio
-        assert np.abs(audio - audio_of(ckpt, script.codes(3, 0, 20))).max() < AUDIO_TOL
+        assert report.finish_reason == "cancelled" and report.frames == delivered  # what was delivered as audio
+        assert np.abs(audio - audio_of(ckpt, script.codes(3, 0, delivered))).max() < AUDIO_TOL
         assert runner.resets == [[0]]
         nxt = eng.submit(SynthesisRequest(text="Next.", seed=4, max_new_tokens=5)).result()
         assert nxt.frames == 4 and runner.prefills[-1].slot == 0

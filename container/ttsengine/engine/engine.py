@@ -33,6 +33,7 @@ from .audio_feed import Task, codec_calls, ready_for_audio
 from .compile.kernel_cache import KernelCache
 from .cuda_graphs import GraphSet
 from .faults import FaultCounter, simulated
+from .in_flight import InFlight
 from .loader import load
 from .metrics import EngineMetrics
 from .prefill_budget import PrefillBudget
@@ -109,8 +110,12 @@ class Engine:
         self.warmup_seconds: float | None = None
         self.compile_error: str | None = None
         self._failed: BaseException | None = None  # what warm-up raised, re-raised by start()
-        self._host_out = torch.empty(s.runner.max_slots, checkpoint.config.num_codebooks + 1, dtype=torch.int64,
+        # two pinned buffers: with overlapped steps one receives step k+1's frames while the host reads step k's
+        self._host_out = torch.empty(2, s.runner.max_slots, checkpoint.config.num_codebooks + 1, dtype=torch.int64,
                                      pin_memory=self.runner.device.type == "cuda")
+        self._flip = 0
+        self._in_flight: InFlight | None = None  # the launched step not read yet (TTS_OVERLAP_STEP)
+        self._last_read = 0.0  # perf_counter when the host last had a step's frames
 
     @classmethod
     def load(cls, config: EngineConfig, start: bool = True) -> Engine:
@@ -327,6 +332,7 @@ class Engine:
             # running or waiting streams in /health and /metrics
             self.scheduler.release(list(self.scheduler.running))
             self.scheduler.waiting.clear()
+        self._in_flight = None  # its frames belong to the streams just failed
         self.metrics.failed_streams += len(streams)
         for stream in streams:
             stream.finish(error)
@@ -441,11 +447,16 @@ class Engine:
         chunks = self.scheduler.schedule(lambda rows: self.budget.tokens(bucket_of(rows) if decoding else 0))
         if chunks:
             self._prefill(chunks)
-        if any(j.decoding for j in running):
-            bucket = self.settings.bucket(len(running))
-            self._step()
-            # this iteration's prefill + step, timed up to the step's host sync (prefill_budget.py)
-            self.budget.observe(bucket, sum(c.tokens for c in chunks), time.perf_counter() - t0)
+        tokens = sum(c.tokens for c in chunks)
+        launched = self._launch(tokens, t0) if any(j.decoding for j in running) else None
+        if self._in_flight is not None:  # the step before, still running while this one was queued behind it
+            self._read(self._in_flight)
+        self._in_flight = launched
+        # without overlap, or when no stream is left to decode (its rows were past their ends): read it now, so an
+        # idle engine has no step in flight
+        if launched is not None and (not self.settings.overlap_step or not self.scheduler.running):
+            self._in_flight = None
+            self._read(launched)
         self._vocode()
 
     def _intake(self) -> None:
@@ -510,27 +521,43 @@ class Engine:
                 self.scheduler.cache_prefix(job, self.runner.keep_prefix(job.slot, job.prefix_pages))
         self.metrics.prefill(sum(c.tokens for c in chunks), time.perf_counter() - t0)
 
-    def _step(self) -> None:
+    def _launch(self, prefill_tokens: int, started: float) -> InFlight:
+        """Queues one decode step over the running jobs and the copy of its frames to the host; no sync."""
         if self._fail_at is not None and self.metrics.steps + 1 >= self._fail_at:
             raise simulated(str(self.runner.device))
-        t0 = time.perf_counter()
         running = self.scheduler.running
-        # a job whose prompt is still going in keeps an idle row: its frame is not read, its table row is scratch
-        self.runner.ensure_pages([(j.slot, j.prompt_len + j.generated - 1) for j in running if j.decoding])
+        # a job whose prompt is still going in keeps an idle row: its frame is not read, its table row is scratch.
+        # A job the step in flight makes a frame for writes one position further than its count says.
+        ahead = self._in_flight.ahead() if self._in_flight is not None else set()
+        self.runner.ensure_pages([(j.slot, j.prompt_len + j.generated - 1 + (id(j) in ahead)) for j in running
+                                  if j.decoding])
         B = len(running)
         bb = self.settings.bucket(B)
         out = self.graphs.run(bb) if self.graphs is not None else self.runner.decode_step(bb)
-        host = self._host_out[:B]
+        host = self._host_out[self._flip, :B]
+        self._flip ^= 1
         host.copy_(out[:B], non_blocking=True)
+        event = None
         if self.runner.device.type == "cuda":
-            torch.cuda.current_stream(self.runner.device).synchronize()
-        frames = host.numpy().copy()
-        decoding = [job.decoding for job in running]  # before record_frames: it skips the same jobs
-        finished = self.scheduler.record_frames(frames[:, 0].tolist(), self.eos)
-        for job, frame, made in zip(running, frames, decoding):
-            if made:
+            event = torch.cuda.Event()
+            event.record(torch.cuda.current_stream(self.runner.device))
+        return InFlight([j if j.decoding else None for j in running], host, event, bb, prefill_tokens, started)
+
+    def _read(self, step: InFlight) -> None:
+        """Takes a launched step's frames: records them on their jobs, finishes the jobs that ended."""
+        frames = step.frames()
+        now = time.perf_counter()
+        # the GPU began this iteration's work when it started (idle GPU) or when the step before ended (overlapped):
+        # its prefill + step took the time since then (prefill_budget.py times the steps it sizes)
+        seconds = now - max(step.started, self._last_read)
+        self._last_read = now
+        makers = [j if j is not None and j.finish_reason is None else None for j in step.makers]
+        finished = self.scheduler.record_frames(frames[:, 0].tolist(), self.eos, makers)
+        for job, frame in zip(makers, frames):
+            if job is not None:
                 job.owner.frames.append(frame)
-        self.metrics.step(sum(decoding), time.perf_counter() - t0)
+        self.metrics.step(sum(j is not None for j in makers), seconds)
+        self.budget.observe(step.bucket, step.prefill_tokens, seconds)
         if finished:
             self._release(finished)
 
@@ -580,6 +607,7 @@ class Engine:
             self._streams.discard(stream)
 
     def _fail_all(self, error: TTSError) -> None:
+        self._in_flight = None  # its frames belong to the streams failed here
         jobs = list(self.scheduler.running)
         for job in jobs:
             self.runner.release_pages(job.slot)

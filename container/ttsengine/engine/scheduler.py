@@ -224,11 +224,16 @@ class Scheduler:
         job.prefix = self.cache.insert(job.prefix_key, pages)
         self.reserved_pages -= len(pages)
 
-    def record_frames(self, token0: list[int], eos_id: int) -> list[Job]:
-        """token0[slot] of the frame each running job just generated -> the jobs that finished."""
+    def record_frames(self, token0: list[int], eos_id: int, makers: list[Job | None] | None = None) -> list[Job]:
+        """token0[row] of the frame each row of the last step generated -> the jobs that finished. makers[row]: the
+        job that made that row's frame when the step was launched, None for a row that made none (default: the
+        running jobs that are decoding now). A maker that finished since (an overlapped step ran one frame past a
+        job's end) is skipped: that frame is not the job's."""
+        if makers is None:
+            makers = [job if job.decoding else None for job in self.running]
         done = []
-        for job, tok in zip(self.running, token0):
-            if not job.decoding:  # its prompt is still going in: the step made no frame for it
+        for job, tok in zip(makers, token0):
+            if job is None or job.finish_reason is not None:
                 continue
             job.generated += 1
             if job.cancelled:

@@ -78,6 +78,7 @@ class BatchSettings:
     first_chunk_frames: int
     stream_chunk_frames: int
     cuda_graphs: bool
+    overlap_step: bool  # the next step is launched before the last one's frames are read (engine.py _iteration)
     lazy_graphs: bool  # capture the smallest bucket before ready, the rest later (cuda_graphs.py)
     prefill_graphs: bool  # the prefill as CUDA graphs per padded shape (with cuda_graphs)
     compile: bool  # torch.compile the decode step's units
@@ -159,6 +160,7 @@ class BatchSettings:
                              prefill_tokens=config.prefill_tokens, prefix_cache=config.prefix_cache,
                              first_chunk_frames=config.first_chunk_frames,
                              stream_chunk_frames=config.stream_chunk_frames, cuda_graphs=graphs,
+                             overlap_step=config.overlap_step,
                              lazy_graphs=config.lazy_graphs, prefill_graphs=graphs and config.prefill_graphs != "off",
                              compile=compile_, codec_compile=codec_compile,
                              snake_kernel=snake_kernel, cudnn_autotune=cudnn_autotune,
