@@ -123,7 +123,7 @@ DTYPE = choice("auto", "bfloat16", "float16", "float32")
 DEVICES = Kind(lambda text: ",".join(d.strip() for d in text.lower().split(",")),
                "auto or a comma-separated list of cpu, cuda, cuda:N", _devices)
 # the decode step's fused pieces (TTS_FUSED_KERNELS); engine/settings.py resolves them
-FUSED_KERNEL_NAMES = ("fast_attention", "codebook_sampler", "vocab_scan", "merged_ffn")
+FUSED_KERNEL_NAMES = ("fast_attention", "codebook_sampler", "vocab_scan", "merged_ffn", "layer_gemv")
 
 
 def _fused(value) -> str | None:
@@ -302,7 +302,9 @@ ENGINE_VARS = (
         "auto (= all, on CUDA with Triton) | off | a comma-separated list of fast_attention (the fast layers' "
         "cache write + attention as one Triton kernel) and codebook_sampler (a codebook's penalty, top-p, "
         "temperature and draw as one kernel) and vocab_scan (top-p's cumulative sum over the slow vocabulary in "
-        "1,024-wide blocks, in parallel) and merged_ffn (each layer's W1 and W3 as one matmul): the decode step's "
+        "1,024-wide blocks, in parallel) and merged_ffn (each layer's W1 and W3 as one matmul) and layer_gemv (at "
+        "up to 16 rows each layer as five Triton kernels: norm + GEMV, attention with q/k-norm + RoPE, GEMV + "
+        "residual, norm + GEMV + SwiGLU, GEMV + residual; merges W1|W3, bf16 or int8): the decode step's "
         "fused kernels", dev=True),
     Var("TTS_CODEC_COMPILE", "codec_compile", switch(),
         "on | off (auto = off): torch.compile the streaming codec as well (~1 ms faster per small chunk on an H100; "

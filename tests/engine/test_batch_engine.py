@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from ttsengine import InputError, NoAudio, Reference, SynthesisRequest
+from ttsengine.model.kernels.triton_support import triton_major
 
 AUDIO_TOL = 5e-5  # streaming vs whole-chunk decode, fp32
 
@@ -194,5 +195,25 @@ def test_overlapped_and_serial_steps_equal_the_reference_and_free_every_page(eag
         assert eng._in_flight is None  # noqa: SLF001 - an idle engine has no step in flight
         pool = eng.runner.pages
         assert len(pool.free) == len(pool.refs) - 1 and not any(pool.refs[1:])
+    finally:
+        eng.close()
+
+
+@pytest.mark.skipif(triton_major() < 3, reason="needs Triton >= 3 (its interpreter on CPU)")
+def test_layer_gemv_equals_the_reference(eager_engine):
+    # TTS_FUSED_KERNELS=layer_gemv on CPU: steps of up to 16 rows run each layer as the five fused kernels (Triton's
+    # interpreter here, fp32; the native kernels on the GPU, test_gpu_fused.py); buckets above run the plain layers
+    from conftest import MODEL_DIR
+
+    from ttsengine import Engine, EngineConfig
+
+    eng = Engine.load(EngineConfig(model_dir=MODEL_DIR, device="cpu", max_batch=4,
+                                   fused_kernels="fast_attention,layer_gemv"))
+    try:
+        assert eng.runner.gemv_rows == 16 and eng.runner.step_ops(4).slow_layer is not eng.runner.ops.slow_layer
+        reqs = [SynthesisRequest(text=f"Gemv {i}.", seed=80 + i, max_new_tokens=4 + 3 * i) for i in range(3)]
+        streams = [eng.submit(r) for r in reqs]
+        for req, stream in zip(reqs, streams):
+            same(eager_engine.synthesize(req), stream.result())
     finally:
         eng.close()

@@ -87,3 +87,91 @@ def test_fused_bf16_graphs_equal_fused_bf16_eager():
     eager = tokens(cfg(cuda_graphs="off", compile="off"))
     for g, e in zip(graphed, eager):
         assert len(g) == len(e) and all(np.array_equal(a, b) for a, b in zip(g, e))
+
+
+def _real_block(quant: bool, fast: bool):
+    # one decoder block of the real S1-mini shapes (slow: 16/8/128 with q/k-norm; fast: 16/8/64 without), bf16
+    from torch import nn
+
+    from ttsengine.model.layers import TransformerBlock
+    from ttsengine.model.quant import Int8Linear
+
+    torch.manual_seed(1 + fast)
+    d = 64 if fast else 128
+    layer = TransformerBlock(1024, 16, 8, d, 3072, qkv_bias=False, o_bias=False, qk_norm=not fast, norm_eps=1e-6)
+    for p in layer.parameters():
+        p.data.normal_(0, 0.02)
+    for norm in (layer.attention_norm, layer.ffn_norm, layer.attention.q_norm, layer.attention.k_norm):
+        if norm is not None:
+            norm.weight.data.uniform_(0.5, 1.5)
+    layer = layer.to("cuda", torch.bfloat16)
+    if quant:
+        att, ff = layer.attention, layer.feed_forward
+        for owner, name in ((att, "wqkv"), (att, "wo"), (ff, "w1"), (ff, "w2"), (ff, "w3")):
+            setattr(owner, name, Int8Linear(getattr(owner, name), kernel="dequant"))
+        assert ff.merge_int8_inputs()
+    else:
+        assert layer.feed_forward.merge_inputs()
+    assert isinstance(layer.attention.wqkv, nn.Module)
+    return layer, d
+
+
+@pytest.mark.parametrize("quant", [False, True])
+@pytest.mark.parametrize("fast", [False, True])
+def test_gemv_layer_close_to_the_unfused_layer(quant, fast):
+    # layer_gemv (model/fused_layer.py) at 1, 2 and 16 rows against the unit it replaces (make_slow_layer: the
+    # same weights through norm, linears, RoPE, the paged kernel and SwiGLU as separate ops). Both round in bf16 at
+    # the same steps but sum in different orders: outputs agree to a few bf16 ulps of the residual stream
+    from ttsengine.engine.compile.units import make_slow_layer
+    from ttsengine.model import fused_layer
+    from ttsengine.model.kernels.paged_attention import write_and_attend_op
+    from ttsengine.model.layers import rope_table
+
+    layer, d = _real_block(quant, fast)
+    page = 16 if fast else 64
+    rope_rows = rope_table(2048, d, 1_000_000.0, "cuda")
+    unfused, fused = make_slow_layer(write_and_attend_op(), True), fused_layer.make_layer(True)
+    assert fused_layer.layer_supported(layer)
+    g = torch.Generator().manual_seed(5)
+    for B in (1, 2, 16):
+        pages = 1 if fast else 4
+        kv = PagedKV.empty(B * pages + 1, 8, page, d, torch.bfloat16, "cuda")
+        kv.k.copy_(torch.randn(kv.k.shape, generator=g))
+        kv.v.copy_(torch.randn(kv.v.shape, generator=g))
+        table = (1 + torch.randperm(B * pages, generator=g)).view(B, pages).to("cuda", torch.int32)
+        pos = torch.randint(0, page * pages, (B,), generator=g).to("cuda")
+        x = torch.randn(B, 1, 1024, generator=g).to("cuda", torch.bfloat16)
+        rope = rope_rows[pos][:, None]
+        ref = PagedKV(kv.k.clone(), kv.v.clone())
+        with torch.inference_mode():
+            want = unfused(layer, x, rope, ref.k, ref.v, table, pos).float()
+            got = fused(layer, x, rope, kv.k, kv.v, table, pos).float()
+        scale = want.abs().max().item()
+        assert got.shape == want.shape and (got - want).abs().max().item() <= 2 ** -6 * scale, (B, quant, fast)
+        assert (got - want).abs().mean().item() <= 2 ** -10 * scale
+        # the stored key and value come from qkv, which the two paths sum in different orders: ulps apart
+        for mine, theirs in ((kv.k, ref.k), (kv.v, ref.v)):
+            assert (mine.float() - theirs.float()).abs().max().item() <= 2 ** -5 * theirs.abs().max().item()
+
+
+@pytest.mark.parametrize("quant", ["bf16", "int8"])
+def test_layer_gemv_graphs_equal_layer_gemv_eager(quant):
+    # the fused layers (every step of the tiny model's <= 8 rows) replayed in CUDA graphs == run eagerly: the same
+    # kernels, and none of them depends on the batch beside it
+    fused = "fast_attention,codebook_sampler,vocab_scan,merged_ffn,layer_gemv"
+    graphed = tokens(cfg(cuda_graphs="on", compile="off", fused_kernels=fused, quant=quant))
+    eager = tokens(cfg(cuda_graphs="off", compile="off", fused_kernels=fused, quant=quant))
+    for g, e in zip(graphed, eager):
+        assert len(g) == len(e) and all(np.array_equal(a, b) for a, b in zip(g, e))
+
+
+def test_layer_gemv_fp32_tokens_equal_unfused():
+    # fp32 (the attention's reference path; the GEMVs' fp32 dot products without TF32): the tiny model's tokens equal
+    # the unfused engine's exactly, compiled units + graphs for the other pieces
+    with no_tf32():
+        fused = tokens(cfg(cuda_graphs="on", compile="on", dtype="float32", codec_dtype="float32",
+                           fused_kernels="fast_attention,codebook_sampler,vocab_scan,merged_ffn,layer_gemv"))
+        plain = tokens(cfg(cuda_graphs="off", compile="off", dtype="float32", codec_dtype="float32",
+                           fused_kernels="off"))
+    for f, e in zip(fused, plain):
+        assert len(f) == len(e) and all(np.array_equal(a, b) for a, b in zip(f, e))

@@ -6,12 +6,14 @@ come and go. The step has no host sync; the host reads its output with one copy 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import logging
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
 from torch import Tensor
 
+from ..model import fused_layer
 from ..model.dual_ar import DualAR
 from ..model.frame import sample_frame
 from ..model.kernels.paged_attention import PagedKV, write_and_attend_op
@@ -19,6 +21,8 @@ from ..model.layers import attend
 from ..model.sampling import RepetitionWindow, SamplingTensors, register_top_p_op
 from .compile.units import StepOps
 from .page_pool import PagePool
+
+log = logging.getLogger(__name__)
 
 # Prefill shapes (engine/cuda_graphs.py keys): prompts padded up to these rows and positions; a padded
 # prefill of more than PREFILL_GRAPH_TOKENS positions runs uncaptured (its graph's activations would be large).
@@ -92,10 +96,22 @@ class Runner:
         self.fresh = torch.zeros(S, dtype=torch.bool, device=dev)  # the next frame is the stream's first
         self.out = torch.zeros(S, n + 1, dtype=torch.int64, device=dev)  # frames made by the last step
         self._attend = write_and_attend_op()
-        if "merged_ffn" in cfg.fused:  # W1|W3 as one matmul in the step's layers (their weights become views)
+        gemv = "layer_gemv" in cfg.fused
+        if "merged_ffn" in cfg.fused or gemv:  # W1|W3 as one matmul in the step's layers (their weights become views)
             for layer in (*model.layers, *model.fast_layers):
                 layer.feed_forward.merge_inputs()
+                if gemv:
+                    layer.feed_forward.merge_int8_inputs()
         self.ops = StepOps.eager(self._attend, cfg.triton_attention, cfg.fused)
+        # layer_gemv: steps of up to fused_layer.MAX_ROWS rows run each layer as five fused kernels (fused_layer.py)
+        self.gemv_rows = 0
+        if gemv and all(fused_layer.layer_supported(layer) for layer in (*model.layers, *model.fast_layers)):
+            self.gemv_rows = fused_layer.MAX_ROWS
+            self._gemv_layer = fused_layer.make_layer(cfg.triton_attention)
+            self._gemv_head = fused_layer.make_fast_head()
+        elif gemv:
+            log.warning("TTS_FUSED_KERNELS: layer_gemv needs bias-free bf16/fp16/fp32 or int8 linears; the step runs "
+                        "without it")
         self.prefill_graphs = None  # a GraphSet over prefill_layers keyed by prefill_key (the engine's)
         # host side: pages held per slot (page 0 is scratch and never handed out), shared prefix pages counted.
         # A slot's device page_table row lists its pages only once it is armed (its last prefill chunk ran):
@@ -328,6 +344,16 @@ class Runner:
         self.compiled = False
 
 
+    def step_ops(self, bb: int) -> StepOps:
+        """The units a step of bb rows runs: the fused small-batch layers (layer_gemv) up to gemv_rows, with the fast
+        layers too where they read a paged cache (fast_attention: the slow layer's signature); else self.ops."""
+        if bb > self.gemv_rows:
+            return self.ops
+        frame = self.ops.frame
+        frame = replace(frame, fast_head=self._gemv_head,
+                        fast_layer=self._gemv_layer if frame.paged_fast else frame.fast_layer)
+        return StepOps(self._gemv_layer, frame)
+
     def decode_step(self, bb: int) -> Tensor:
         """One frame for rows [0, bb): slow step over the paged cache, the fast loop, sampling and
         the state update, all on the device. Idle rows compute garbage into the scratch page and keep
@@ -337,15 +363,15 @@ class Runner:
         table = self.page_table[:bb]
         rope = m.rope_slow[pos][:, None]  # [bb, 1, d/2, 2]
         x = m.embed(frames[:, :, None])  # [bb, 1, D]
+        ops = self.step_ops(bb)
         for i, layer in enumerate(m.layers):
-            x = self.ops.slow_layer(layer, x, rope, self.kv[i].k, self.kv[i].v, table, pos)
+            x = ops.slow_layer(layer, x, rope, self.kv[i].k, self.kv[i].v, table, pos)
         hidden = x[:, 0]
         p = self.params
         params = SamplingTensors(p.temperature[:bb], p.top_p[:bb], p.repetition_penalty[:bb], p.seed_lo[:bb],
                                  p.seed_hi[:bb])
         window = self.window.view(bb)
-        frame = sample_frame(m, m.slow_head(hidden), hidden, params, self.frame_index[:bb], window, fresh,
-                             self.ops.frame)
+        frame = sample_frame(m, m.slow_head(hidden), hidden, params, self.frame_index[:bb], window, fresh, ops.frame)
         window.record(frame, active & ~fresh)  # upstream never records the first frame
         frame = torch.where(active[:, None], frame, frames)
         frames.copy_(frame)

@@ -147,6 +147,22 @@ class FeedForward(nn.Module):
         w1.weight.data, w3.weight.data = w13[:h], w13[h:]
         return True
 
+    def merge_int8_inputs(self) -> bool:
+        """merge_inputs for int8 layers (model/quant.py Int8Linear): buffers `w13_int8` [2 * hidden, dim] and
+        `w13_scale` [2 * hidden], w1's and w3's int8 weights and scales their views (no extra memory), for the fused
+        small-batch layer (model/fused_layer.py); the layers' own forward is unchanged -> whether merged."""
+        w1, w3 = self.w1, self.w3
+        if getattr(self, "w13_int8", None) is not None:
+            return True
+        if not all(hasattr(m, "weight_int8") and getattr(m, "bias", None) is None for m in (w1, w3)):
+            return False
+        w13, scale = torch.cat([w1.weight_int8, w3.weight_int8]), torch.cat([w1.scale, w3.scale])
+        self.register_buffer("w13_int8", w13, persistent=False)
+        self.register_buffer("w13_scale", scale, persistent=False)
+        h = w1.weight_int8.shape[0]
+        w1.weight_int8, w3.weight_int8, w1.scale, w3.scale = w13[:h], w13[h:], scale[:h], scale[h:]
+        return True
+
 
 def swiglu(ff: FeedForward, x: Tensor) -> Tensor:
     """ff(x), through its merged W1|W3 (FeedForward.merge_inputs) when it has one: one matmul, same numbers

@@ -189,11 +189,15 @@ def _contiguous_input(module: nn.Module, args: tuple) -> tuple:
     return (args[0].contiguous(), *args[1:])
 
 
+MERGED_BUFFERS = ("w13", "w13_int8", "w13_scale")
+
+
 def weight_bytes(model: nn.Module) -> int:
     """Bytes of parameters and buffers as stored (quantized tensors report their packed size). A merged W1|W3
-    (layers.FeedForward.merge_inputs) holds the bytes of w1's and w3's weights, which are its views: not counted."""
+    (layers.FeedForward.merge_inputs, merge_int8_inputs) holds the bytes of w1's and w3's weights, which are its
+    views: not counted."""
     total = 0
-    buffers = [t for name, t in model.named_buffers() if name.rsplit(".", 1)[-1] != "w13"]
+    buffers = [t for name, t in model.named_buffers() if name.rsplit(".", 1)[-1] not in MERGED_BUFFERS]
     for t in list(model.parameters()) + buffers:
         inner = getattr(t, "__tensor_flatten__", None)
         if inner is not None:  # a torchao tensor subclass: count its components

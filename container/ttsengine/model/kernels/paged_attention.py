@@ -9,17 +9,22 @@ Two implementations of the decode step's write + attention, same math:
 - `paged_write_decode_triton`: one Triton program per (row, KV head) stores the new key/value and
   streams that row's earlier pages with an online softmax; no gather, no scan of max_seq_len; works
   inside CUDA graphs (positions are read on the device).
+
+`write_and_attend_qkv_op` is the same step from the raw wqkv output: the kernel also applies the per-head
+q/k RMSNorm and RoPE (Attention.project's math and roundings), so a layer launches no separate kernels for them.
 """
 
 from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
+from typing import Optional
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from ..layers import apply_rope, rms_norm
 from .triton_support import next_pow2
 
 SCRATCH_PAGE = 0
@@ -85,16 +90,68 @@ def _write_and_attend(q: Tensor, k: Tensor, v: Tensor, k_pool: Tensor, v_pool: T
     return paged_decode_reference(q, kv, page_table, (pos + 1).to(torch.int32))
 
 
+def write_and_attend_qkv_op():
+    """-> fn(qkv, rope, q_norm, k_norm, eps, k_pool, v_pool, page_table, pos, n_head, use_triton) -> y [B, H, d]:
+    the decode step's attention from the raw wqkv output. qkv: [B, (H + 2 * Hk) * d], one position per row,
+    split q | k | v head-major as Attention.project splits it (H = n_head; Hk, d from k_pool); rope: [B, d/2, 2]
+    (cos, sin) at each row's position; q_norm, k_norm: per-head RMSNorm weights [d], both or neither (None).
+    Normalises and rotates q and k as Attention.project does, then is write_and_attend_op's step. A registered
+    custom op where torch has them (>= 2.4); the plain function otherwise."""
+    op = _custom_op_qkv()
+    return op if op is not None else _write_and_attend_qkv
+
+
+def _write_and_attend_qkv(qkv: Tensor, rope: Tensor, q_norm: Optional[Tensor],  # noqa: UP045
+                          k_norm: Optional[Tensor], eps: float, k_pool: Tensor, v_pool: Tensor,  # noqa: UP045
+                          page_table: Tensor, pos: Tensor, n_head: int, use_triton: bool) -> Tensor:
+    # (Optional, not `| None`: custom_op's schema inference on older torch reads only the typing spelling)
+    if use_triton:
+        return paged_write_decode_qkv_triton(qkv, rope, q_norm, k_norm, eps, PagedKV(k_pool, v_pool), page_table,
+                                             pos, n_head)
+    # the reference is the eager model's own code, so it is Attention.project's math by construction
+    q, k, v = _split_heads(qkv, n_head, k_pool.shape[1], k_pool.shape[3])  # [B, 1, H | Hk, d]
+    if q_norm is not None:
+        q, k = rms_norm(q, q_norm, eps), rms_norm(k, k_norm, eps)
+    q, k = apply_rope(q, rope[:, None]), apply_rope(k, rope[:, None])
+    return _write_and_attend(q[:, 0], k[:, 0], v[:, 0], k_pool, v_pool, page_table, pos, False)
+
+
+def _split_heads(qkv: Tensor, n_head: int, n_kv: int, d: int) -> tuple[Tensor, Tensor, Tensor]:
+    # qkv: [B, (H + 2 * Hk) * d] -> q [B, 1, H, d], k, v [B, 1, Hk, d] (views, as Attention.project makes them)
+    B = qkv.shape[0]
+    q, k, v = qkv.split([n_head * d, n_kv * d, n_kv * d], dim=-1)
+    return q.view(B, 1, n_head, d), k.view(B, 1, n_kv, d), v.view(B, 1, n_kv, d)
+
+
+def _qkv_out_dtype(qkv: Tensor, q_norm: Tensor | None) -> torch.dtype:
+    # q after rms_norm is (normed q in qkv's dtype) * weight: torch's promotion of the two dtypes
+    return qkv.dtype if q_norm is None else torch.promote_types(qkv.dtype, q_norm.dtype)
+
+
+def _write_and_attend_qkv_fake(qkv: Tensor, rope: Tensor, q_norm: Tensor | None, k_norm: Tensor | None, eps: float,
+                               k_pool: Tensor, v_pool: Tensor, page_table: Tensor, pos: Tensor, n_head: int,
+                               use_triton: bool) -> Tensor:
+    return qkv.new_empty((qkv.shape[0], n_head, k_pool.shape[3]), dtype=_qkv_out_dtype(qkv, q_norm))
+
+
 @functools.lru_cache(maxsize=1)
 def _custom_op():
+    return _register_op("paged_write_and_attend", _write_and_attend, lambda q, *args: torch.empty_like(q))
+
+
+@functools.lru_cache(maxsize=1)
+def _custom_op_qkv():
+    return _register_op("paged_write_and_attend_qkv", _write_and_attend_qkv, _write_and_attend_qkv_fake)
+
+
+def _register_op(name: str, fn, fake):
     if not hasattr(torch.library, "custom_op"):  # torch < 2.4: plain function, compile stays off
         return None
-    op = torch.library.custom_op("ttsengine::paged_write_and_attend", mutates_args=("k_pool", "v_pool"))(
-        _write_and_attend)
-    op.register_fake(lambda q, *args: torch.empty_like(q))
+    op = torch.library.custom_op(f"ttsengine::{name}", mutates_args=("k_pool", "v_pool"))(fn)
+    op.register_fake(fake)
     # the OpOverload, not the CustomOpDef wrapper: the same call, and torch can serialize a reference
     # to it (a precompiled slow layer closes over it; engine/compile/precompiled.py)
-    return torch.ops.ttsengine.paged_write_and_attend.default
+    return getattr(torch.ops.ttsengine, name).default
 
 
 def paged_decode_reference(q: Tensor, kv: PagedKV, page_table: Tensor, seq_lens: Tensor,
@@ -120,23 +177,60 @@ def _triton_kernel():
     @triton.jit
     def kernel(Q, KN, VN, K, V, PT, POS, OUT, scale,
                s_qb, s_qh, s_nb, s_nh, s_kp, s_kh, s_kt, s_ptb, s_ob, s_oh,
-               G: tl.constexpr, BLOCK_G: tl.constexpr, D: tl.constexpr, PAGE: tl.constexpr):
+               G: tl.constexpr, BLOCK_G: tl.constexpr, D: tl.constexpr, PAGE: tl.constexpr,
+               ROT=None, QW=None, KW=None, eps=0.0, s_rb=0, s_rj=0, s_rc=0,
+               ROPE: tl.constexpr = False, QK_NORM: tl.constexpr = False):
         # one program per (row b, KV head): store this step's key/value at position p, then attend
-        # the G query heads of this KV head over positions 0..p-1 from the pages plus p from registers
+        # the G query heads of this KV head over positions 0..p-1 from the pages plus p from registers.
+        # ROPE: Q, KN, VN are the raw wqkv output; q and the new key are first normalised (QK_NORM) and rotated
+        # here with Attention.project's roundings (16-bit after the norm, after the weight, after the rotation)
         b = tl.program_id(0)
         kvh = tl.program_id(1)
         p = tl.load(POS + b)
         g = tl.arange(0, BLOCK_G)
         dd = tl.arange(0, D)
         t = tl.arange(0, PAGE)
-        kn = tl.load(KN + b * s_nb + kvh * s_nh + dd)
-        vn = tl.load(VN + b * s_nb + kvh * s_nh + dd)
+        q_rows = kvh * G + g
+        q_at = Q + b * s_qb + q_rows[:, None] * s_qh
+        if ROPE:
+            # pair (2j, 2j+1) rotates by (cos_j, sin_j): element i reads its partner i ^ 1, and the even one
+            # subtracts (a cos - b sin, b cos + a sin); loading both orders avoids a join/reshape to interleave
+            partner = dd ^ 1
+            cos = tl.load(ROT + b * s_rb + (dd // 2) * s_rj).to(tl.float32)
+            sin = tl.load(ROT + b * s_rb + (dd // 2) * s_rj + s_rc).to(tl.float32)
+            sin = tl.where(dd % 2 == 0, -sin, sin)
+            qm = (g < G)[:, None]
+            q = tl.load(q_at + dd[None, :], mask=qm, other=0.0).to(tl.float32)  # [BLOCK_G, D], qkv's values
+            q2 = tl.load(q_at + partner[None, :], mask=qm, other=0.0).to(tl.float32)
+            kn = tl.load(KN + b * s_nb + kvh * s_nh + dd).to(tl.float32)  # [D]
+            k2 = tl.load(KN + b * s_nb + kvh * s_nh + partner).to(tl.float32)
+            if QK_NORM:
+                # rms_norm: fp32 mean of squares over the head, rounded to qkv's dtype, then times the weight (exact
+                # in fp32 for 16-bit factors) rounded once to OUT's dtype, torch's promotion of the two as in
+                # `y * weight`; padded heads are 0 and stay 0
+                rq = tl.math.rsqrt(tl.sum(q * q, axis=1) / D + eps)[:, None]
+                rk = tl.math.rsqrt(tl.sum(kn * kn, axis=0) / D + eps)
+                q = (q * rq).to(Q.dtype.element_ty).to(tl.float32) * tl.load(QW + dd).to(tl.float32)[None, :]
+                q2 = (q2 * rq).to(Q.dtype.element_ty).to(tl.float32) * tl.load(QW + partner).to(tl.float32)[None, :]
+                kn = (kn * rk).to(Q.dtype.element_ty).to(tl.float32) * tl.load(KW + dd).to(tl.float32)
+                k2 = (k2 * rk).to(Q.dtype.element_ty).to(tl.float32) * tl.load(KW + partner).to(tl.float32)
+                q = q.to(OUT.dtype.element_ty).to(tl.float32)
+                q2 = q2.to(OUT.dtype.element_ty).to(tl.float32)
+                kn = kn.to(OUT.dtype.element_ty).to(tl.float32)
+                k2 = k2.to(OUT.dtype.element_ty).to(tl.float32)
+            # apply_rope: fp32 from the 16-bit values (the products are exact, so FMA contraction changes
+            # nothing), rounded to q's dtype (OUT's), then to the cache's as the write and the attention cast
+            q = (q * cos[None, :] + q2 * sin[None, :]).to(OUT.dtype.element_ty).to(K.dtype.element_ty)
+            kn = (kn * cos + k2 * sin).to(OUT.dtype.element_ty).to(K.dtype.element_ty)
+            vn = tl.load(VN + b * s_nb + kvh * s_nh + dd).to(V.dtype.element_ty)
+        else:
+            kn = tl.load(KN + b * s_nb + kvh * s_nh + dd)
+            vn = tl.load(VN + b * s_nb + kvh * s_nh + dd)
+            q = tl.load(q_at + dd[None, :], mask=(g < G)[:, None], other=0.0)
         page_w = tl.load(PT + b * s_ptb + p // PAGE).to(tl.int64)
         slot = page_w * s_kp + kvh * s_kh + (p % PAGE) * s_kt + dd
         tl.store(K + slot, kn)
         tl.store(V + slot, vn)
-        q_rows = kvh * G + g
-        q = tl.load(Q + b * s_qb + q_rows[:, None] * s_qh + dd[None, :], mask=(g < G)[:, None], other=0.0)
         m = tl.full([BLOCK_G], float("-inf"), tl.float32)
         den = tl.zeros([BLOCK_G], tl.float32)
         acc = tl.zeros([BLOCK_G, D], tl.float32)
@@ -185,3 +279,27 @@ def paged_write_decode_triton(q: Tensor, k: Tensor, v: Tensor, kv: PagedKV, page
     )
     return out
 
+
+def paged_write_decode_qkv_triton(qkv: Tensor, rope: Tensor, q_norm: Tensor | None, k_norm: Tensor | None, eps: float,
+                                  kv: PagedKV, page_table: Tensor, pos: Tensor, n_head: int) -> Tensor:
+    """paged_write_decode_triton from the raw wqkv output qkv [B, (H + 2 * Hk) * d]: the kernel normalises
+    (q_norm, k_norm [d] or None) and rotates (rope [B, d/2, 2]) q and k itself -> [B, H, d] in the dtype
+    Attention.project's q has. 16-bit caches."""
+    B = qkv.shape[0]
+    Hk, d = kv.k.shape[1], kv.k.shape[3]
+    G = n_head // Hk
+    qkv = qkv.contiguous()
+    q, k, v = qkv.split([n_head * d, Hk * d, Hk * d], dim=-1)  # views: the kernel reads each at its offset
+    norm = q_norm is not None
+    if norm and q_norm.dtype != k_norm.dtype:  # the kernel rounds normed q and k to one dtype, OUT's
+        raise ValueError(f"q_norm is {q_norm.dtype} but k_norm is {k_norm.dtype}")
+    out = torch.empty((B, n_head, d), dtype=_qkv_out_dtype(qkv, q_norm), device=qkv.device)
+    _triton_kernel()[(B, Hk)](
+        q, k, v, kv.k, kv.v, page_table, pos, out, d ** -0.5,
+        qkv.stride(0), d, qkv.stride(0), d, kv.k.stride(0), kv.k.stride(1), kv.k.stride(2),
+        page_table.stride(0), out.stride(0), out.stride(1),
+        G=G, BLOCK_G=max(16, next_pow2(G)), D=d, PAGE=kv.page_size,
+        ROT=rope, QW=q_norm.contiguous() if norm else None, KW=k_norm.contiguous() if norm else None, eps=eps,
+        s_rb=rope.stride(0), s_rj=rope.stride(1), s_rc=rope.stride(2), ROPE=True, QK_NORM=norm,
+    )
+    return out
