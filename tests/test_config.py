@@ -151,7 +151,7 @@ def test_every_switch_takes_auto_on_off():
     assert names == {"TTS_ALLOW_SPECIAL_TOKENS", "TTS_CUDA_GRAPHS", "TTS_LAZY_GRAPHS", "TTS_COMPILE",
                      "TTS_CODEC_COMPILE", "TTS_SNAKE_KERNEL", "TTS_PRECOMPILE", "TTS_CUDNN_BENCHMARK",
                      "TTS_CODEC_MERGE", "TTS_PREFILL_GRAPHS", "TTS_STRICT_FIELDS",
-                     "TTS_CODEC_CACHE", "TTS_PREFIX_CACHE"}
+                     "TTS_CODEC_CACHE", "TTS_PREFIX_CACHE", "TTS_OVERLAP_STEP", "TTS_STEP_PRIORITY"}
     for var in SWITCHES:
         for word in ("auto", "on", "off", "AUTO", "On", "1", "0", "true", "false", "yes", "no"):
             from_env({var.name: word})  # no error

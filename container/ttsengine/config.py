@@ -214,6 +214,7 @@ class EngineConfig:
     stream_chunk_frames: int = 8  # frames per later audio chunk
     cuda_graphs: str = "auto"  # auto (on with CUDA) | on | off
     overlap_step: bool = True  # launch the next decode step before reading the last one's frames (engine.py)
+    step_priority: bool = True  # the engine loop's CUDA stream at high priority: step kernels before the codec's
     lazy_graphs: bool = True  # capture only the smallest bucket before ready, the others when idle or first used
     prefill_graphs: str = "auto"  # the prefill as CUDA graphs per padded shape: auto (= on with graphs) | off
     compile: str = "auto"  # torch.compile of the decode step: auto (on with CUDA, torch >= 2.6) | on | off
@@ -291,6 +292,9 @@ ENGINE_VARS = (
         "on (default) | off: the next decode step is queued on the GPU before the host reads the last step's frames, "
         "so the GPU never waits for the host's bookkeeping (a finishing stream computes one frame that is dropped)",
         dev=True),
+    Var("TTS_STEP_PRIORITY", "step_priority", toggle(auto=True),
+        "on (default) | off: the decode step and prefill run on a high-priority CUDA stream, so where the codec's and "
+        "the step's kernels both wait for the GPU the step's go first", dev=True),
     Var("TTS_LAZY_GRAPHS", "lazy_graphs", toggle(auto=True),
         "auto | on: capture the smallest batch's graph before ready and the others while idle or at first use; "
         "off: all before ready", dev=True),

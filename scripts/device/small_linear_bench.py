@@ -109,13 +109,15 @@ def bench_shape(name: str, int8: bool, deadline: float, g: torch.Generator) -> N
         ws.append(torch.round(w / s[:, None]).to(DEV, torch.int8) if int8 else w.to(DEV, torch.bfloat16))
         scales.append(s.to(DEV) if int8 else None)
     nw = (1 + 0.2 * torch.randn(K, generator=g)).to(DEV, torch.bfloat16) if norm else None
-    default = small_linear_config(n_out, K, torch.bfloat16, epilogue == "swiglu")
     print(f"\n### {name}: K={K} N={N}{f' (first {out_rows})' if out_rows else ''} norm={norm} epilogue={epilogue}, "
-          f"{copies} weight copies, default {fmt(default)}", flush=True)
+          f"{copies} weight copies, default (rows 1 / 16) "
+          f"{fmt(small_linear_config(n_out, K, torch.bfloat16, epilogue == 'swiglu', 1, norm))} / "
+          f"{fmt(small_linear_config(n_out, K, torch.bfloat16, epilogue == 'swiglu', 16, norm))}", flush=True)
     print("| rows | torch us | GB/s | small_linear us | GB/s | best us | GB/s | best config |", flush=True)
     totals, checked = {}, {}
     for M in ROWS:
         x = (torch.randn(M, K, generator=g) * 2).to(DEV, torch.bfloat16)
+        default = small_linear_config(n_out, K, torch.bfloat16, epilogue == "swiglu", M, norm)
         res = torch.randn(M, n_out, generator=g).to(DEV, torch.bfloat16) if epilogue == "residual" else None
         kws = [{"scale": s, "norm_weight": nw, "eps": EPS, "residual": res, "swiglu": epilogue == "swiglu",
                 "out_rows": out_rows} for s in scales]

@@ -47,9 +47,9 @@ def test_fused_kernels_resolve_per_device():
     assert fused_kernels("off", True, True) == frozenset()
     assert fused_kernels("auto", False, False) == frozenset()  # CPU: the reference step
     triton_ones = ({"fast_attention"} if triton_available() else set()) | \
-        ({"codebook_sampler"} if triton_major() >= 3 else set())
+        ({"codebook_sampler", "layer_gemv"} if triton_major() >= 3 else set())
     everything = {"vocab_scan", "merged_ffn"} | triton_ones
     assert fused_kernels("auto", True, True) == everything
-    assert "fast_attention" not in fused_kernels("auto", True, False)  # an fp32 cache: no 16-bit kernel
+    assert not {"fast_attention", "layer_gemv"} & fused_kernels("auto", True, False)  # fp32 cache: no 16-bit kernel
     # a named list as asked (CPU tests run the fast attention's reference path), but never the sampler on CPU
     assert fused_kernels("fast_attention,codebook_sampler", False, False) == {"fast_attention"}

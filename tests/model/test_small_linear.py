@@ -15,6 +15,7 @@ from torch import nn
 
 from ttsengine.model.kernels import small_linear as small_linear_module
 from ttsengine.model.kernels.small_linear import (
+    CORE_ROWS,
     SMALL_LINEAR_MAX_ROWS,
     SmallLinearConfig,
     small_linear,
@@ -204,7 +205,6 @@ def test_default_config_depends_on_rows_only_by_class():
     for rows in (1, 2):
         assert small_linear_config(1024, 3072, torch.bfloat16, rows=rows, norm=False) == \
             SmallLinearConfig(2, 1024, 4, 2, False)
-        assert small_linear_config(1024, 3072, torch.bfloat16, rows=rows, int8=True).use_dot  # int8: dot always
         assert small_linear_config(3072, 1024, torch.bfloat16, swiglu=True, rows=rows).use_dot
     assert small_linear_config(155776, 1024, torch.bfloat16).block_n == 64
     assert small_linear_config(100, 40, torch.float32).block_k == 64
@@ -268,7 +268,10 @@ def test_native_kernel_at_real_shapes(exact_reference, name, K, N, norm, epilogu
                       device="cuda")
     for M in (1, 2, 8, 16):
         x, mkw = x16[:M].clone(), {**kw, "residual": None if epilogue != "residual" else kw["residual"][:M].clone()}
-        assert_close(small_linear(x, w, **mkw), x, w, mkw)
+        # int8 on the CUDA cores (the default up to CORE_ROWS): 69% identical at the residual shapes on an H200, the
+        # rest within the bound (see test_native_kernel_other_configs)
+        cores = int8 and M <= CORE_ROWS and epilogue != "swiglu"
+        assert_close(small_linear(x, w, **mkw), x, w, mkw, 0.5 if cores else None)
     row_independence(x16, w, kw, None)
 
 
@@ -280,8 +283,8 @@ def test_native_kernel_at_real_shapes(exact_reference, name, K, N, norm, epilogu
 def test_native_kernel_other_configs(exact_reference, config, int8):
     for K, N, norm, epilogue in ((1024, 1024, False, "residual"), (1024, 6144, True, "swiglu")):
         x, w, kw = make(16, K, N, torch.bfloat16, int8=int8, norm=norm, epilogue=epilogue, device="cuda")
-        # int8 on the CUDA cores: 70% of the elements identical to the reference on an H200 (the rest 1-3 ulps: the
-        # 3-ulp bound holds); the engine keeps int8 on the dot path (small_linear_config), so only the bound is held
+        # int8 on the CUDA cores: 70% of the elements identical to the reference on an H200, the rest within the
+        # 3-ulp bound (its fp32 sums are not the tensor cores' that cuBLAS and the dot path use): the bound is held
         min_same = 0.5 if int8 and not config.use_dot else None
         assert_close(small_linear(x, w, config=config, **kw), x, w, kw, min_same)
         row_independence(x, w, kw, config)

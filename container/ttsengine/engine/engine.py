@@ -272,6 +272,10 @@ class Engine:
     def _run(self) -> None:
         if self.runner.device.type == "cuda":
             torch.cuda.set_device(self.runner.device)  # Triton launches on the thread's current device
+            if self.settings.step_priority:  # this thread's work (steps, prefill) ahead of the codec's for the SMs
+                stream = torch.cuda.Stream(self.runner.device, priority=-1)
+                stream.wait_stream(torch.cuda.current_stream(self.runner.device))  # buffers made on the old one
+                torch.cuda.set_stream(stream)
         try:
             with torch.inference_mode():
                 start = time.perf_counter()

@@ -54,17 +54,17 @@ CORE_ROWS = 2
 
 
 def small_linear_config(n_out: int, k: int, dtype: torch.dtype, swiglu: bool = False,
-                        rows: int = SMALL_LINEAR_MAX_ROWS, int8: bool = False, norm: bool = True) -> SmallLinearConfig:
+                        rows: int = SMALL_LINEAR_MAX_ROWS, norm: bool = True) -> SmallLinearConfig:
     """The default tiles for n_out output columns (SwiGLU: H) over k inputs at `rows` rows. Two classes of M, each
-    with one config per shape, so a row's bits are the same at any M of its class: up to CORE_ROWS, 16-bit weights
-    take the CUDA-core path with narrow column blocks and long K steps (more programs in flight on 1-4k-column
+    with one config per shape, so a row's bits are the same at any M of its class: up to CORE_ROWS, 16-bit and int8
+    weights take the CUDA-core path with narrow column blocks and long K steps (more programs in flight on 1-4k-column
     layers: 1.3-1.6x faster there), otherwise the tl.dot tiles. Measured on an H200 (torch 2.11, Triton 3.6,
     scripts/device/small_linear_bench.py over the S1-mini decode shapes); SwiGLU's two weight tiles keep the dot
     path at every M (32 columns: 8.1-8.7 us vs 10.7-12.7 at 16)."""
     block_k = min(128 if dtype == torch.float32 else 256, max(16, next_pow2(k)))
     if swiglu:
         return SmallLinearConfig(block_n=32, block_k=block_k, num_warps=4, num_stages=3)
-    if rows <= CORE_ROWS and not int8 and dtype != torch.float32 and n_out < 16384:
+    if rows <= CORE_ROWS and dtype != torch.float32 and n_out < 16384:
         # 1,024 columns: 512 programs of 2 (a norm prologue re-reads x per program: 8); wider layers 16
         block_n = 16 if n_out > 1024 else (8 if norm else 2)
         return SmallLinearConfig(block_n=block_n, block_k=min(1024, max(16, next_pow2(k))), num_warps=4,
@@ -179,7 +179,7 @@ def _check_config(cfg: SmallLinearConfig) -> None:
 def _launch(x: Tensor, weight: Tensor, scale: Tensor | None, norm_weight: Tensor | None, eps: float,
             residual: Tensor | None, swiglu: bool, n_out: int, config: SmallLinearConfig | None) -> Tensor:
     M, K = x.shape
-    cfg = config or small_linear_config(n_out, K, x.dtype, swiglu, M, scale is not None, norm_weight is not None)
+    cfg = config or small_linear_config(n_out, K, x.dtype, swiglu, M, norm_weight is not None)
     bk = min(cfg.block_k, max(16, next_pow2(K)))
     x = x if x.stride(1) == 1 else x.contiguous()
     if residual is not None and residual.stride(1) != 1:
