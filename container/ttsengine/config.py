@@ -213,7 +213,7 @@ class EngineConfig:
     first_chunk_frames: int = 4  # frames before a stream's first audio chunk (21.5 frames = 1 s)
     stream_chunk_frames: int = 8  # frames per later audio chunk
     cuda_graphs: str = "auto"  # auto (on with CUDA) | on | off
-    overlap_step: bool = True  # launch the next decode step before reading the last one's frames (engine.py)
+    overlap_step: str = "auto"  # launch the next step before reading the last one's frames: auto (= on with CUDA)
     step_priority: bool = True  # the engine loop's CUDA stream at high priority: step kernels before the codec's
     lazy_graphs: bool = True  # capture only the smallest bucket before ready, the others when idle or first used
     prefill_graphs: str = "auto"  # the prefill as CUDA graphs per padded shape: auto (= on with graphs) | off
@@ -288,10 +288,10 @@ ENGINE_VARS = (
         dev=True),
     Var("TTS_CUDA_GRAPHS", "cuda_graphs", switch(), "auto | on | off: replay the decode step as CUDA graphs",
         dev=True),
-    Var("TTS_OVERLAP_STEP", "overlap_step", toggle(auto=True),
-        "on (default) | off: the next decode step is queued on the GPU before the host reads the last step's frames, "
-        "so the GPU never waits for the host's bookkeeping (a finishing stream computes one frame that is dropped)",
-        dev=True),
+    Var("TTS_OVERLAP_STEP", "overlap_step", switch(),
+        "auto (= on with CUDA) | on | off: the next decode step is queued on the GPU before the host reads the last "
+        "step's frames, so the GPU never waits for the host's bookkeeping (a finishing stream computes one frame that "
+        "is dropped); on a CPU the host does the step's work itself, nothing to overlap", dev=True),
     Var("TTS_STEP_PRIORITY", "step_priority", toggle(auto=True),
         "on (default) | off: the decode step and prefill run on a high-priority CUDA stream, so where the codec's and "
         "the step's kernels both wait for the GPU the step's go first", dev=True),

@@ -23,6 +23,7 @@ import time
 
 import torch
 import torch.nn.functional as F
+from graph_timing import graphed_us  # scripts/device/graph_timing.py
 
 from ttsengine.engine.runner import Runner, RunnerConfig
 from ttsengine.model.generation import raw_frames
@@ -44,24 +45,6 @@ def quantized(base, mode: str):
     ck = dataclasses.replace(base, model=copy.deepcopy(base.model), codec=copy.deepcopy(base.codec))
     kernel = kernel or None
     return ck, f"{quantize(ck.model, mode, kernel)} | codec {quantize(ck.codec, mode, kernel)}"
-
-
-def graphed_us(fns, reps: int = 3) -> float:
-    """Mean microseconds per call of the callables `fns` (run in turn) replayed in one CUDA graph."""
-    for f in fns:
-        f()
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for f in fns:
-            f()
-    graph.replay()
-    torch.cuda.synchronize()
-    t = time.perf_counter()
-    for _ in range(reps):
-        graph.replay()
-    torch.cuda.synchronize()
-    return (time.perf_counter() - t) / (reps * len(fns)) * 1e6
 
 
 MICRO_SHAPES = {"w2": (1024, 3072), "wo": (1024, 2048), "wqkv": (4096, 1024), "w1|w3": (3072, 1024),

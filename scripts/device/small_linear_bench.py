@@ -13,6 +13,7 @@ import time
 
 import torch
 import torch.nn.functional as F
+from graph_timing import graphed_us  # scripts/device/graph_timing.py
 
 from ttsengine.model.kernels.small_linear import SmallLinearConfig, small_linear, small_linear_config
 from ttsengine.model.kernels.small_linear import small_linear_reference as reference
@@ -34,31 +35,12 @@ DEV = "cuda"
 def sweep():
     for bn, bk, warps, stages in itertools.product((16, 32, 64), (128, 256, 512), (4, 8), (3, 4)):
         yield SmallLinearConfig(bn, bk, warps, stages, use_dot=True)
-    for bn, bk in itertools.product((2, 4, 8, 16), (256, 512, 1024)):
-        yield SmallLinearConfig(bn, bk, 4, 2, use_dot=False)
+    for bn, bk, warps in itertools.product((2, 4, 8, 16), (512, 1024, 2048), (4, 8)):
+        yield SmallLinearConfig(bn, bk, warps, 2, use_dot=False)
 
 
 def fmt(c: SmallLinearConfig) -> str:
     return f"{c.block_n}x{c.block_k} w{c.num_warps} s{c.num_stages} {'dot' if c.use_dot else 'cores'}"
-
-
-def graphed_us(fns, reps=20) -> float:
-    """Mean microseconds per call of `fns` (run in turn) captured in one CUDA graph, timed with CUDA events."""
-    for f in fns:
-        f()
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for f in fns:
-            f()
-    graph.replay()  # (a first replay is slower)
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(reps):
-        graph.replay()
-    end.record()
-    end.synchronize()
-    return start.elapsed_time(end) * 1e3 / (reps * len(fns))
 
 
 def unfused(x, w, kw):
@@ -142,11 +124,14 @@ def bench_shape(name: str, int8: bool, deadline: float, g: torch.Generator) -> N
 
 
 def main():
+    global ROWS
     ap = argparse.ArgumentParser()
     ap.add_argument("shapes", nargs="*", default=list(SHAPES))
     ap.add_argument("--int8", action="store_true")
     ap.add_argument("--budget", type=float, default=420.0, help="seconds for all sweeps (then defaults only)")
+    ap.add_argument("--rows", default=",".join(map(str, ROWS)), help="row counts, e.g. 1,2")
     args = ap.parse_args()
+    ROWS = tuple(int(r) for r in args.rows.split(","))
     print(f"{torch.cuda.get_device_name()} | torch {torch.__version__} | {'int8' if args.int8 else 'bf16'} weights",
           flush=True)
     deadline = time.perf_counter() + args.budget

@@ -48,9 +48,10 @@ with torch.inference_mode():
         ms = (time.perf_counter() - t0) / reps * 1e3
         print(f"| {bb} | {ms:.3f} | {bb / ms * 1e3:,.0f} |", flush=True)
 
-CLASSES = (("gemm/gemv", r"gemm|gemv|cutlass|sm90|nvjet|xmma|cublas|splitK|matmul|_mm_|mm_kernel|int8"),
+CLASSES = (("gemm/gemv", r"gemm|gemv|cutlass|sm90|nvjet|xmma|cublas|splitK|matmul|_mm_|mm_kernel|int8|small_linear"),
            ("sort", r"sort|radix|Sort"), ("scan (cumsum)", r"scan|cumsum|Scan"),
-           ("attention", r"attend|paged|flash|fmha|sdpa|attention"),
+           # the paged attention's Triton kernel is named `kernel`, the codebook sampler's `_kernel`
+           ("attention", r"attend|paged|flash|fmha|sdpa|attention|^kernel$"), ("codebook sampler", r"^_kernel$"),
            ("triton fused", r"^triton_"), ("reduce", r"reduce|Reduce|argmax|max"),
            ("copy/fill/index", r"copy|fill|index|gather|scatter|cat|Memcpy|Memset|elementwise|vectorized"))
 

@@ -23,6 +23,13 @@ def same(a, b) -> None:
         assert np.abs(a.audio - b.audio).max() < AUDIO_TOL
 
 
+def serve_all(eng, eager_engine, reqs) -> None:
+    """Submits every request at once to `eng`; each result must equal the eager engine's."""
+    streams = [eng.submit(r) for r in reqs]
+    for req, stream in zip(reqs, streams):
+        same(eager_engine.synthesize(req), stream.result())
+
+
 def test_concurrent_requests_equal_the_reference(engine, eager_engine):
     ref_audio = np.random.default_rng(0).standard_normal(30000).astype(np.float32) * 0.1
     import io
@@ -69,9 +76,7 @@ def test_the_fused_fast_attention_path_equals_the_reference(eager_engine):
         assert eng.runner.ops.frame.paged_fast and eng.runner.ops.frame.sample_codebook is None
         reqs = [SynthesisRequest(text=f"Fused path {i}.", seed=40 + i, max_new_tokens=10 + 7 * i,
                                  repetition_penalty=1.0 + 0.2 * i) for i in range(6)]
-        streams = [eng.submit(r) for r in reqs]  # 6 requests through 4 slots: joins, leaves, slot moves
-        for req, stream in zip(reqs, streams):
-            same(eager_engine.synthesize(req), stream.result())
+        serve_all(eng, eager_engine, reqs)  # 6 requests through 4 slots: joins, leaves, slot moves
     finally:
         eng.close()
 
@@ -163,10 +168,8 @@ def test_merged_ffn_equals_the_reference_and_adds_no_memory(eager_engine):
         assert ff.w13.data_ptr() == ff.w1.weight.data_ptr() and not hasattr(plain.runner.model.layers[0].feed_forward,
                                                                              "w13")
         assert weight_bytes(eng.runner.model) == weight_bytes(plain.runner.model)
-        reqs = [SynthesisRequest(text=f"Merged {i}.", seed=60 + i, max_new_tokens=12 + 5 * i) for i in range(5)]
-        streams = [eng.submit(r) for r in reqs]
-        for req, stream in zip(reqs, streams):
-            same(eager_engine.synthesize(req), stream.result())
+        serve_all(eng, eager_engine, [SynthesisRequest(text=f"Merged {i}.", seed=60 + i, max_new_tokens=12 + 5 * i)
+                                      for i in range(5)])
     finally:
         eng.close()
         plain.close()
@@ -181,14 +184,13 @@ def test_overlapped_and_serial_steps_equal_the_reference_and_free_every_page(eag
 
     from ttsengine import Engine, EngineConfig
 
-    eng = Engine.load(EngineConfig(model_dir=MODEL_DIR, device="cpu", max_batch=3, overlap_step=overlap,
-                                   prefix_cache=False))
+    eng = Engine.load(EngineConfig(model_dir=MODEL_DIR, device="cpu", max_batch=3, max_queue=8,
+                                   overlap_step="on" if overlap else "off", prefix_cache=False))
     try:
         assert eng.settings.overlap_step is overlap
-        reqs = [SynthesisRequest(text=f"Overlap {i}.", seed=70 + i, max_new_tokens=3 + 5 * i) for i in range(7)]
-        streams = [eng.submit(r) for r in reqs]  # 7 requests through 3 slots, ending at every step
-        for req, stream in zip(reqs, streams):
-            same(eager_engine.synthesize(req), stream.result())
+        # 7 requests through 3 slots, ending at every step
+        serve_all(eng, eager_engine, [SynthesisRequest(text=f"Overlap {i}.", seed=70 + i, max_new_tokens=3 + 5 * i)
+                                      for i in range(7)])
         deadline = time.monotonic() + 10  # the loop may still be finishing its last iteration
         while eng._in_flight is not None and time.monotonic() < deadline:  # noqa: SLF001
             time.sleep(0.01)
@@ -211,9 +213,7 @@ def test_layer_gemv_equals_the_reference(eager_engine):
                                    fused_kernels="fast_attention,layer_gemv"))
     try:
         assert eng.runner.gemv_rows == 16 and eng.runner.step_ops(4).slow_layer is not eng.runner.ops.slow_layer
-        reqs = [SynthesisRequest(text=f"Gemv {i}.", seed=80 + i, max_new_tokens=4 + 3 * i) for i in range(3)]
-        streams = [eng.submit(r) for r in reqs]
-        for req, stream in zip(reqs, streams):
-            same(eager_engine.synthesize(req), stream.result())
+        serve_all(eng, eager_engine, [SynthesisRequest(text=f"Gemv {i}.", seed=80 + i, max_new_tokens=4 + 3 * i)
+                                      for i in range(3)])
     finally:
         eng.close()

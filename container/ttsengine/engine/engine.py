@@ -115,7 +115,6 @@ class Engine:
                                      pin_memory=self.runner.device.type == "cuda")
         self._flip = 0
         self._in_flight: InFlight | None = None  # the launched step not read yet (TTS_OVERLAP_STEP)
-        self._last_read = 0.0  # perf_counter when the host last had a step's frames
 
     @classmethod
     def load(cls, config: EngineConfig, start: bool = True) -> Engine:
@@ -449,10 +448,16 @@ class Engine:
         # goes in at the pace the small steps leave room for, not the full batch's
         bucket_of = self.settings.bucket
         chunks = self.scheduler.schedule(lambda rows: self.budget.tokens(bucket_of(rows) if decoding else 0))
+        begun = None
+        if self.settings.overlap_step and self.runner.device.type == "cuda":
+            # overlapped, the host's clock cannot time this iteration's GPU work (the step before may still run,
+            # or the host may be the slower side): GPU events from here to the step's end do
+            begun = torch.cuda.Event(enable_timing=True)
+            begun.record()
         if chunks:
             self._prefill(chunks)
         tokens = sum(c.tokens for c in chunks)
-        launched = self._launch(tokens, t0) if any(j.decoding for j in running) else None
+        launched = self._launch(tokens, t0, begun) if any(j.decoding for j in running) else None
         if self._in_flight is not None:  # the step before, still running while this one was queued behind it
             self._read(self._in_flight)
         self._in_flight = launched
@@ -525,7 +530,7 @@ class Engine:
                 self.scheduler.cache_prefix(job, self.runner.keep_prefix(job.slot, job.prefix_pages))
         self.metrics.prefill(sum(c.tokens for c in chunks), time.perf_counter() - t0)
 
-    def _launch(self, prefill_tokens: int, started: float) -> InFlight:
+    def _launch(self, prefill_tokens: int, started: float, begun: torch.cuda.Event | None = None) -> InFlight:
         """Queues one decode step over the running jobs and the copy of its frames to the host; no sync."""
         if self._fail_at is not None and self.metrics.steps + 1 >= self._fail_at:
             raise simulated(str(self.runner.device))
@@ -543,18 +548,18 @@ class Engine:
         host.copy_(out[:B], non_blocking=True)
         event = None
         if self.runner.device.type == "cuda":
-            event = torch.cuda.Event()
+            event = torch.cuda.Event(enable_timing=begun is not None)
             event.record(torch.cuda.current_stream(self.runner.device))
-        return InFlight([j if j.decoding else None for j in running], host, event, bb, prefill_tokens, started)
+        return InFlight([j if j.decoding else None for j in running], host, event, bb, prefill_tokens, started, begun)
 
     def _read(self, step: InFlight) -> None:
         """Takes a launched step's frames: records them on their jobs, finishes the jobs that ended."""
         frames = step.frames()
-        now = time.perf_counter()
-        # the GPU began this iteration's work when it started (idle GPU) or when the step before ended (overlapped):
-        # its prefill + step took the time since then (prefill_budget.py times the steps it sizes)
-        seconds = now - max(step.started, self._last_read)
-        self._last_read = now
+        # the iteration's prefill + step (prefill_budget.py times the steps it sizes): GPU events when overlapped,
+        # else the host's clock from the iteration's start to this wait
+        seconds = step.gpu_seconds()
+        if seconds is None:
+            seconds = time.perf_counter() - step.started
         makers = [j if j is not None and j.finish_reason is None else None for j in step.makers]
         finished = self.scheduler.record_frames(frames[:, 0].tolist(), self.eos, makers)
         for job, frame in zip(makers, frames):

@@ -26,12 +26,20 @@ class InFlight:
     bucket: int  # the batch bucket it ran at
     prefill_tokens: int  # prompt tokens prefilled in the same iteration (the prefill budget's observation)
     started: float  # perf_counter at the start of its iteration
+    begun: torch.cuda.Event | None = None  # timing event recorded before the iteration's prefill (overlapped steps)
 
     def frames(self) -> np.ndarray:
-        """Waits for the step (the host's only sync per step) -> int64 [B, n+1]."""
+        """Waits for the step (the host's only per-step wait) -> int64 [B, n+1]."""
         if self.event is not None:
             self.event.synchronize()
         return self.host.numpy().copy()
+
+    def gpu_seconds(self) -> float | None:
+        """The GPU's time from the iteration's prefill to the step's end (after frames()), or None when untimed:
+        what the prefill budget sizes, whether the host or the GPU was the slower side of the overlap."""
+        if self.begun is None or self.event is None:
+            return None
+        return self.begun.elapsed_time(self.event) / 1e3
 
     def ahead(self) -> set[int]:
         """ids of the jobs this step makes a frame for: a step launched behind it writes their next position."""

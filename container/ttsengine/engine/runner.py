@@ -105,7 +105,8 @@ class Runner:
         self.ops = StepOps.eager(self._attend, cfg.triton_attention, cfg.fused)
         # layer_gemv: steps of up to fused_layer.MAX_ROWS rows run each layer as five fused kernels (fused_layer.py)
         self.gemv_rows = 0
-        if gemv and all(fused_layer.layer_supported(layer) for layer in (*model.layers, *model.fast_layers)):
+        if (gemv and all(fused_layer.layer_supported(layer) for layer in (*model.layers, *model.fast_layers))
+                and fused_layer.linear_weight(model.fast_output) is not None):
             self.gemv_rows = fused_layer.MAX_ROWS
             self._gemv_layer = fused_layer.make_layer(cfg.triton_attention)
             self._gemv_head = fused_layer.make_fast_head()
@@ -118,6 +119,12 @@ class Runner:
         # until then the decode step computes the row as idle, writing to scratch, never into its real pages.
         self.pages = PagePool(cfg.num_pages, S, cfg.page_size)
         self.armed = [False] * S
+
+    def _device_tensor(self, values: list[int]) -> Tensor:
+        """int64 values on the device without waiting for it: a plain torch.tensor(..., device=cuda) copies and then
+        syncs the stream, which would wait for the step in flight (engine.py overlaps steps); a non-blocking copy
+        from pageable memory is staged at once and ordered on the stream like the work around it."""
+        return torch.tensor(values, dtype=torch.int64).to(self.device, non_blocking=True)
 
     # ---- pages --------------------------------------------------------------------------------
     def ensure_pages(self, needs: list[tuple[int, int]]) -> None:
@@ -159,7 +166,7 @@ class Runner:
         for slot in slots:
             self.armed[slot] = False
         if slots:
-            self._reset_rows(torch.tensor(slots, device=self.device))
+            self._reset_rows(self._device_tensor(slots))
 
     def _reset_rows(self, rows: Tensor) -> None:
         # idle rows point every page at scratch, so a bucket's step may compute them harmlessly
@@ -176,7 +183,7 @@ class Runner:
             t[dst] = t[src]
         self.pages.move(src, dst)
         self.armed[dst], self.armed[src] = self.armed[src], False
-        self._reset_rows(torch.tensor([src], device=self.device))
+        self._reset_rows(self._device_tensor([src]))
 
     # ---- prefill ------------------------------------------------------------------------------
     def prefill_key(self, g: int, T: int, history: int = 0) -> tuple[int, int, int]:
@@ -230,17 +237,17 @@ class Runner:
         if not items:
             return
         dev = self.device
-        slots = torch.tensor([it.slot for it in items], device=dev)
+        slots = self._device_tensor([it.slot for it in items])
         for it in items:
             self.armed[it.slot] = True
         self.page_table.index_copy_(0, slots, self.host_table([it.slot for it in items], self.max_pages_per_seq))
-        last = torch.stack([it.prompt[:, -1] for it in items]).to(dev)  # [g, n+1]
+        last = torch.stack([it.prompt[:, -1] for it in items]).to(dev, non_blocking=True)  # [g, n+1]
         params = SamplingTensors.from_values([it.params for it in items], dev)
         for name in ("temperature", "top_p", "repetition_penalty", "seed_lo", "seed_hi"):
             getattr(self.params, name).index_copy_(0, slots, getattr(params, name))
         self.frames.index_copy_(0, slots, last)
-        self.pos.index_copy_(0, slots, torch.tensor([it.prompt.shape[1] - 1 for it in items], device=dev))
-        self.frame_index.index_copy_(0, slots, torch.tensor([it.frame_offset for it in items], device=dev))
+        self.pos.index_copy_(0, slots, self._device_tensor([it.prompt.shape[1] - 1 for it in items]))
+        self.frame_index.index_copy_(0, slots, self._device_tensor([it.frame_offset for it in items]))
         self.active.index_fill_(0, slots, True)
         self.fresh.index_fill_(0, slots, True)
         self.window.reset_rows(torch.zeros_like(self.active).index_fill_(0, slots, True))
@@ -256,12 +263,12 @@ class Runner:
         for i, it in enumerate(items):
             tokens[i, :, : lens[i]] = it.prompt[:, it.start:it.stop]
         # padding rows: one position, written to the scratch page through an all-scratch table row
-        valid = torch.tensor(lens + [1] * (rows - len(items)), device=self.device)
+        valid = self._device_tensor(lens + [1] * (rows - len(items)))
         table = self.host_table([it.slot for it in items], pages or self.max_pages_per_seq)
         table = torch.cat([table, table.new_zeros(rows - len(items), table.shape[1])])
         inputs = (tokens.to(self.device, non_blocking=True), valid, table)
         if pages:
-            inputs += (torch.tensor([it.start for it in items] + [0] * (rows - len(items)), device=self.device),)
+            inputs += (self._device_tensor([it.start for it in items] + [0] * (rows - len(items))),)
         if self.prefill_graphs is not None:
             self.prefill_graphs.run(key, *inputs)
         else:

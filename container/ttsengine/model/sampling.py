@@ -31,12 +31,14 @@ class SamplingTensors:
         """rows: (temperature, top_p, repetition_penalty, seed) per request."""
         t, p, r, s = zip(*rows)
         seeds = [x % (1 << 64) for x in s]
+
+        def put(values, dtype):  # non-blocking: staged at once, no wait for the device's queued work
+            return torch.tensor(values, dtype=dtype).to(device, non_blocking=True)
+
         return SamplingTensors(
-            temperature=torch.tensor(t, dtype=torch.float32, device=device),
-            top_p=torch.tensor(p, dtype=torch.float32, device=device),
-            repetition_penalty=torch.tensor(r, dtype=torch.float32, device=device),
-            seed_lo=torch.tensor([x & _M32 for x in seeds], dtype=torch.int64, device=device),
-            seed_hi=torch.tensor([x >> 32 for x in seeds], dtype=torch.int64, device=device),
+            temperature=put(t, torch.float32), top_p=put(p, torch.float32),
+            repetition_penalty=put(r, torch.float32),
+            seed_lo=put([x & _M32 for x in seeds], torch.int64), seed_hi=put([x >> 32 for x in seeds], torch.int64),
         )
 
 
