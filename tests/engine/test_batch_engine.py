@@ -11,6 +11,7 @@ import pytest
 
 from ttsengine import InputError, NoAudio, Reference, SynthesisRequest
 from ttsengine.model.kernels.triton_support import triton_major
+from ttsengine.model.quant import Int8Linear
 
 AUDIO_TOL = 5e-5  # streaming vs whole-chunk decode, fp32
 
@@ -143,11 +144,18 @@ def test_merged_ffn_leaves_quantized_layers_alone(int8_kernel):
     config = EngineConfig(model_dir=MODEL_DIR, device="cpu", max_batch=4, quant="int8", int8_kernel=int8_kernel)
     plain = Engine.load(config)
     eng = Engine.load(config.with_(fused_kernels="merged_ffn"))
+    gemv = Engine.load(config.with_(fused_kernels="fast_attention,layer_gemv", max_batch=2))
     try:
         assert not any(hasattr(layer.feed_forward, "w13") for layer in eng.runner.model.layers)
         req = SynthesisRequest(text="Quantized.", seed=7, max_new_tokens=12)
         same(plain.synthesize(req), eng.synthesize(req))
+        # layer_gemv reads our int8 layers (merged W1|W3 as views), not torchao's: where it cannot, the runner turns it
+        # off and what the engine reports as in use (ready log, bench JSON) says so
+        ours = all(isinstance(layer.attention.wqkv, Int8Linear) for layer in gemv.runner.model.layers)
+        assert (gemv.runner.gemv_rows > 0) == ours and ("layer_gemv" in gemv.runner.fused_in_use) == ours
+        assert "layer_gemv" in gemv.settings.runner.fused  # as configured
     finally:
+        gemv.close()
         eng.close()
         plain.close()
 

@@ -292,7 +292,7 @@ class Engine:
         log.info("engine ready: %d slots, %d KV pages of %d, graphs %s, compile %s, fused %s, quantization %s, kernel "
                  "cache %s, precompiled %s, warm-up %.1f s", s.max_slots, s.runner.num_pages, s.runner.page_size,
                  "on" if self.graphs else "off", "on" if self.runner.compiled else "off",
-                 ",".join(sorted(s.runner.fused)) or "off", self.ckpt.quantization, self.kernel_cache.status,
+                 ",".join(sorted(self.runner.fused_in_use)) or "off", self.ckpt.quantization, self.kernel_cache.status,
                  self.precompiled, self.warmup_seconds)
         self.ready.set()
         with torch.inference_mode():

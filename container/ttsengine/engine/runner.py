@@ -351,6 +351,12 @@ class Runner:
         self.compiled = False
 
 
+    @property
+    def fused_in_use(self) -> frozenset[str]:
+        """The fused kernels the step runs: the configured ones less layer_gemv where the model's layers cannot take
+        it (what the ready log and the bench report, so a figure never names a kernel that did not run)."""
+        return self.cfg.fused - (frozenset() if self.gemv_rows else frozenset({"layer_gemv"}))
+
     def step_ops(self, bb: int) -> StepOps:
         """The units a step of bb rows runs: the fused small-batch layers (layer_gemv) up to gemv_rows, with the fast
         layers too where they read a paged cache (fast_attention: the slow layer's signature); else self.ops."""

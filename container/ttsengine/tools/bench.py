@@ -308,7 +308,7 @@ def main(argv: list[str] | None = None) -> int:
         "compile_error": engine.compile_error, "load_s": round(load_s, 2),
         "warmup_s": round(max(e.warmup_seconds for e in fleet.engines), 2),
         "kernel_cache": engine.kernel_cache.status, "precompiled": engine.precompiled,
-        "quantization": ckpt.quantization, "fused_kernels": sorted(engine.settings.runner.fused),
+        "quantization": ckpt.quantization, "fused_kernels": sorted(engine.runner.fused_in_use),
         "prefix_cache": engine.prefix_cache is not None,
         "weights_gb": round((weight_bytes(ckpt.model) + weight_bytes(ckpt.codec)) / 1e9, 3),
         "first_chunk_frames": engine.settings.first_chunk_frames,
