@@ -83,6 +83,10 @@ class ScriptedRunner:
     def precompiled(self) -> None:
         return None  # not a compiled runner
 
+    @property
+    def fused_in_use(self) -> frozenset[str]:
+        return frozenset()  # no device kernels
+
     # ---- Runner's methods, as Engine calls them ----------------------------------------------
     def prefill(self, items: list[PrefillItem]) -> None:
         self.ensure_pages([(it.slot, it.stop - 1) for it in items if it.stop > it.start])

@@ -269,13 +269,13 @@ class Engine:
 
     # ---- the loop -----------------------------------------------------------------------------
     def _run(self) -> None:
-        if self.runner.device.type == "cuda":
-            torch.cuda.set_device(self.runner.device)  # Triton launches on the thread's current device
-            if self.settings.step_priority:  # this thread's work (steps, prefill) ahead of the codec's for the SMs
-                stream = torch.cuda.Stream(self.runner.device, priority=-1)
-                stream.wait_stream(torch.cuda.current_stream(self.runner.device))  # buffers made on the old one
-                torch.cuda.set_stream(stream)
-        try:
+        try:  # whatever fails before ready is start()'s error: never a start() that waits forever
+            if self.runner.device.type == "cuda":
+                torch.cuda.set_device(self.runner.device)  # Triton launches on the thread's current device
+                if self.settings.step_priority:  # this thread's work (steps, prefill) ahead of the codec's for the SMs
+                    stream = torch.cuda.Stream(self.runner.device, priority=-1)
+                    stream.wait_stream(torch.cuda.current_stream(self.runner.device))  # buffers made on the old one
+                    torch.cuda.set_stream(stream)
             with torch.inference_mode():
                 start = time.perf_counter()
                 self._warm_up()
@@ -283,17 +283,17 @@ class Engine:
                 self.metrics.warmup_seconds = self.warmup_seconds
                 if self.runner.compiled and self.kernel_cache.status in ("miss", "mismatch"):
                     self.kernel_cache.save_metadata()
+            s = self.settings
+            log.info("engine ready: %d slots, %d KV pages of %d, graphs %s, compile %s, fused %s, quantization %s, "
+                     "kernel cache %s, precompiled %s, warm-up %.1f s", s.max_slots, s.runner.num_pages,
+                     s.runner.page_size, "on" if self.graphs else "off", "on" if self.runner.compiled else "off",
+                     ",".join(sorted(self.runner.fused_in_use)) or "off", self.ckpt.quantization,
+                     self.kernel_cache.status, self.precompiled, self.warmup_seconds)
         except BaseException as e:  # noqa: BLE001 - reported to start()
             log.exception("engine warm-up failed")
             self._failed = e
             self.ready.set()
             return
-        s = self.settings
-        log.info("engine ready: %d slots, %d KV pages of %d, graphs %s, compile %s, fused %s, quantization %s, kernel "
-                 "cache %s, precompiled %s, warm-up %.1f s", s.max_slots, s.runner.num_pages, s.runner.page_size,
-                 "on" if self.graphs else "off", "on" if self.runner.compiled else "off",
-                 ",".join(sorted(self.runner.fused_in_use)) or "off", self.ckpt.quantization, self.kernel_cache.status,
-                 self.precompiled, self.warmup_seconds)
         self.ready.set()
         with torch.inference_mode():
             while True:
