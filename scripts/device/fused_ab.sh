@@ -10,6 +10,6 @@ for setting in "${@:-off fast_attention codebook_sampler auto}"; do
     echo "## TTS_FUSED_KERNELS=$s"
     TTS_FUSED_KERNELS=$s TTS_CACHE_DIR=${TTS_CACHE_DIR:-/tmp/kc} PYTHONUNBUFFERED=1 \
       timeout "${PER_RUN_S:-240}" python3 scripts/device/step_profile.py ${ROWS:-2 8 64} 2>&1 \
-      | grep -E "^\||^uncaptured|^  +[0-9]|^top|Error" | grep -v "^| class" | head -${LINES_PER_RUN:-40}
+      | grep -E "^\||^uncaptured|^  +[0-9]|^top|Error" | grep -v -e "^| class" -e Constraint | head -${LINES_PER_RUN:-40}
   done
 done

@@ -210,6 +210,27 @@ def test_overlapped_and_serial_steps_equal_the_reference_and_free_every_page(eag
 
 
 @pytest.mark.skipif(triton_major() < 3, reason="needs Triton >= 3 (its interpreter on CPU)")
+def test_fast_stack_equals_the_reference(eager_engine):
+    # TTS_FUSED_KERNELS=fast_stack on CPU: steps of one or two rows run every fast layer at a position as the one
+    # persistent kernel (interpreted, one program, fp32; native with grid barriers: test_gpu_fused.py); steps of 3-4
+    # rows the layer_gemv kernels; the tokens are the eager engine's
+    from conftest import MODEL_DIR
+
+    from ttsengine import Engine, EngineConfig
+
+    eng = Engine.load(EngineConfig(model_dir=MODEL_DIR, device="cpu", max_batch=4,
+                                   fused_kernels="fast_attention,layer_gemv,fast_stack"))
+    try:
+        r = eng.runner
+        assert r.stack_rows == 2 and "fast_stack" in r.fused_in_use
+        assert r.step_ops(2).frame.fast_stack is not None and r.step_ops(4).frame.fast_stack is None
+        serve_all(eng, eager_engine, [SynthesisRequest(text=f"Stack {i}.", seed=90 + i, max_new_tokens=4 + 3 * i)
+                                      for i in range(3)])
+    finally:
+        eng.close()
+
+
+@pytest.mark.skipif(triton_major() < 3, reason="needs Triton >= 3 (its interpreter on CPU)")
 def test_layer_gemv_equals_the_reference(eager_engine):
     # TTS_FUSED_KERNELS=layer_gemv on CPU: steps of up to 16 rows run each layer as the five fused kernels (Triton's
     # interpreter here, fp32; the native kernels on the GPU, test_gpu_fused.py); buckets above run the plain layers

@@ -13,7 +13,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from ..model import fused_layer
+from ..model import fast_stack, fused_layer
 from ..model.dual_ar import DualAR
 from ..model.frame import sample_frame
 from ..model.kernels.paged_attention import PagedKV, write_and_attend_op
@@ -113,6 +113,17 @@ class Runner:
         elif gemv:
             log.warning("TTS_FUSED_KERNELS: layer_gemv needs bias-free bf16/fp16/fp32 or int8 linears; the step runs "
                         "without it")
+        # fast_stack: steps of up to fast_stack.MAX_ROWS rows run all fast layers at a position as one persistent
+        # kernel (model/fast_stack.py); on top of layer_gemv, whose layout (merged W1|W3) it reads
+        self.stack_rows = 0
+        if "fast_stack" in cfg.fused and self.gemv_rows:
+            weights = fast_stack.stack_fast_layers(model)
+            if weights is not None:
+                self.stack_rows = fast_stack.MAX_ROWS
+                self._fast_stack = fast_stack.make_fast_stack(weights)
+        if "fast_stack" in cfg.fused and not self.stack_rows:
+            log.warning("TTS_FUSED_KERNELS: fast_stack needs layer_gemv and fast layers it reads (power-of-two heads); "
+                        "the step runs without it")
         self.prefill_graphs = None  # a GraphSet over prefill_layers keyed by prefill_key (the engine's)
         # host side: pages held per slot (page 0 is scratch and never handed out), shared prefix pages counted.
         # A slot's device page_table row lists its pages only once it is armed (its last prefill chunk ran):
@@ -355,7 +366,8 @@ class Runner:
     def fused_in_use(self) -> frozenset[str]:
         """The fused kernels the step runs: the configured ones less layer_gemv where the model's layers cannot take
         it (what the ready log and the bench report, so a figure never names a kernel that did not run)."""
-        return self.cfg.fused - (frozenset() if self.gemv_rows else frozenset({"layer_gemv"}))
+        return self.cfg.fused - (frozenset() if self.gemv_rows else frozenset({"layer_gemv"})) \
+            - (frozenset() if self.stack_rows else frozenset({"fast_stack"}))
 
     def step_ops(self, bb: int) -> StepOps:
         """The units a step of bb rows runs: the fused small-batch layers (layer_gemv) up to gemv_rows, with the fast
@@ -364,7 +376,8 @@ class Runner:
             return self.ops
         frame = self.ops.frame
         frame = replace(frame, fast_head=self._gemv_head,
-                        fast_layer=self._gemv_layer if frame.paged_fast else frame.fast_layer)
+                        fast_layer=self._gemv_layer if frame.paged_fast else frame.fast_layer,
+                        fast_stack=self._fast_stack if bb <= self.stack_rows else None)
         return StepOps(self._gemv_layer, frame)
 
     def decode_step(self, bb: int) -> Tensor:

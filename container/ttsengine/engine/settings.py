@@ -53,6 +53,8 @@ def fused_kernels(switch: str, cuda: bool, triton_attention: bool) -> frozenset[
         # linears are left unmerged by merge_inputs. The sampler's tl.sort / tl.cumsum: tested on Triton 3.x (torch
         # 2.2's Triton 2.2 keeps the unfused sampler). layer_gemv (with the fast attention's 16-bit kernel): step at
         # bucket 2 3.52 -> 2.65 ms, one stream 259 -> 324 frames/s (H200, torch 2.11, Triton 3.6)
+        # fast_stack stays opt-in: 136 us per fast position at one row vs layer_gemv's 108 (H100, torch 2.11,
+        # scripts/device/fast_stack_bench.py): its 21 grid barriers a position cost 1.8 us each
         triton3 = triton_major() >= 3
         return frozenset({"vocab_scan", "merged_ffn"} | ({"codebook_sampler"} if triton3 else set())
                          | ({"fast_attention"} if triton_attention else set())

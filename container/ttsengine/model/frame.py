@@ -69,6 +69,8 @@ class FrameOps:
     # [B, Hk, L, d] as a paged pool of B pages of L = _fast_cache_len positions, row b's page b (no mask);
     # False: fast_layer_step over a masked [B, Hk, n, d] cache
     paged_fast: bool = False
+    # every fast layer at one position in one call (model/fast_stack.py make_fast_stack); None: fast_layer per layer
+    fast_stack: Callable | None = None
 
 
 def _fast_cache_len(n: int, paged: bool) -> int:
@@ -95,7 +97,13 @@ def sample_frame(model: DualAR, slow_logits: Tensor, slow_hidden: Tensor, params
 
     f = model.cfg.fast
     L = _fast_cache_len(n, ops.paged_fast)
-    caches = [KVCache.empty(B, f.n_local_heads, L, f.head_dim, slow_hidden.dtype, device) for _ in model.fast_layers]
+    stack = ops.fast_stack
+    if stack is None:
+        caches = [KVCache.empty(B, f.n_local_heads, L, f.head_dim, slow_hidden.dtype, device)
+                  for _ in model.fast_layers]
+    else:  # [2, NL, B, Hk, n, d]: a position only reads the ones this frame wrote before it
+        stack_kv = torch.empty((2, len(model.fast_layers), B, f.n_local_heads, n, f.head_dim), dtype=slow_hidden.dtype,
+                               device=device)
     # every position's inputs at once (two small kernels a frame, not three per position): row k of
     # positions [n, B] and ropes [n, B, d/2, 2] is position k's, contiguous
     positions = torch.arange(n, device=device)[:, None].expand(n, B).contiguous()
@@ -109,13 +117,16 @@ def sample_frame(model: DualAR, slow_logits: Tensor, slow_hidden: Tensor, params
     limit = min(FAST_LOGITS_LIMIT, cb)
     sample_codebook = ops.sample_codebook or ops.sample
     for k in range(n):
-        pos, rope = positions[k][:, None], ropes[k][:, None]  # [B, 1], [B, 1, d/2, 2]
-        mask = None if ops.paged_fast else causal_mask_from_positions(pos, L)
-        for layer, c in zip(model.fast_layers, caches):
-            if ops.paged_fast:
-                x = ops.fast_layer(layer, x, rope, c.k, c.v, table, positions[k])
-            else:
-                x = ops.fast_layer(layer, x, rope, c.k, c.v, pos, mask)
+        if stack is not None:
+            x = stack(x, ropes[k], stack_kv[0], stack_kv[1], k)
+        else:
+            pos, rope = positions[k][:, None], ropes[k][:, None]  # [B, 1], [B, 1, d/2, 2]
+            mask = None if ops.paged_fast else causal_mask_from_positions(pos, L)
+            for layer, c in zip(model.fast_layers, caches):
+                if ops.paged_fast:
+                    x = ops.fast_layer(layer, x, rope, c.k, c.v, table, positions[k])
+                else:
+                    x = ops.fast_layer(layer, x, rope, c.k, c.v, pos, mask)
         if k == 0:
             x = model.fast_embeddings(code)[:, None]
             continue
