@@ -135,15 +135,16 @@ _rounded = None  # small_linear's rounding helper, bound by _kernel()
 
 @functools.lru_cache(maxsize=1)
 def _kernel():
-    global tl, _rounded, _grid_sync, _attend_tile, _load_tile, _row_dot, _epilogue, _linear_rows, _swiglu_rows
+    global tl, _rounded, _grid_sync, _attend_tile, _load_tile, _row_dot, _epilogue, _linear_rows, _swiglu_rows, \
+        _linear_phase
     import triton
     import triton.language as tl
 
     small_linear._kernel()  # jits its rounding helper
     _rounded = small_linear._rounded
-    _grid_sync, _attend_tile, _load_tile, _row_dot, _epilogue, _linear_rows, _swiglu_rows = (
+    _grid_sync, _attend_tile, _load_tile, _row_dot, _epilogue, _linear_rows, _swiglu_rows, _linear_phase = (
         triton.jit(f) for f in (_grid_sync, _attend_tile, _load_tile, _row_dot, _epilogue, _linear_rows,
-                                _swiglu_rows))
+                                _swiglu_rows, _linear_phase))
     global _barrier_only_kernel
     _barrier_only_kernel = triton.jit(_barrier_only_kernel)
     return triton.jit(do_not_specialize=["M", "pos"])(_fast_stack_kernel)
@@ -261,6 +262,17 @@ def _linear_rows(w, X, S, NW, R, Y, M, K, s_ws, col0, n_hi, eps, HAS_NORM: tl.co
         _epilogue(y, S, R + r * s_ws, Y + r * s_ws, r, M, col0, n_hi, IS_INT8, HAS_RES, DT, EMU_BF16, BN)
 
 
+def _linear_phase(W, X, S, NW, R, Y, M, N, K, s_ws, eps, pid, GRID: tl.constexpr, HAS_NORM: tl.constexpr,
+                  IS_INT8: tl.constexpr, HAS_RES: tl.constexpr, DT: tl.constexpr, EMU_BF16: tl.constexpr,
+                  BN: tl.constexpr, KP: tl.constexpr):
+    # Y = [rms_norm](X) @ W.T [+ R] (W [N, K]): this program's tiles of BN columns, round-robin over the grid
+    for t in range(pid, tl.cdiv(N, BN), GRID):
+        c0 = t * BN
+        hi = tl.minimum(c0 + BN, N)
+        w = _load_tile(W, c0, hi, K, K, BN, KP)
+        _linear_rows(w, X, S, NW, R, Y, M, K, s_ws, c0, hi, eps, HAS_NORM, IS_INT8, HAS_RES, DT, EMU_BF16, BN, KP)
+
+
 def _swiglu_rows(w1, w3, X, S, NW, Y, M, K, FF, s_ws, col0, n_hi, eps, IS_INT8: tl.constexpr, DT: tl.constexpr,
                  EMU_BF16: tl.constexpr, BN: tl.constexpr, KP: tl.constexpr):
     # silu(n @ W1.T) * (n @ W3.T), n = rms_norm(x), rounded at each step as the eager ops (small_linear's order)
@@ -295,12 +307,8 @@ def _fast_stack_kernel(X, OUT, QKV, Y, HB, GB, WQKV, WO, W13, W2, ANW, FNW, QW, 
     _grid_sync(SYNC, GRID)
     for layer in range(0, NL):
         # qkv = rms_norm(x) @ Wqkv
-        for t in range(pid, tl.cdiv(NQKV, BN_QKV), GRID):
-            c0 = t * BN_QKV
-            hi = tl.minimum(c0 + BN_QKV, NQKV)
-            w = _load_tile(WQKV + layer * NQKV * D, c0, hi, D, D, BN_QKV, KP_D)
-            _linear_rows(w, OUT, SQKV + layer * NQKV, ANW + layer * D, OUT, QKV, M, D, s_ws, c0, hi, eps,
-                         True, IS_INT8, False, DT, EMU_BF16, BN_QKV, KP_D)
+        _linear_phase(WQKV + layer * NQKV * D, OUT, SQKV + layer * NQKV, ANW + layer * D, OUT, QKV, M, NQKV, D,
+                      s_ws, eps, pid, GRID, True, IS_INT8, False, DT, EMU_BF16, BN_QKV, KP_D)
         _grid_sync(SYNC, GRID)
         for t in range(pid, M * HK, GRID):
             _attend_tile(QKV, Y, QW + layer * HD, KW + layer * HD, KC + layer * s_kl, VC + layer * s_kl, ROT,
@@ -308,12 +316,8 @@ def _fast_stack_kernel(X, OUT, QKV, Y, HB, GB, WQKV, WO, W13, W2, ANW, FNW, QW, 
                          QK_NORM, EMU_BF16)
         _grid_sync(SYNC, GRID)
         # h = x + y @ Wo
-        for t in range(pid, tl.cdiv(D, BN_O), GRID):
-            c0 = t * BN_O
-            hi = tl.minimum(c0 + BN_O, D)
-            w = _load_tile(WO + layer * D * HDH, c0, hi, HDH, HDH, BN_O, KP_HD)
-            _linear_rows(w, Y, SO + layer * D, ANW, OUT, HB, M, HDH, s_ws, c0, hi, eps,
-                         False, IS_INT8, True, DT, EMU_BF16, BN_O, KP_HD)
+        _linear_phase(WO + layer * D * HDH, Y, SO + layer * D, ANW, OUT, HB, M, D, HDH, s_ws, eps, pid, GRID,
+                      False, IS_INT8, True, DT, EMU_BF16, BN_O, KP_HD)
         _grid_sync(SYNC, GRID)
         # g = silu(n @ W1) * (n @ W3), n = rms_norm(h)
         w13 = W13 + layer * 2 * FF * D
@@ -326,12 +330,8 @@ def _fast_stack_kernel(X, OUT, QKV, Y, HB, GB, WQKV, WO, W13, W2, ANW, FNW, QW, 
                          IS_INT8, DT, EMU_BF16, BN_13, KP_D)
         _grid_sync(SYNC, GRID)
         # x = h + g @ W2
-        for t in range(pid, tl.cdiv(D, BN_2), GRID):
-            c0 = t * BN_2
-            hi = tl.minimum(c0 + BN_2, D)
-            w = _load_tile(W2 + layer * D * FF, c0, hi, FF, FF, BN_2, KP_F)
-            _linear_rows(w, GB, S2 + layer * D, ANW, HB, OUT, M, FF, s_ws, c0, hi, eps,
-                         False, IS_INT8, True, DT, EMU_BF16, BN_2, KP_F)
+        _linear_phase(W2 + layer * D * FF, GB, S2 + layer * D, ANW, HB, OUT, M, D, FF, s_ws, eps, pid, GRID,
+                      False, IS_INT8, True, DT, EMU_BF16, BN_2, KP_F)
         _grid_sync(SYNC, GRID)
 
 
