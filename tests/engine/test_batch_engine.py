@@ -183,6 +183,27 @@ def test_merged_ffn_equals_the_reference_and_adds_no_memory(eager_engine):
         plain.close()
 
 
+def test_channels_last_codec_equals_the_reference(eager_engine):
+    # TTS_CODEC_CHANNELS_LAST=on (auto turns it on with CUDA only): the engine's streaming codec time-major, each conv
+    # a channels-last convolution, biases folded into Snake / the residual sums; the audio is the eager engine's
+    from conftest import MODEL_DIR
+
+    from ttsengine import Engine, EngineConfig
+
+    eng = Engine.load(EngineConfig(model_dir=MODEL_DIR, device="cpu", max_batch=2, codec_channels_last="on"))
+    try:
+        assert eng.settings.codec_channels_last and eng.vocoder.codec.time_major
+        serve_all(eng, eager_engine, [SynthesisRequest(text=f"Layout {i}.", seed=60 + i, max_new_tokens=10 + 7 * i)
+                                      for i in range(3)])
+    finally:
+        eng.close()
+    auto = Engine.load(EngineConfig(model_dir=MODEL_DIR, device="cpu", max_batch=2))
+    try:
+        assert not auto.vocoder.codec.time_major  # auto: CUDA only
+    finally:
+        auto.close()
+
+
 @pytest.mark.parametrize("overlap", [True, False])
 def test_overlapped_and_serial_steps_equal_the_reference_and_free_every_page(eager_engine, overlap):
     # TTS_OVERLAP_STEP: step k+1 is launched before step k's frames are read, so a stream that ends at step k makes

@@ -210,9 +210,11 @@ def test_compiled_codec_graphs_equal_eager_codec_fp32(exact_fp32):
         assert a.shape == b.shape and (a - b).abs().max().item() < 1e-4
 
 
-def test_streaming_decode_bf16_adds_no_error_beyond_bf16():
+@pytest.mark.parametrize("time_major", [False, True], ids=["channels", "time_major"])
+def test_streaming_decode_bf16_adds_no_error_beyond_bf16(time_major):
     """Streamed and whole decodes in bf16, each against an fp32 whole decode: streaming must not be
-    noticeably worse than bf16 itself (SNR within 1 dB)."""
+    noticeably worse than bf16 itself (SNR within 1 dB), channel-major or time-major (channels-last cuDNN convs,
+    the Triton time-major Snake)."""
     from ttsengine.engine.loader import load
     from ttsengine.model.codec.streaming import StreamingCodec
 
@@ -227,12 +229,51 @@ def test_streaming_decode_bf16_adds_no_error_beyond_bf16():
         ref = load(cfg(codec_dtype="float32")).codec.decode(codes)[:, 0].float()
         codec = load(cfg(codec_dtype="bfloat16")).codec
         whole = codec.decode(codes)[:, 0].float()
-        dec = StreamingCodec(codec, 4, 4096)
+        dec = StreamingCodec(codec, 4, 4096, time_major=time_major)
+        if time_major:
+            from ttsengine.model.kernels.snake import snake_triton_time_major
+
+            dec.snake_time_major = snake_triton_time_major
         slots = torch.tensor([0, 2, 3], device="cuda")
         streamed = torch.cat([dec.codes_to_audio(slots, codes[:, :, i:i + 8]) for i in range(0, 40, 8)], -1).float()
     assert streamed.shape == whole.shape
     assert snr(whole, ref) > 20, snr(whole, ref)
     assert snr(streamed, ref) > snr(whole, ref) - 1.0, (snr(streamed, ref), snr(whole, ref))
+
+
+def test_snake_kernel_time_major_equals_snake():
+    from ttsengine.model.codec.conv import snake_time_major
+    from ttsengine.model.kernels.snake import snake_triton_time_major
+
+    g = torch.Generator(device="cpu").manual_seed(3)
+    for dtype, tol in ((torch.float32, 1e-5), (torch.bfloat16, 2e-2)):
+        for B, L, C in ((1, 5, 3), (3, 2500, 64), (2, 33, 1536)):
+            x = (torch.randn(B, L, C, generator=g) * 3).to("cuda", dtype)
+            alpha = (torch.rand(1, C, 1, generator=g) * 2 + 0.05).to("cuda", dtype)
+            want = snake_time_major(x.float(), alpha.float())
+            got = snake_triton_time_major(x, alpha)
+            assert got.dtype == dtype and got.shape == x.shape
+            assert (got.float() - want).abs().max().item() < tol * (1 + want.abs().max().item()), (dtype, B, L, C)
+    x = torch.randn(3, 700, 64, generator=g).to("cuda", torch.bfloat16)
+    alpha = (torch.rand(1, 64, 1, generator=g) + 0.1).to("cuda", torch.bfloat16)
+    buf = torch.full((3, 18 + 700, 64), 7.0, device="cuda", dtype=torch.bfloat16)
+    assert snake_triton_time_major(x, alpha, out=buf[:, 18:]).data_ptr() == buf[:, 18:].data_ptr()
+    assert torch.equal(buf[:, 18:], snake_triton_time_major(x, alpha)) and bool((buf[:, :18] == 7).all())
+    with pytest.raises(ValueError, match="does not fit"):
+        snake_triton_time_major(x, alpha, out=buf[:, 18:].transpose(1, 2).transpose(1, 2)[:, ::2])
+    # a conv's bias folded in (snake(x + bias)), and a residual unit's skip sum with its bias: each add rounded
+    # as the eager adds round, so bf16 results differ from eager only by the sine's approximation
+    from ttsengine.model.codec.conv import residual_bias
+    from ttsengine.model.kernels.snake import residual_bias_triton
+
+    bias = torch.randn(64, generator=g).to("cuda", torch.bfloat16)
+    want = snake_time_major(x, alpha, bias=bias).float()
+    got = snake_triton_time_major(x, alpha, bias=bias).float()
+    assert (got - want).abs().max().item() < 2e-2 * (1 + want.abs().max().item())
+    y = torch.randn(3, 700, 64, generator=g).to("cuda", torch.bfloat16)
+    assert torch.equal(residual_bias_triton(x, y, bias), residual_bias(x, y, bias))
+    with pytest.raises(ValueError, match="do not fit"):
+        residual_bias_triton(x, y[:, :5], bias)
 
 
 def test_snake_kernel_equals_snake():

@@ -70,7 +70,8 @@ class Engine:
             "model": repr(checkpoint.config), "codec": repr(checkpoint.codec_config),
             "dtype": str(checkpoint.model.norm.weight.dtype), "quant": checkpoint.quantization,
             "buckets": s.buckets, "chunks": (s.first_chunk_frames, s.stream_chunk_frames),
-            "codec_compile": s.codec_compile, "snake_kernel": s.snake_kernel, "fused": sorted(s.runner.fused)})
+            "codec_compile": s.codec_compile, "snake_kernel": s.snake_kernel,
+            "codec_channels_last": s.codec_channels_last, "fused": sorted(s.runner.fused)})
         if s.compile or s.cuda_graphs:
             self.kernel_cache.setup()
         self.runner = runner(checkpoint.model, s.runner)
@@ -85,7 +86,7 @@ class Engine:
         self.metrics = EngineMetrics()
         self.vocoder = Vocoder(checkpoint.codec, s.runner.max_slots, checkpoint.config.max_seq_len,
                                (s.first_chunk_frames, s.stream_chunk_frames), s.buckets, self._capture_lock,
-                               self.metrics.vocoded, self.metrics.completed)
+                               self.metrics.vocoded, self.metrics.completed, s.codec_channels_last)
         if s.compile:
             precompile = config.precompile == "auto" and compat.precompile_supported()
             self.runner.enable_compile(self.kernel_cache.precompiled_dir if precompile else None)

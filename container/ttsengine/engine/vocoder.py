@@ -56,10 +56,12 @@ class Delivery:
 class Vocoder:
     def __init__(self, codec: Codec, slots: int, max_frames: int, chunk_sizes: tuple[int, ...],
                  buckets: tuple[int, ...], capture_lock: threading.Lock,
-                 on_decoded: Callable[[int, float], None], on_finished: Callable[[Stream], None]):
+                 on_decoded: Callable[[int, float], None], on_finished: Callable[[Stream], None],
+                 time_major: bool = False):
         """max_frames: the longest stream a slot decodes; capture_lock: held by every CUDA graph capture;
-        on_decoded(frames, seconds) after each decode; on_finished(stream) when a stream completed."""
-        self.codec = StreamingCodec(codec, slots + 1, max_frames)
+        on_decoded(frames, seconds) after each decode; on_finished(stream) when a stream completed; time_major:
+        the streaming codec's layout (StreamingCodec, TTS_CODEC_LAYOUT)."""
+        self.codec = StreamingCodec(codec, slots + 1, max_frames, time_major)
         self.device, self.frame_length = self.codec.device, self.codec.frame_length
         self.chunk_sizes, self.buckets = tuple(sorted(chunk_sizes)), tuple(sorted(buckets))
         self.scratch = slots  # one extra state row that padding rows read and write
@@ -96,9 +98,10 @@ class Vocoder:
 
     def use_snake_kernel(self) -> None:
         """Snake as one Triton kernel (model/kernels/snake.py): the eager codec's fused pass."""
-        from ..model.kernels.snake import snake_triton
+        from ..model.kernels.snake import residual_bias_triton, snake_triton, snake_triton_time_major
 
-        self.codec.snake = snake_triton
+        self.codec.snake, self.codec.snake_time_major = snake_triton, snake_triton_time_major
+        self.codec.residual_bias = residual_bias_triton
 
     def plan_graphs(self, max_rows: int) -> None:
         """Plans CUDA graphs for every (bucket <= max_rows, chunk size); larger batches run as graphed

@@ -21,7 +21,7 @@ from ..model.codec import Codec
 
 # each mode may end in "+cudnn" (cudnn.benchmark on for the whole run) or "+tuned" (on only while the codec's
 # graphs are first run and recorded: the engine's default, TTS_CUDNN_BENCHMARK=auto)
-MODES = ("eager", "snake", "compile", "whole")
+MODES = ("eager", "snake", "time_major", "compile", "whole")  # time_major: snake + [b, T, C] channels-last convs
 
 
 def random_codes(codec: Codec, streams: int, frames: int, device: torch.device) -> torch.Tensor:
@@ -38,10 +38,10 @@ def _vocoder(codec: Codec, streams: int, chunk: int, mode: str, graphs: bool, tu
     if mode == "compile":  # one compile per row count: only the two the measurement runs
         buckets = (1, streams)
     voc = Vocoder(codec, streams, 8192, (chunk,), tuple(b for b in buckets if b <= streams), threading.Lock(),
-                  lambda frames, seconds: None, lambda stream: None)
+                  lambda frames, seconds: None, lambda stream: None, time_major=mode == "time_major")
     if mode == "compile":
         voc.enable_compile()
-    elif mode == "snake" and voc.device.type == "cuda":
+    elif mode in ("snake", "time_major") and voc.device.type == "cuda":
         voc.use_snake_kernel()
     if graphs and voc.device.type == "cuda":
         voc.plan_graphs(streams)

@@ -19,6 +19,17 @@ def snake(x: Tensor, alpha: Tensor, out: Tensor | None = None) -> Tensor:
     return y if out is None else out.copy_(y)
 
 
+def snake_time_major(x: Tensor, alpha: Tensor, out: Tensor | None = None, bias: Tensor | None = None) -> Tensor:
+    # snake on x (+ bias [C]: the preceding conv's, added here instead of in a pass of its own): x [B, L, C]
+    # (alpha [1, C, 1] as the module holds it)
+    return snake(x if bias is None else x + bias, alpha.reshape(1, 1, -1), out)
+
+
+def residual_bias(x: Tensor, y: Tensor, bias: Tensor) -> Tensor:
+    # x + (y + bias): a residual unit's skip sum with its last conv's bias [C] folded in; x, y [B, L, C]
+    return x + (y + bias)
+
+
 class Snake(nn.Module):
     def __init__(self, channels: int):
         super().__init__()
