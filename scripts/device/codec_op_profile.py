@@ -1,6 +1,7 @@
 """The streaming codec's GPU time by op and input shape (torch profiler), one layout per run: which eager ops
 (not kernels) the time goes to. Random S1-mini codec, bf16, cuDNN autotuned, no CUDA graphs.
-Usage: python3 scripts/device/codec_op_profile.py [streams] [chunk_frames]   (default 64 8)"""
+Usage: python3 scripts/device/codec_op_profile.py [streams] [chunk_frames] [tuned]   (default 64 8 1; tuned 0: cuDNN's
+heuristics, as an eager call outside the codec's capture windows runs)"""
 import sys
 
 import torch
@@ -15,7 +16,7 @@ from ttsengine.tools.codec_bench import random_codes
 def main():
     streams = int(sys.argv[1]) if len(sys.argv) > 1 else 64
     chunk = int(sys.argv[2]) if len(sys.argv) > 2 else 8
-    torch.backends.cudnn.benchmark = True
+    torch.backends.cudnn.benchmark = (sys.argv[3] if len(sys.argv) > 3 else "1") == "1"
     codec = random_checkpoint("s1-mini", "cuda", torch.bfloat16, torch.bfloat16).codec
     print(torch.cuda.get_device_name(), "torch", torch.__version__, f"streams {streams} chunk {chunk}")
     codes = random_codes(codec, streams, chunk * 4, torch.device("cuda"))

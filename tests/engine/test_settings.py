@@ -7,7 +7,7 @@ from conftest import MODEL_DIR
 
 from ttsengine import EngineConfig
 from ttsengine.engine.loader import load
-from ttsengine.engine.settings import BatchSettings, cudnn_autotune_mode
+from ttsengine.engine.settings import BatchSettings, codec_channels_last, cudnn_autotune_mode
 
 
 @pytest.fixture(scope="module")
@@ -53,3 +53,11 @@ def test_fused_kernels_resolve_per_device():
     assert not {"fast_attention", "layer_gemv"} & fused_kernels("auto", True, False)  # fp32 cache: no 16-bit kernel
     # a named list as asked (CPU tests run the fast attention's reference path), but never the sampler on CPU
     assert fused_kernels("fast_attention,codebook_sampler", False, False) == {"fast_attention"}
+
+
+def test_codec_channels_last_auto_needs_cuda_and_tuned_convs():
+    # auto: CUDA with cuDNN tuning the codec's convs (untuned heuristics made the time-major codec 10x slower at one
+    # stream); on / off as asked
+    assert codec_channels_last("auto", True, "graphs") and codec_channels_last("auto", True, "process")
+    assert not codec_channels_last("auto", True, "off") and not codec_channels_last("auto", False, "off")
+    assert codec_channels_last("on", False, "off") and not codec_channels_last("off", True, "graphs")

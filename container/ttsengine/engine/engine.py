@@ -60,7 +60,7 @@ class Engine:
         self.ckpt, self.config = checkpoint, config
         self.settings = s = BatchSettings.resolve(config, checkpoint)
         # one CUDA graph capture at a time: decode step or codec
-        self._capture_lock = capture_lock if capture_lock is not None else threading.Lock()
+        self._capture_lock = capture_lock if capture_lock is not None else threading.RLock()
         self._faults, self._fail_at, self._gate = FaultCounter(), fail_at_step, capture_gate
         self.down: str | None = None  # why the engine was taken out of service (faults.py)
         # voice encoding's convolutions wait for the codec's autotuned capture windows (cudnn_autotune_mode)

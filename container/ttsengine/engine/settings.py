@@ -39,6 +39,15 @@ def cudnn_autotune_mode(switch: str, cuda: bool, graphs: bool) -> str:
     return "graphs" if graphs else "off"
 
 
+def codec_channels_last(switch: str, cuda: bool, cudnn_autotune: str) -> bool:
+    """TTS_CODEC_CHANNELS_LAST -> whether the streaming codec runs time-major with channels-last convolutions.
+    auto: with CUDA where cuDNN tunes the codec's convolutions (its untuned heuristics pick an algorithm ~35x slower
+    for two dilated convs at a few rows, on an H100 with torch 2.11: the codec 10x slower at one stream)."""
+    if switch in ("on", "off"):
+        return switch == "on"
+    return cuda and cudnn_autotune != "off"
+
+
 def fused_kernels(switch: str, cuda: bool, triton_attention: bool) -> frozenset[str]:
     """TTS_FUSED_KERNELS -> the decode step's fused kernels in use. auto: the measured ones where they are fast
     (CUDA; the Triton ones with Triton, the fast attention with the 16-bit cache its Triton kernel reads). A named
@@ -173,6 +182,6 @@ class BatchSettings:
                              compile=compile_, codec_compile=codec_compile,
                              snake_kernel=snake_kernel, cudnn_autotune=cudnn_autotune,
                              codec_merge_rows=0 if config.codec_merge == "off" else max_batch,
-                             codec_channels_last={"on": True, "off": False}.get(config.codec_channels_last, cuda),
+                             codec_channels_last=codec_channels_last(config.codec_channels_last, cuda, cudnn_autotune),
                              buckets=tuple(buckets),
                              preset=replace(preset, max_batch=max_batch, memory_utilization=utilization))

@@ -174,9 +174,13 @@ class Vocoder:
     def warm_up(self) -> None:
         """Compiles (when enabled) every chunk size with a padding-only batch."""
         t0 = time.perf_counter()
-        for size in self.chunk_sizes:
-            zeros = torch.zeros(1, self.codec.num_codebooks, size, dtype=torch.int64, device=self.device)
-            self.decode_padded([self.scratch], zeros)
+        # tuned as a capture is (cuDNN keeps the algorithm it picks for a shape, tuned or not, and its heuristics
+        # pick one ~35x slower for two of the time-major codec's dilated convs at a few rows: H100, torch 2.11);
+        # under the capture lock, since the tuning's timing would break another thread's capture
+        with self.graphs.lock, self.graphs.tune():
+            for size in self.chunk_sizes:
+                zeros = torch.zeros(1, self.codec.num_codebooks, size, dtype=torch.int64, device=self.device)
+                self.decode_padded([self.scratch], zeros)
         self._reset_scratch()
         log.info("codec warm-up (%s) in %.2f s", "compiled" if self.compiled else "eager", time.perf_counter() - t0)
 

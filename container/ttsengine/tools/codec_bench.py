@@ -37,7 +37,7 @@ def _vocoder(codec: Codec, streams: int, chunk: int, mode: str, graphs: bool, tu
     buckets = tuple(sorted({1, 2, 4, 8, 16, 32, 64, 128, 256, 512, streams}))
     if mode == "compile":  # one compile per row count: only the two the measurement runs
         buckets = (1, streams)
-    voc = Vocoder(codec, streams, 8192, (chunk,), tuple(b for b in buckets if b <= streams), threading.Lock(),
+    voc = Vocoder(codec, streams, 8192, (chunk,), tuple(b for b in buckets if b <= streams), threading.RLock(),
                   lambda frames, seconds: None, lambda stream: None, time_major=mode == "time_major")
     if mode == "compile":
         voc.enable_compile()
