@@ -61,6 +61,23 @@ def _state_shapes(module: nn.Module, prefix: str, out: dict[str, tuple[int, ...]
 
 
 
+def _walk_sequential(module: nn.Sequential, x: Tensor, state: dict[str, Tensor], prefix: str, walk: Callable,
+                     snake_into_conv: Callable) -> Tensor:
+    # the children in turn; a Snake followed by a causal conv with history goes as one step (snake_into_conv)
+    children = list(module.named_children())
+    i = 0
+    while i < len(children):
+        name, child = children[i]
+        nxt = children[i + 1] if i + 1 < len(children) else None
+        if isinstance(child, Snake) and nxt is not None and isinstance(nxt[1], CausalConv) and nxt[1].left:
+            x = snake_into_conv(child, nxt[1], x, state, f"{prefix}.{nxt[0]}")
+            i += 2
+            continue
+        x = walk(child, x, state, f"{prefix}.{name}")
+        i += 1
+    return x
+
+
 class StreamingCodec:
     """Chunk-by-chunk decode for `rows` streams; each row keeps its own state between calls."""
 
@@ -141,18 +158,7 @@ class StreamingCodec:
         if isinstance(module, DecoderBlock):
             return self._walk(module.block, x, state, prefix + ".block")
         if isinstance(module, nn.Sequential):
-            children = list(module.named_children())
-            i = 0
-            while i < len(children):
-                name, child = children[i]
-                nxt = children[i + 1] if i + 1 < len(children) else None
-                if isinstance(child, Snake) and nxt is not None and isinstance(nxt[1], CausalConv) and nxt[1].left:
-                    x = self._snake_into_conv(child, nxt[1], x, state, f"{prefix}.{nxt[0]}")
-                    i += 2
-                    continue
-                x = self._walk(child, x, state, f"{prefix}.{name}")
-                i += 1
-            return x
+            return _walk_sequential(module, x, state, prefix, self._walk, self._snake_into_conv)
         raise TypeError(f"no streaming rule for {type(module).__name__} at {prefix}")
 
     def _snake_into_conv(self, act: Snake, conv: CausalConv, x: Tensor, state: dict[str, Tensor], key: str) -> Tensor:
@@ -206,10 +212,10 @@ class StreamingCodec:
             return self._conv_nhwc(module.conv, full)
         if isinstance(module, CausalTransConv):
             conv = module.conv
-            y = self._conv_nhwc(conv, x, transposed=True)  # [b, (L-1)s + k, C], no bias
+            y = self._conv_nhwc(conv, x, transposed=True)  # [b, (L-1)s + k, C], no bias; ours to change
             n = x.shape[1] * conv.stride[0]
             if module.trim:
-                y = torch.cat([y[:, :module.trim] + state[prefix], y[:, module.trim:]], dim=1)
+                y[:, :module.trim] += state[prefix]  # the overlap in place: no copy of the whole output
                 state[prefix] = y[:, n:]
             return y[:, :n] + conv.bias
         if isinstance(module, Snake):
@@ -224,18 +230,7 @@ class StreamingCodec:
         if isinstance(module, DecoderBlock):
             return self._walk_time_major(module.block, x, state, prefix + ".block")
         if isinstance(module, nn.Sequential):
-            children = list(module.named_children())
-            i = 0
-            while i < len(children):
-                name, child = children[i]
-                nxt = children[i + 1] if i + 1 < len(children) else None
-                if isinstance(child, Snake) and nxt is not None and isinstance(nxt[1], CausalConv) and nxt[1].left:
-                    x = self._snake_into_conv_time_major(child, nxt[1], x, state, f"{prefix}.{nxt[0]}")
-                    i += 2
-                    continue
-                x = self._walk_time_major(child, x, state, f"{prefix}.{name}")
-                i += 1
-            return x
+            return _walk_sequential(module, x, state, prefix, self._walk_time_major, self._snake_into_conv_time_major)
         raise TypeError(f"no streaming rule for {type(module).__name__} at {prefix}")
 
     def _residual_unit_time_major(self, unit: ResidualUnit, x: Tensor, state: dict[str, Tensor], prefix: str) -> Tensor:
