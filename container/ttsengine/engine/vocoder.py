@@ -174,13 +174,18 @@ class Vocoder:
     def warm_up(self) -> None:
         """Compiles (when enabled) every chunk size with a padding-only batch."""
         t0 = time.perf_counter()
-        # tuned as a capture is (cuDNN keeps the algorithm it picks for a shape, tuned or not, and its heuristics
-        # pick one ~35x slower for two of the time-major codec's dilated convs at a few rows: H100, torch 2.11);
-        # under the capture lock, since the tuning's timing would break another thread's capture
-        with self.graphs.lock, self.graphs.tune():
-            for size in self.chunk_sizes:
-                zeros = torch.zeros(1, self.codec.num_codebooks, size, dtype=torch.int64, device=self.device)
-                self.decode_padded([self.scratch], zeros)
+        # the time-major codec's dilated convs tuned as a capture tunes (cuDNN keeps the algorithm it picks for a
+        # shape, tuned or not, and its heuristics pick one ~35x slower for two of them at a few rows: H100, torch
+        # 2.11; tuning every conv here cost 3 s of start); under the capture lock, since the tuning's timing would
+        # break another thread's capture
+        with self.graphs.lock:
+            self.codec.tune_dilated = self.graphs.tune
+            try:
+                for size in self.chunk_sizes:
+                    zeros = torch.zeros(1, self.codec.num_codebooks, size, dtype=torch.int64, device=self.device)
+                    self.decode_padded([self.scratch], zeros)
+            finally:
+                self.codec.tune_dilated = contextlib.nullcontext
         self._reset_scratch()
         log.info("codec warm-up (%s) in %.2f s", "compiled" if self.compiled else "eager", time.perf_counter() - t0)
 

@@ -14,6 +14,7 @@ Streaming equals the whole decode (Codec.decode) to float rounding, at any chunk
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 
 import torch
@@ -93,6 +94,9 @@ class StreamingCodec:
         self.snake_time_major: Callable[..., Tensor] = snake_time_major  # (x, alpha, out=None, bias=None)
         self.residual_bias: Callable[[Tensor, Tensor, Tensor], Tensor] = residual_bias
         self._nhwc: dict[int, Tensor] = {}  # id(conv) -> its weight as [Co, Ci/g, 1, k] channels-last
+        # around the time-major dilated convs: cuDNN's untuned pick for two of them is ~35x slower than its best and
+        # is kept for the shape (Vocoder.warm_up tunes just these, under its capture lock); default: nothing
+        self.tune_dilated: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext
         p = next(codec.parameters())
         self.device, self.dtype = p.device, p.dtype
         shapes: dict[str, tuple[int, ...]] = {}
@@ -262,6 +266,7 @@ class StreamingCodec:
         if transposed:
             y = F.conv_transpose2d(x4, w, None, stride=(1, conv.stride[0]), groups=conv.groups)
         else:
-            y = F.conv2d(x4, w, conv.bias if bias else None, stride=(1, conv.stride[0]), dilation=(1, conv.dilation[0]),
-                         groups=conv.groups)
+            with self.tune_dilated() if conv.dilation[0] > 1 else contextlib.nullcontext():
+                y = F.conv2d(x4, w, conv.bias if bias else None, stride=(1, conv.stride[0]),
+                             dilation=(1, conv.dilation[0]), groups=conv.groups)
         return y[:, :, 0].transpose(1, 2)
