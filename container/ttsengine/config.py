@@ -223,7 +223,7 @@ class EngineConfig:
     snake_kernel: str = "auto"  # Snake as one Triton kernel in the eager codec: auto (on CUDA with Triton) | off
     cudnn_benchmark: str = "auto"  # cuDNN autotuning: auto = codec graph captures only | on | off
     codec_merge: str = "auto"  # queued codec decodes join into one batched call: auto (= on) | on | off
-    codec_channels_last: str = "auto"  # streaming codec time-major with channels-last convs: auto (= on with CUDA)
+    codec_channels_last: str = "auto"  # streaming codec time-major, channels-last convs: auto (CUDA + cuDNN tuning)
     cache_dir: Path | None = None  # torch.compile kernel cache (Inductor + Triton); None = torch's default
     precompile: str = "auto"  # keep the step's traced units in cache_dir: auto (torch >= 2.10 with a cache dir) | off
     codec_cache: str = "auto"  # keep the codec converted to its run dtype in cache_dir: auto (= on) | off
@@ -322,9 +322,10 @@ ENGINE_VARS = (
         "keep the fastest; voice encoding waits for those windows) | on: everywhere, every new shape (its timing "
         "syncs the GPU and can fail a capture on the other thread) | off: cuDNN's heuristics", dev=True),
     Var("TTS_CODEC_CHANNELS_LAST", "codec_channels_last", switch(),
-        "auto (= on with CUDA) | on | off: the streaming codec's activations time-major ([rows, samples, channels]) "
+        "auto (= on with CUDA where cuDNN tunes the codec: TTS_CUDNN_BENCHMARK on, or auto with CUDA graphs) | on | "
+        "off: the streaming codec's activations time-major ([rows, samples, channels]) "
         "with every convolution a channels-last cuDNN convolution (no layout transposes around each conv) and the "
-        "convs' biases folded into the Snake and residual kernels: codec-only at 64 streams 17,400 -> 26,000 "
+        "convs' biases folded into the Snake and residual kernels: codec-only at 64 streams 17,400 -> 27,700 "
         "frames/s on an H100", dev=True),
     Var("TTS_CODEC_MERGE", "codec_merge", switch(),
         "auto (= on) | on | off: codec decodes queued behind a busy codec thread join into one batched call",

@@ -233,8 +233,8 @@ def test_overlapped_and_serial_steps_equal_the_reference_and_free_every_page(eag
 @pytest.mark.skipif(triton_major() < 3, reason="needs Triton >= 3 (its interpreter on CPU)")
 def test_fast_stack_equals_the_reference(eager_engine):
     # TTS_FUSED_KERNELS=fast_stack on CPU: steps of one or two rows run every fast layer at a position as the one
-    # persistent kernel (interpreted, one program, fp32; native with grid barriers: test_gpu_fused.py); steps of 3-4
-    # rows the layer_gemv kernels; the tokens are the eager engine's
+    # persistent kernel (interpreted, one program, fp32; native with grid barriers: tests/model/test_fast_stack.py);
+    # steps of 3-4 rows the layer_gemv kernels; the tokens are the eager engine's
     from conftest import MODEL_DIR
 
     from ttsengine import Engine, EngineConfig

@@ -188,7 +188,7 @@ def test_compiled_codec_graphs_equal_eager_codec_fp32(exact_fp32):
     schedule = [([0, 1, 2], 0), ([0, 2, 3], 8), ([1, 3], 16)]  # (slots, first frame) per chunk of 8
 
     def run(compiled: bool) -> list:
-        voc = Vocoder(codec, 4, 4096, (8,), (1, 4), threading.Lock(), lambda f, s: None, lambda s: None)
+        voc = Vocoder(codec, 4, 4096, (8,), (1, 4), threading.RLock(), lambda f, s: None, lambda s: None)
         if compiled:
             voc.enable_compile()
         voc.plan_graphs(4)

@@ -36,7 +36,7 @@ def run(codec, merge_rows: int, plan: list[tuple[int, int]]) -> tuple[dict[int, 
     """plan: (slot, seed) decodes of 4 frames each, queued while the worker is held, then a reset of slot 0
     and one more decode of slot 0 -> each slot's audio, and the row counts of the calls that ran."""
     calls: list[int] = []
-    voc = Vocoder(codec, 4, 4096, (4,), (), threading.Lock(), lambda frames, s: calls.append(frames),
+    voc = Vocoder(codec, 4, 4096, (4,), (), threading.RLock(), lambda frames, s: calls.append(frames),
                   lambda stream: None)
     voc.set_merge(merge_rows)
     gate = threading.Event()

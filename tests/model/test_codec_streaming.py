@@ -57,3 +57,19 @@ def test_streams_in_one_batch_do_not_interfere(eager_engine, time_major):
         dec.reset(torch.tensor([1]))
         again = dec.codes_to_audio(torch.tensor([1]), b)
         assert (again - codec.decode(b)[:, 0]).abs().max() < TOL
+
+
+def test_time_major_snake_beyond_the_launch_grid_runs_the_eager_ops(monkeypatch):
+    # a chunk whose last decoder stage needs more than CUDA's 65,535 blocks on the kernel's second grid axis (~340
+    # frames) runs Snake as the eager ops (the guard runs before any launch: checked here with the limit lowered)
+    from ttsengine.model.codec.conv import snake_time_major
+    from ttsengine.model.kernels import snake as snake_kernels
+
+    monkeypatch.setattr(snake_kernels, "MAX_GRID_Y", 1)
+    g = torch.Generator().manual_seed(4)
+    x, bias = torch.randn(2, 700, 8, generator=g), torch.randn(8, generator=g)
+    alpha = torch.rand(1, 8, 1, generator=g) + 0.1
+    buf = torch.zeros(2, 710, 8)
+    got = snake_kernels.snake_triton_time_major(x, alpha, out=buf[:, 10:], bias=bias)
+    assert got.data_ptr() == buf[:, 10:].data_ptr()
+    assert torch.equal(buf[:, 10:], snake_time_major(x, alpha, bias=bias)) and not buf[:, :10].any()

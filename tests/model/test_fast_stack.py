@@ -209,3 +209,16 @@ def test_native_rows_independent_and_repeatable(config):
     outs = [fast_stack(x, w, kc.clone(), vc.clone(), rope, 3, config) for _ in range(100)]
     assert all(torch.equal(o, pair) for o in outs)
     assert w.sync[0].item() == 0
+
+
+@interpreted
+@cpu_only
+def test_kernel_runs_only_on_cuda_or_the_interpreter(monkeypatch):
+    # the runner turns fast_stack on only where its kernel runs: a CPU engine without Triton's interpreter keeps
+    # layer_gemv's path (whose small_linear falls back to torch there) instead of failing every step
+    from ttsengine.model.fast_stack import kernel_runs
+    from ttsengine.model.kernels import small_linear
+
+    assert kernel_runs(torch.device("cpu"))  # interpreted here
+    monkeypatch.setattr(small_linear, "_interpreted", lambda: False)
+    assert not kernel_runs(torch.device("cpu"))

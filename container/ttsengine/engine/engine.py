@@ -51,7 +51,7 @@ log = logging.getLogger(__name__)
 
 class Engine:
     def __init__(self, checkpoint: Checkpoint, config: EngineConfig,
-                 runner: Callable[[DualAR, RunnerConfig], Runner] = Runner, capture_lock: threading.Lock | None = None,
+                 runner: Callable[[DualAR, RunnerConfig], Runner] = Runner, capture_lock: threading.RLock | None = None,
                  capture_gate: threading.Event | None = None, fail_at_step: int | None = None):
         """runner: makes the device side (tests pass a scripted stand-in with Runner's methods); capture_lock:
         shared by the engines of one process (fleet.py), since cuDNN's autotune flag is process-wide;

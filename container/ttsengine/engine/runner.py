@@ -116,14 +116,14 @@ class Runner:
         # fast_stack: steps of up to fast_stack.MAX_ROWS rows run all fast layers at a position as one persistent
         # kernel (model/fast_stack.py); on top of layer_gemv, whose layout (merged W1|W3) it reads
         self.stack_rows = 0
-        if "fast_stack" in cfg.fused and self.gemv_rows:
+        if "fast_stack" in cfg.fused and self.gemv_rows and fast_stack.kernel_runs(self.device):
             weights = fast_stack.stack_fast_layers(model)
             if weights is not None:
                 self.stack_rows = fast_stack.MAX_ROWS
                 self._fast_stack = fast_stack.make_fast_stack(weights)
         if "fast_stack" in cfg.fused and not self.stack_rows:
-            log.warning("TTS_FUSED_KERNELS: fast_stack needs layer_gemv and fast layers it reads (power-of-two heads); "
-                        "the step runs without it")
+            log.warning("TTS_FUSED_KERNELS: fast_stack needs layer_gemv, Triton on CUDA (or its interpreter) and fast "
+                        "layers it reads (power-of-two heads); the step runs without it")
         self.prefill_graphs = None  # a GraphSet over prefill_layers keyed by prefill_key (the engine's)
         # host side: pages held per slot (page 0 is scratch and never handed out), shared prefix pages counted.
         # A slot's device page_table row lists its pages only once it is armed (its last prefill chunk ran):

@@ -55,12 +55,13 @@ class Delivery:
 
 class Vocoder:
     def __init__(self, codec: Codec, slots: int, max_frames: int, chunk_sizes: tuple[int, ...],
-                 buckets: tuple[int, ...], capture_lock: threading.Lock,
+                 buckets: tuple[int, ...], capture_lock: threading.RLock,
                  on_decoded: Callable[[int, float], None], on_finished: Callable[[Stream], None],
                  time_major: bool = False):
-        """max_frames: the longest stream a slot decodes; capture_lock: held by every CUDA graph capture;
+        """max_frames: the longest stream a slot decodes; capture_lock: held by every CUDA graph capture (reentrant:
+        the codec holds it around first uses that may capture);
         on_decoded(frames, seconds) after each decode; on_finished(stream) when a stream completed; time_major:
-        the streaming codec's layout (StreamingCodec, TTS_CODEC_LAYOUT)."""
+        the streaming codec's layout (StreamingCodec, TTS_CODEC_CHANNELS_LAST)."""
         self.codec = StreamingCodec(codec, slots + 1, max_frames, time_major)
         self.device, self.frame_length = self.codec.device, self.codec.frame_length
         self.chunk_sizes, self.buckets = tuple(sorted(chunk_sizes)), tuple(sorted(buckets))
@@ -174,20 +175,26 @@ class Vocoder:
     def warm_up(self) -> None:
         """Compiles (when enabled) every chunk size with a padding-only batch."""
         t0 = time.perf_counter()
-        # the time-major codec's dilated convs tuned as a capture tunes (cuDNN keeps the algorithm it picks for a
-        # shape, tuned or not, and its heuristics pick one ~35x slower for two of them at a few rows: H100, torch
-        # 2.11; tuning every conv here cost 3 s of start); under the capture lock, since the tuning's timing would
-        # break another thread's capture
+        with self._dilated_tuned():
+            for size in self.chunk_sizes:
+                zeros = torch.zeros(1, self.codec.num_codebooks, size, dtype=torch.int64, device=self.device)
+                self.decode_padded([self.scratch], zeros)
+        self._reset_scratch()
+        log.info("codec warm-up (%s) in %.2f s", "compiled" if self.compiled else "eager", time.perf_counter() - t0)
+
+    @contextlib.contextmanager
+    def _dilated_tuned(self):
+        """The time-major codec's dilated convs tuned as a capture tunes, for runs that are not replays (warm-up,
+        first uses, keys never captured): cuDNN keeps the algorithm it first picks for a shape, tuned or not, and its
+        heuristics pick one ~35x slower for two of them at a few rows (H100, torch 2.11; tuning every conv of the
+        warm-up cost 3 s of start). Under the capture lock (reentrant: a first use inside may capture), since the
+        tuning's timing would break another thread's capture."""
         with self.graphs.lock:
             self.codec.tune_dilated = self.graphs.tune
             try:
-                for size in self.chunk_sizes:
-                    zeros = torch.zeros(1, self.codec.num_codebooks, size, dtype=torch.int64, device=self.device)
-                    self.decode_padded([self.scratch], zeros)
+                yield
             finally:
                 self.codec.tune_dilated = contextlib.nullcontext
-        self._reset_scratch()
-        log.info("codec warm-up (%s) in %.2f s", "compiled" if self.compiled else "eager", time.perf_counter() - t0)
 
     def _reset_scratch(self) -> None:
         """Warm-ups and captures ran on the scratch row: it starts the next padding clean."""
@@ -206,7 +213,11 @@ class Vocoder:
             codes = torch.nn.functional.pad(codes, (0, size - K, 0, 0, 0, rows - b))
         index = torch.tensor(slots + [self.scratch] * (rows - b), device=self.device)
         self.codec.position[self.scratch] = 0  # the scratch row never runs out of RoPE table
-        audio = self.graphs.run((rows, size), index, codes)
+        if self.codec.time_major and (rows, size) not in self.graphs.graphs:  # not a replay: see _dilated_tuned
+            with self._dilated_tuned():
+                audio = self.graphs.run((rows, size), index, codes)
+        else:
+            audio = self.graphs.run((rows, size), index, codes)
         return audio[:b, : K * self.frame_length]
 
     def _graph_body(self, key: tuple[int, int], index: Tensor, codes: Tensor) -> Tensor:

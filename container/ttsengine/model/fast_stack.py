@@ -17,7 +17,15 @@ from torch import Tensor, nn
 from .fused_layer import layer_supported, linear_weight, merged_ffn_weight
 from .kernels.fast_stack import MAX_ROWS, FastStackWeights, fast_stack
 
-__all__ = ["MAX_ROWS", "make_fast_stack", "stack_fast_layers"]
+__all__ = ["MAX_ROWS", "kernel_runs", "make_fast_stack", "stack_fast_layers"]
+
+
+def kernel_runs(device: torch.device) -> bool:
+    """Whether the persistent kernel runs on `device`: CUDA with Triton, or anywhere under Triton's interpreter."""
+    from .kernels import small_linear
+    from .kernels.triton_support import triton_available
+
+    return triton_available() and (device.type == "cuda" or small_linear._interpreted())
 
 
 def stack_fast_layers(model: nn.Module) -> FastStackWeights | None:

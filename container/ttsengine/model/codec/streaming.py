@@ -85,7 +85,7 @@ class StreamingCodec:
     def __init__(self, codec: Codec, rows: int, max_frames: int, time_major: bool = False):
         """max_frames: the longest stream (frames) a row will decode; sizes the RoPE table. time_major: the
         activations run as [b, T, C] and every conv as a channels-last (NHWC) cuDNN convolution on them
-        (TTS_CODEC_LAYOUT; see _walk_time_major), else [b, C, T] as the modules run them."""
+        (TTS_CODEC_CHANNELS_LAST; see _walk_time_major), else [b, C, T] as the modules run them."""
         self.codec = codec
         self.time_major = time_major
         # snake(x, alpha, out=None): the eager one, or the fused Triton kernel (Vocoder.use_snake_kernel); the

@@ -21,10 +21,11 @@ weights of the next phase loaded before the barrier (held in registers they spil
 memory), attention folded into the Wo phase (one barrier fewer per layer), fewer, cheaper barriers.
 
 Barrier: a self-resetting counter + generation word (`sync`, int32 [2], zero at first use, left as it was found
-modulo the generation). Every program must be resident at once, so the grid is at most one program per SM and a
-program's registers and shared memory stay under half an SM's (two fit per SM, so an SM shared with the codec's
-kernels still takes ours). Triton's interpreter (CPU tests) runs programs one after another: there the grid is one
-program and the barrier a no-op.
+modulo the generation). Every program must be resident at once, so the grid is at most one program per SM (checked)
+and a program's registers and shared memory are meant to stay under half an SM's (not checked: measured configs
+only), so an SM shared with the codec's kernels still takes ours. Not safe where the process sees fewer SMs than the
+device reports (MPS with an active-thread limit): the programs would spin forever. Hence opt-in only. Triton's
+interpreter (CPU tests) runs programs one after another: there the grid is one program and the barrier a no-op.
 """
 
 from __future__ import annotations
@@ -95,9 +96,13 @@ def fast_stack(x: Tensor, w: FastStackWeights, k_cache: Tensor, v_cache: Tensor,
     L = k_cache.shape[3]
     if tuple(k_cache.shape) != (NL, M, Hk, L, d) or v_cache.shape != k_cache.shape or not 0 <= pos < L:
         raise ValueError(f"fast_stack: cache {tuple(k_cache.shape)} does not fit {M} rows, {NL} layers, pos {pos}")
+    if v_cache.stride() != k_cache.stride() or k_cache.stride(4) != 1:
+        raise ValueError("fast_stack: k and v caches need the same strides, head_dim contiguous")
     cfg = config or FastStackConfig()
     interpreted = small_linear._interpreted()
     grid = 1 if interpreted else (cfg.grid or _sm_count(x.device))
+    if not interpreted and grid > _sm_count(x.device):  # the barrier needs every program resident at once
+        raise ValueError(f"fast_stack: grid {grid} exceeds the device's {_sm_count(x.device)} SMs")
     F = w.w2.shape[2]
     nq = w.wqkv.shape[1]
     ws = torch.empty((M, nq + w.n_head * d + 2 * D + F), dtype=x.dtype, device=x.device)
