@@ -24,7 +24,8 @@ from contextlib import nullcontext
 from pathlib import Path
 
 import torch
-from torch import Tensor
+
+from .units import dynamic_batch
 
 log = logging.getLogger(__name__)
 MAX_VARIANTS = 32  # saved per unit (a few shape families x the GPUs of a fleet: guards check the device index)
@@ -102,7 +103,8 @@ class Precompiled:
         from torch import _dynamo
 
         t0 = time.perf_counter()
-        marked = [(t, set(vars(t))) for t in (args[i] for i in self.batch_args) if isinstance(t, Tensor)]
+        # a batch of one is its own static variant: marking a size-1 dim dynamic (min 2) fails Dynamo's constraints
+        marked = [(t, set(vars(t))) for t in (args[i] for i in self.batch_args) if dynamic_batch(t)]
         for t, _ in marked:
             _dynamo.mark_dynamic(t, 0, min=2, max=self.max_batch)
         try:

@@ -51,6 +51,13 @@ def frame_ops(attend: Callable, use_triton: bool, fused: frozenset[str], wrap: C
                     paged_fast="fast_attention" in fused)
 
 
+def dynamic_batch(t) -> bool:
+    """Whether batch argument `t` gets a dynamic dim 0 (Compiled, Precompiled: the range starts at 2). A batch of one
+    (a single request's prefill sample, a one-slot engine) compiles as its own static graph: marking a size-1 dim
+    dynamic fails Dynamo's constraints, and the whole compile with it."""
+    return isinstance(t, Tensor) and t.shape[0] >= 2
+
+
 class Compiled:
     """torch.compile'd `fn` whose arguments at `batch_args` have a dynamic dim 0 in [2, max_batch]."""
 
@@ -62,7 +69,7 @@ class Compiled:
         from torch import _dynamo
 
         for i in self.batch_args:
-            if isinstance(args[i], Tensor):
+            if dynamic_batch(args[i]):
                 _dynamo.mark_dynamic(args[i], 0, min=2, max=self.max_batch)
         return self.fn(*args)
 
