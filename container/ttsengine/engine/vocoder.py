@@ -183,12 +183,16 @@ class Vocoder:
         log.info("codec warm-up (%s) in %.2f s", "compiled" if self.compiled else "eager", time.perf_counter() - t0)
 
     @contextlib.contextmanager
-    def _dilated_tuned(self):
+    def _dilated_tuned(self, key: tuple[int, int] | None = None):
         """The time-major codec's dilated convs tuned as a capture tunes, for runs that are not replays (warm-up,
-        first uses, keys never captured): cuDNN keeps the algorithm it first picks for a shape, tuned or not, and its
-        heuristics pick one ~35x slower for two of them at a few rows (H100, torch 2.11; tuning every conv of the
-        warm-up cost 3 s of start). Under the capture lock (reentrant: a first use inside may capture), since the
-        tuning's timing would break another thread's capture."""
+        first uses, keys never captured; `key`: the run's graph key, nothing to do when captured): cuDNN keeps the
+        algorithm it first picks for a shape, tuned or not, and its heuristics pick one ~35x slower for two of them
+        at a few rows (H100, torch 2.11; tuning every conv of the warm-up cost 3 s of start). Under the capture lock
+        (reentrant: a first use inside may capture), since the tuning's timing would break another thread's capture.
+        The channel-major codec: nothing (its untuned picks were fine)."""
+        if not self.codec.time_major or key in self.graphs.graphs:
+            yield
+            return
         with self.graphs.lock:
             self.codec.tune_dilated = self.graphs.tune
             try:
@@ -213,10 +217,7 @@ class Vocoder:
             codes = torch.nn.functional.pad(codes, (0, size - K, 0, 0, 0, rows - b))
         index = torch.tensor(slots + [self.scratch] * (rows - b), device=self.device)
         self.codec.position[self.scratch] = 0  # the scratch row never runs out of RoPE table
-        if self.codec.time_major and (rows, size) not in self.graphs.graphs:  # not a replay: see _dilated_tuned
-            with self._dilated_tuned():
-                audio = self.graphs.run((rows, size), index, codes)
-        else:
+        with self._dilated_tuned((rows, size)):
             audio = self.graphs.run((rows, size), index, codes)
         return audio[:b, : K * self.frame_length]
 

@@ -38,7 +38,7 @@ def stack_fast_layers(model: nn.Module) -> FastStackWeights | None:
     d, H, Hk = att.head_dim, att.n_head, att.n_local_heads
     if d & (d - 1) or H % Hk:
         return None
-    lin = {name: [linear_weight(_module(layer, name)) for layer in layers] for name in ("attention.wqkv",
+    lin = {name: [linear_weight(layer.get_submodule(name)) for layer in layers] for name in ("attention.wqkv",
                                                                                          "attention.wo",
                                                                                          "feed_forward.w2")}
     w13 = [merged_ffn_weight(layer.feed_forward) for layer in layers]
@@ -51,7 +51,7 @@ def stack_fast_layers(model: nn.Module) -> FastStackWeights | None:
         return None
 
     def linear(name: str) -> tuple[Tensor, Tensor | None]:
-        mods = [_module(layer, name) for layer in layers]
+        mods = [layer.get_submodule(name) for layer in layers]
         if int8:
             w = _restack([m.weight_int8 for m in mods], [_setter(m, "weight_int8") for m in mods])
             return w, _restack([m.scale for m in mods], [_setter(m, "scale") for m in mods])
@@ -67,8 +67,8 @@ def stack_fast_layers(model: nn.Module) -> FastStackWeights | None:
     else:
         w13_w = _restack([ff.w13 for ff in ffs], [_merged_setter(ff, "w13", None) for ff in ffs])
         w13_s = None
-    norms = {name: _restack([_module(layer, name).weight for layer in layers],
-                            [_data_setter(_module(layer, name).weight) for layer in layers])
+    norms = {name: _restack([layer.get_submodule(name).weight for layer in layers],
+                            [_data_setter(layer.get_submodule(name).weight) for layer in layers])
              for name in ("attention_norm", "ffn_norm", *(("attention.q_norm", "attention.k_norm") if qn else ()))}
     return FastStackWeights(
         wqkv=wqkv, wo=wo, w13=w13_w, w2=w2, attention_norm=norms["attention_norm"], ffn_norm=norms["ffn_norm"],
@@ -86,12 +86,6 @@ def make_fast_stack(weights: FastStackWeights) -> Callable:
         return fast_stack(x[:, 0], weights, k_cache, v_cache, rope, pos)[:, None]
 
     return run
-
-
-def _module(layer: nn.Module, name: str) -> nn.Module:
-    for part in name.split("."):
-        layer = getattr(layer, part)
-    return layer
 
 
 def _restack(tensors: list[Tensor], setters: list[Callable[[Tensor], None]]) -> Tensor:

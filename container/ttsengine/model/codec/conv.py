@@ -100,5 +100,8 @@ class ConvNeXtBlock(nn.Module):
 
     def pointwise(self, y: Tensor) -> Tensor:
         # y: [B, C, L], the depthwise conv's output -> the residual branch [B, C, L]
-        y = self.pwconv2(F.gelu(self.pwconv1(self.norm(y.transpose(1, 2)))))
-        return (self.gamma * y).transpose(1, 2)
+        return self.pointwise_time_major(y.transpose(1, 2)).transpose(1, 2)
+
+    def pointwise_time_major(self, y: Tensor) -> Tensor:
+        # pointwise on [B, L, C] (the layers' own layout: the time-major streaming codec calls it directly)
+        return self.gamma * self.pwconv2(F.gelu(self.pwconv1(self.norm(y))))

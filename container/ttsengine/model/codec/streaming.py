@@ -228,7 +228,7 @@ class StreamingCodec:
             return self._residual_unit_time_major(module, x, state, prefix + ".block")
         if isinstance(module, ConvNeXtBlock):
             y = self._walk_time_major(module.dwconv, x, state, prefix + ".dwconv")
-            return x + module.gamma * module.pwconv2(F.gelu(module.pwconv1(module.norm(y))))
+            return x + module.pointwise_time_major(y)
         if isinstance(module, nn.Tanh):
             return torch.tanh(x)
         if isinstance(module, DecoderBlock):

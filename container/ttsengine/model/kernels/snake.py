@@ -74,13 +74,14 @@ def snake_triton_time_major(x: Tensor, alpha: Tensor, out: Tensor | None = None,
                             or out.dtype != x.dtype):
         raise ValueError(f"snake_triton_time_major: out {tuple(out.shape)} strides {out.stride()} does not fit x "
                          f"{tuple(x.shape)}")
-    if -(-(L * C) // BLOCK) > MAX_GRID_Y:  # a chunk of ~340+ frames at the decoder's last stage: the eager ops
+    blocks = -(-(L * C) // BLOCK)
+    if blocks > MAX_GRID_Y:  # a chunk of ~340+ frames at the decoder's last stage: the eager ops
         from ..codec.conv import snake_time_major
 
         return snake_time_major(x, alpha, out, bias)
     if x.numel():
-        _kernel()[1][(B, -(-(L * C) // BLOCK))](x, alpha.reshape(C).contiguous(), y if bias is None else bias, y,
-                                                 L * C, C, y.stride(0), HAS_BIAS=bias is not None, BLOCK=BLOCK)
+        _kernel()[1][(B, blocks)](x, alpha.reshape(C).contiguous(), y if bias is None else bias, y, L * C, C,
+                                  y.stride(0), HAS_BIAS=bias is not None, BLOCK=BLOCK)
     return y
 
 
