@@ -123,7 +123,8 @@ DTYPE = choice("auto", "bfloat16", "float16", "float32")
 DEVICES = Kind(lambda text: ",".join(d.strip() for d in text.lower().split(",")),
                "auto or a comma-separated list of cpu, cuda, cuda:N", _devices)
 # the decode step's fused pieces (TTS_FUSED_KERNELS); engine/settings.py resolves them
-FUSED_KERNEL_NAMES = ("fast_attention", "codebook_sampler", "vocab_scan", "merged_ffn", "layer_gemv", "fast_stack")
+FUSED_KERNEL_NAMES = ("fast_attention", "codebook_sampler", "vocab_scan", "merged_ffn", "layer_gemv", "fast_stack",
+                      "pdl")
 
 
 def _fused(value) -> str | None:

@@ -35,7 +35,7 @@ DEV = "cuda"
 def sweep():
     for bn, bk, warps, stages in itertools.product((16, 32, 64), (128, 256, 512), (4, 8), (3, 4)):
         yield SmallLinearConfig(bn, bk, warps, stages, use_dot=True)
-    for bn, bk, warps in itertools.product((2, 4, 8, 16), (512, 1024, 2048), (4, 8)):
+    for bn, bk, warps in itertools.product((2, 4, 8, 16), (512, 1024, 2048, 4096), (4, 8)):
         yield SmallLinearConfig(bn, bk, warps, 2, use_dot=False)
 
 

@@ -16,6 +16,7 @@ from torch import Tensor
 from ..model import fast_stack, fused_layer
 from ..model.dual_ar import DualAR
 from ..model.frame import sample_frame
+from ..model.kernels.launch import pdl_runs
 from ..model.kernels.paged_attention import PagedKV, write_and_attend_op
 from ..model.layers import attend
 from ..model.sampling import RepetitionWindow, SamplingTensors, register_top_p_op
@@ -105,11 +106,14 @@ class Runner:
         self.ops = StepOps.eager(self._attend, cfg.triton_attention, cfg.fused)
         # layer_gemv: steps of up to fused_layer.MAX_ROWS rows run each layer as five fused kernels (fused_layer.py)
         self.gemv_rows = 0
+        self.pdl = False
         if (gemv and all(fused_layer.layer_supported(layer) for layer in (*model.layers, *model.fast_layers))
                 and fused_layer.linear_weight(model.fast_output) is not None):
             self.gemv_rows = fused_layer.MAX_ROWS
-            self._gemv_layer = fused_layer.make_layer(cfg.triton_attention)
-            self._gemv_head = fused_layer.make_fast_head()
+            # pdl: its kernels launched as programmatic dependents, each loading weights while the previous runs
+            self.pdl = "pdl" in cfg.fused and pdl_runs(self.device)
+            self._gemv_layer = fused_layer.make_layer(cfg.triton_attention, self.pdl)
+            self._gemv_head = fused_layer.make_fast_head(self.pdl)
         elif gemv:
             log.warning("TTS_FUSED_KERNELS: layer_gemv needs bias-free bf16/fp16/fp32 or int8 linears; the step runs "
                         "without it")
@@ -121,6 +125,9 @@ class Runner:
             if weights is not None:
                 self.stack_rows = fast_stack.MAX_ROWS
                 self._fast_stack = fast_stack.make_fast_stack(weights)
+        if "pdl" in cfg.fused and not self.pdl:
+            log.warning("TTS_FUSED_KERNELS: pdl needs layer_gemv on a CUDA GPU of compute capability 9.0+ and a Triton "
+                        "with grid dependency control (3.3+); its kernels launch as usual")
         if "fast_stack" in cfg.fused and not self.stack_rows:
             log.warning("TTS_FUSED_KERNELS: fast_stack needs layer_gemv, Triton on CUDA (or its interpreter) and fast "
                         "layers it reads (power-of-two heads); the step runs without it")
@@ -367,7 +374,7 @@ class Runner:
         """The fused kernels the step runs: the configured ones less layer_gemv where the model's layers cannot take
         it (what the ready log and the bench report, so a figure never names a kernel that did not run)."""
         return self.cfg.fused - (frozenset() if self.gemv_rows else frozenset({"layer_gemv"})) \
-            - (frozenset() if self.stack_rows else frozenset({"fast_stack"}))
+            - (frozenset() if self.stack_rows else frozenset({"fast_stack"})) - (frozenset() if self.pdl else {"pdl"})
 
     def step_ops(self, bb: int) -> StepOps:
         """The units a step of bb rows runs: the fused small-batch layers (layer_gemv) up to gemv_rows, with the fast

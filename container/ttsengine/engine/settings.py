@@ -11,6 +11,7 @@ from ..compat import compile_supported
 from ..config import EngineConfig
 from ..errors import ConfigError
 from ..model.checkpoint import Checkpoint
+from ..model.kernels.launch import pdl_runs
 from ..model.kernels.triton_support import triton_available, triton_major
 from .presets import Preset, by_name, choose, kv_bytes
 from .runner import RunnerConfig
@@ -48,9 +49,10 @@ def codec_channels_last(switch: str, cuda: bool, cudnn_autotune: str) -> bool:
     return cuda and cudnn_autotune != "off"
 
 
-def fused_kernels(switch: str, cuda: bool, triton_attention: bool) -> frozenset[str]:
+def fused_kernels(switch: str, cuda: bool, triton_attention: bool, pdl: bool = False) -> frozenset[str]:
     """TTS_FUSED_KERNELS -> the decode step's fused kernels in use. auto: the measured ones where they are fast
-    (CUDA; the Triton ones with Triton, the fast attention with the 16-bit cache its Triton kernel reads). A named
+    (CUDA; the Triton ones with Triton, the fast attention with the 16-bit cache its Triton kernel reads; pdl with
+    layer_gemv where the device launches programmatic dependents: `pdl`, kernels/launch.pdl_runs). A named
     list is taken as asked, except the codebook sampler without CUDA (Triton's interpreter would crawl): the fast
     attention then runs its reference path (gather + SDPA), which CPU tests use."""
     if switch == "off":
@@ -64,10 +66,13 @@ def fused_kernels(switch: str, cuda: bool, triton_attention: bool) -> frozenset[
         # bucket 2 3.52 -> 2.65 ms, one stream 259 -> 324 frames/s (H200, torch 2.11, Triton 3.6)
         # fast_stack stays opt-in: 136 us per fast position at one row vs layer_gemv's 108 (H100, torch 2.11,
         # scripts/device/fast_stack_bench.py): its 21 grid barriers a position cost 1.8 us each
+        # pdl (layer_gemv's kernels as programmatic dependents, the CUDA-core tiles holding all of K): the layers of
+        # a frame at one row 2,021 -> 1,589 us (H100, torch 2.11, Triton 3.6, scripts/device/pdl_bench.py)
         triton3 = triton_major() >= 3
+        gemv = triton_attention and triton3
         return frozenset({"vocab_scan", "merged_ffn"} | ({"codebook_sampler"} if triton3 else set())
                          | ({"fast_attention"} if triton_attention else set())
-                         | ({"layer_gemv"} if triton_attention and triton3 else set()))
+                         | ({"layer_gemv"} if gemv else set()) | ({"pdl"} if gemv and pdl else set()))
     names = frozenset(switch.split(","))
     if "codebook_sampler" in names and not (cuda and triton_available()):
         log.warning("TTS_FUSED_KERNELS: codebook_sampler needs CUDA and Triton; sampling runs unfused")
@@ -171,7 +176,7 @@ class BatchSettings:
         triton_attention = cuda and triton_available() and model.norm.weight.element_size() == 2
         runner = RunnerConfig(max_slots=max_batch, page_size=PAGE_SIZE, num_pages=num_pages,
                               penalty_window=ckpt.family.RULES.penalty_window, triton_attention=triton_attention,
-                              fused=fused_kernels(config.fused_kernels, cuda, triton_attention))
+                              fused=fused_kernels(config.fused_kernels, cuda, triton_attention, pdl_runs(device)))
         return BatchSettings(runner=runner, max_queue=config.max_queue or 2 * max_batch,
                              prefill_tokens=config.prefill_tokens, prefix_cache=config.prefix_cache,
                              first_chunk_frames=config.first_chunk_frames,

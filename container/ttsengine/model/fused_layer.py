@@ -53,8 +53,10 @@ def layer_supported(layer: nn.Module) -> bool:
             and merged_ffn_weight(ff) is not None)
 
 
-def make_layer(use_triton: bool) -> Callable:
-    """-> fn with the slow layer unit's signature (engine/compile/units.make_slow_layer) running the five kernels."""
+def make_layer(use_triton: bool, pdl: bool = False) -> Callable:
+    """-> fn with the slow layer unit's signature (engine/compile/units.make_slow_layer) running the five kernels.
+    pdl: each loads its first weights before waiting on the previous kernel, launched as a programmatic dependent
+    where the GPU has it (kernels/launch.py: TTS_FUSED_KERNELS pdl)."""
     lin = small_linear_op() or _plain_linear
     attend = write_and_attend_qkv_op()
 
@@ -64,34 +66,34 @@ def make_layer(use_triton: bool) -> Callable:
         att, ff, an, fn = layer.attention, layer.feed_forward, layer.attention_norm, layer.ffn_norm
         x2 = x[:, 0]
         w, s = linear_weight(att.wqkv)
-        qkv = lin(x2, w, s, an.weight, an.eps, None, False, None)  # [B, (H + 2 Hk) d]
+        qkv = lin(x2, w, s, an.weight, an.eps, None, False, None, pdl)  # [B, (H + 2 Hk) d]
         qn, kn = att.q_norm, att.k_norm
         y = attend(qkv, rope[:, 0], None if qn is None else qn.weight, None if kn is None else kn.weight,
-                   0.0 if qn is None else qn.eps, k_pool, v_pool, table, pos, att.n_head, use_triton)  # [B, H, d]
+                   0.0 if qn is None else qn.eps, k_pool, v_pool, table, pos, att.n_head, use_triton, pdl)  # [B, H, d]
         w, s = linear_weight(att.wo)
-        h = lin(y.reshape(x2.shape[0], -1), w, s, None, 0.0, x2, False, None)
+        h = lin(y.reshape(x2.shape[0], -1), w, s, None, 0.0, x2, False, None, pdl)
         w, s = merged_ffn_weight(ff)
-        g = lin(h, w, s, fn.weight, fn.eps, None, True, None)  # [B, hidden]
+        g = lin(h, w, s, fn.weight, fn.eps, None, True, None, pdl)  # [B, hidden]
         w, s = linear_weight(ff.w2)
-        return lin(g, w, s, None, 0.0, h, False, None)[:, None]
+        return lin(g, w, s, None, 0.0, h, False, None, pdl)[:, None]
 
     return layer_step
 
 
-def make_fast_head() -> Callable:
+def make_fast_head(pdl: bool = False) -> Callable:
     """-> fn(model, x [B, 1, Df], limit) -> logits [B, limit]: fast_norm and the first `limit` rows of the fast
-    head in one kernel (frame.fast_logits' math)."""
+    head in one kernel (frame.fast_logits' math); pdl as make_layer's."""
     lin = small_linear_op() or _plain_linear
 
     def fast_head(model: nn.Module, x: Tensor, limit: int) -> Tensor:
         w, s = linear_weight(model.fast_output)
         norm = model.fast_norm
-        return lin(x[:, 0], w, s, norm.weight, norm.eps, None, False, min(limit, w.shape[0]))
+        return lin(x[:, 0], w, s, norm.weight, norm.eps, None, False, min(limit, w.shape[0]), pdl)
 
     return fast_head
 
 
-def _plain_linear(x, weight, scale, norm_weight, eps, residual, swiglu, out_rows):
+def _plain_linear(x, weight, scale, norm_weight, eps, residual, swiglu, out_rows, pdl):
     # torch < 2.4 (no custom ops): the function itself, same positional order as the op
     return small_linear(x, weight, scale=scale, norm_weight=norm_weight, eps=eps, residual=residual, swiglu=swiglu,
-                        out_rows=out_rows)
+                        out_rows=out_rows, pdl=pdl)

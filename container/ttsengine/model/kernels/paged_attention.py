@@ -25,6 +25,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from ..layers import apply_rope, rms_norm
+from .launch import gdc_ops, pdl_runs
 from .triton_support import next_pow2
 
 SCRATCH_PAGE = 0
@@ -91,11 +92,13 @@ def _write_and_attend(q: Tensor, k: Tensor, v: Tensor, k_pool: Tensor, v_pool: T
 
 
 def write_and_attend_qkv_op():
-    """-> fn(qkv, rope, q_norm, k_norm, eps, k_pool, v_pool, page_table, pos, n_head, use_triton) -> y [B, H, d]:
+    """-> fn(qkv, rope, q_norm, k_norm, eps, k_pool, v_pool, page_table, pos, n_head, use_triton, pdl=False)
+    -> y [B, H, d]:
     the decode step's attention from the raw wqkv output. qkv: [B, (H + 2 * Hk) * d], one position per row,
     split q | k | v head-major as Attention.project splits it (H = n_head; Hk, d from k_pool); rope: [B, d/2, 2]
     (cos, sin) at each row's position; q_norm, k_norm: per-head RMSNorm weights [d], both or neither (None).
-    Normalises and rotates q and k as Attention.project does, then is write_and_attend_op's step. A registered
+    Normalises and rotates q and k as Attention.project does, then is write_and_attend_op's step (pdl: the Triton
+    kernel launched as a programmatic dependent where that runs, kernels/launch.py). A registered
     custom op where torch has them (>= 2.4); the plain function otherwise."""
     op = _custom_op_qkv()
     return op if op is not None else _write_and_attend_qkv
@@ -103,11 +106,11 @@ def write_and_attend_qkv_op():
 
 def _write_and_attend_qkv(qkv: Tensor, rope: Tensor, q_norm: Optional[Tensor],  # noqa: UP045
                           k_norm: Optional[Tensor], eps: float, k_pool: Tensor, v_pool: Tensor,  # noqa: UP045
-                          page_table: Tensor, pos: Tensor, n_head: int, use_triton: bool) -> Tensor:
+                          page_table: Tensor, pos: Tensor, n_head: int, use_triton: bool, pdl: bool = False) -> Tensor:
     # (Optional, not `| None`: custom_op's schema inference on older torch reads only the typing spelling)
     if use_triton:
         return paged_write_decode_qkv_triton(qkv, rope, q_norm, k_norm, eps, PagedKV(k_pool, v_pool), page_table,
-                                             pos, n_head)
+                                             pos, n_head, pdl)
     # the reference is the eager model's own code, so it is Attention.project's math by construction
     q, k, v = _split_heads(qkv, n_head, k_pool.shape[1], k_pool.shape[3])  # [B, 1, H | Hk, d]
     if q_norm is not None:
@@ -130,7 +133,7 @@ def _qkv_out_dtype(qkv: Tensor, q_norm: Tensor | None) -> torch.dtype:
 
 def _write_and_attend_qkv_fake(qkv: Tensor, rope: Tensor, q_norm: Tensor | None, k_norm: Tensor | None, eps: float,
                                k_pool: Tensor, v_pool: Tensor, page_table: Tensor, pos: Tensor, n_head: int,
-                               use_triton: bool) -> Tensor:
+                               use_triton: bool, pdl: bool = False) -> Tensor:
     return qkv.new_empty((qkv.shape[0], n_head, k_pool.shape[3]), dtype=_qkv_out_dtype(qkv, q_norm))
 
 
@@ -174,16 +177,21 @@ def _triton_kernel():
     import triton
     import triton.language as tl
 
+    gdc_wait, gdc_launch_dependents = gdc_ops()
+
     @triton.jit
     def kernel(Q, KN, VN, K, V, PT, POS, OUT, scale,
                s_qb, s_qh, s_nb, s_nh, s_kp, s_kh, s_kt, s_ptb, s_ob, s_oh,
                G: tl.constexpr, BLOCK_G: tl.constexpr, D: tl.constexpr, PAGE: tl.constexpr,
                ROT=None, QW=None, KW=None, eps=0.0, s_rb=0, s_rj=0, s_rc=0,
-               ROPE: tl.constexpr = False, QK_NORM: tl.constexpr = False):
+               ROPE: tl.constexpr = False, QK_NORM: tl.constexpr = False, PDL: tl.constexpr = False):
         # one program per (row b, KV head): store this step's key/value at position p, then attend
         # the G query heads of this KV head over positions 0..p-1 from the pages plus p from registers.
         # ROPE: Q, KN, VN are the raw wqkv output; q and the new key are first normalised (QK_NORM) and rotated
         # here with Attention.project's roundings (16-bit after the norm, after the weight, after the rotation)
+        if PDL:  # launched as a programmatic dependent (launch.py): everything here reads the previous kernel's output
+            gdc_wait()
+            gdc_launch_dependents()
         b = tl.program_id(0)
         kvh = tl.program_id(1)
         p = tl.load(POS + b)
@@ -281,10 +289,12 @@ def paged_write_decode_triton(q: Tensor, k: Tensor, v: Tensor, kv: PagedKV, page
 
 
 def paged_write_decode_qkv_triton(qkv: Tensor, rope: Tensor, q_norm: Tensor | None, k_norm: Tensor | None, eps: float,
-                                  kv: PagedKV, page_table: Tensor, pos: Tensor, n_head: int) -> Tensor:
+                                  kv: PagedKV, page_table: Tensor, pos: Tensor, n_head: int,
+                                  pdl: bool = False) -> Tensor:
     """paged_write_decode_triton from the raw wqkv output qkv [B, (H + 2 * Hk) * d]: the kernel normalises
     (q_norm, k_norm [d] or None) and rotates (rope [B, d/2, 2]) q and k itself -> [B, H, d] in the dtype
-    Attention.project's q has. 16-bit caches."""
+    Attention.project's q has. 16-bit caches. `pdl`: launched as a programmatic dependent where that runs
+    (launch.pdl_runs)."""
     B = qkv.shape[0]
     Hk, d = kv.k.shape[1], kv.k.shape[3]
     G = n_head // Hk
@@ -294,12 +304,14 @@ def paged_write_decode_qkv_triton(qkv: Tensor, rope: Tensor, q_norm: Tensor | No
     if norm and q_norm.dtype != k_norm.dtype:  # the kernel rounds normed q and k to one dtype, OUT's
         raise ValueError(f"q_norm is {q_norm.dtype} but k_norm is {k_norm.dtype}")
     out = torch.empty((B, n_head, d), dtype=_qkv_out_dtype(qkv, q_norm), device=qkv.device)
+    launch_pdl = pdl and pdl_runs(qkv.device)
     _triton_kernel()[(B, Hk)](
         q, k, v, kv.k, kv.v, page_table, pos, out, d ** -0.5,
         qkv.stride(0), d, qkv.stride(0), d, kv.k.stride(0), kv.k.stride(1), kv.k.stride(2),
         page_table.stride(0), out.stride(0), out.stride(1),
         G=G, BLOCK_G=max(16, next_pow2(G)), D=d, PAGE=kv.page_size,
         ROT=rope, QW=q_norm.contiguous() if norm else None, KW=k_norm.contiguous() if norm else None, eps=eps,
-        s_rb=rope.stride(0), s_rj=rope.stride(1), s_rc=rope.stride(2), ROPE=True, QK_NORM=norm,
+        s_rb=rope.stride(0), s_rj=rope.stride(1), s_rc=rope.stride(2), ROPE=True, QK_NORM=norm, PDL=launch_pdl,
+        **({"launch_pdl": True} if launch_pdl else {}),
     )
     return out

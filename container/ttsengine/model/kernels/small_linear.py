@@ -31,6 +31,7 @@ from torch import Tensor
 
 from ...compat import custom_ops_available
 from ..layers import rms_norm
+from .launch import gdc_ops, pdl_runs
 from .triton_support import next_pow2, triton_available
 
 SMALL_LINEAR_MAX_ROWS = 16
@@ -51,24 +52,30 @@ class SmallLinearConfig:
 
 # Rows up to which the default tiles are the CUDA-core ones (16-bit weights): one or two streams, the latency case
 CORE_ROWS = 2
+CORE_MAX_K = 4096  # the CUDA-core tiles hold all of K (a power of two) at once: up to here
 
 
 def small_linear_config(n_out: int, k: int, dtype: torch.dtype, swiglu: bool = False,
                         rows: int = SMALL_LINEAR_MAX_ROWS, norm: bool = True) -> SmallLinearConfig:
     """The default tiles for n_out output columns (SwiGLU: H) over k inputs at `rows` rows. Two classes of M, each
     with one config per shape, so a row's bits are the same at any M of its class: up to CORE_ROWS, 16-bit and int8
-    weights take the CUDA-core path with narrow column blocks and long K steps (more programs in flight on 1-4k-column
-    layers: 1.3-1.6x faster there), otherwise the tl.dot tiles. Measured on an H200 (torch 2.11, Triton 3.6,
-    scripts/device/small_linear_bench.py over the S1-mini decode shapes); SwiGLU's two weight tiles keep the dot
-    path at every M (32 columns: 8.1-8.7 us vs 10.7-12.7 at 16)."""
+    weights take the CUDA-core path with narrow column blocks and (but for SwiGLU's pair of tiles) the whole of K in
+    one step (every weight byte of a program requested at once: one memory round trip, and with PDL all of it loaded
+    before the wait), otherwise the tl.dot tiles. Measured on an H200 and an H100 (torch 2.11, Triton 3.6,
+    scripts/device/small_linear_bench.py and pdl_bench.py over the S1-mini decode shapes)."""
     block_k = min(128 if dtype == torch.float32 else 256, max(16, next_pow2(k)))
+    if rows <= CORE_ROWS and dtype != torch.float32 and n_out < 16384 and k <= CORE_MAX_K:
+        # 1,024 columns: 512 programs of 2 (a norm prologue re-reads x per program: 8); wider layers 16. SwiGLU's
+        # two tiles: 8 columns in two K steps of 512 (the frame's layers with PDL at one row 1,561 us vs 1,621 for
+        # 4 x all of K, 1,634 for 8 x all of K on 8 warps: H100, scripts/device/pdl_bench.py TILES=...)
+        if swiglu:
+            return SmallLinearConfig(block_n=8, block_k=min(512, max(16, next_pow2(k))), num_warps=4, num_stages=2,
+                                     use_dot=False)
+        block_n = 16 if n_out > 1024 else (8 if norm else 2)
+        return SmallLinearConfig(block_n=block_n, block_k=max(16, next_pow2(k)), num_warps=4, num_stages=2,
+                                 use_dot=False)
     if swiglu:
         return SmallLinearConfig(block_n=32, block_k=block_k, num_warps=4, num_stages=3)
-    if rows <= CORE_ROWS and dtype != torch.float32 and n_out < 16384:
-        # 1,024 columns: 512 programs of 2 (a norm prologue re-reads x per program: 8); wider layers 16
-        block_n = 16 if n_out > 1024 else (8 if norm else 2)
-        return SmallLinearConfig(block_n=block_n, block_k=min(1024, max(16, next_pow2(k))), num_warps=4,
-                                 num_stages=2, use_dot=False)
     if n_out >= 16384:  # the vocabulary head
         return SmallLinearConfig(block_n=64, block_k=block_k, num_warps=4, num_stages=3)
     if n_out >= 4096:
@@ -152,10 +159,12 @@ def _interpreted() -> bool:
 
 def small_linear(x: Tensor, weight: Tensor, *, scale: Tensor | None = None, norm_weight: Tensor | None = None,
                  eps: float = 0.0, residual: Tensor | None = None, swiglu: bool = False, out_rows: int | None = None,
-                 config: SmallLinearConfig | None = None) -> Tensor:
+                 config: SmallLinearConfig | None = None, pdl: bool = False) -> Tensor:
     """small_linear_reference's result from one Triton kernel (x [M, K], M <= SMALL_LINEAR_MAX_ROWS), where
     Triton runs (CUDA, or anywhere under its interpreter: TRITON_INTERPRET=1); elsewhere the reference. `config`: tiles
-    (None: small_linear_config; a row's bits are those of its config, so keep one config for every M)."""
+    (None: small_linear_config; a row's bits are those of its config, so keep one config for every M). `pdl`: load
+    the first weight chunk before reading x and, where the GPU has it (launch.pdl_runs), launch as a programmatic
+    dependent of the previous kernel (same results: only the order of independent loads changes)."""
     n_out = _check(x, weight, scale, norm_weight, residual, swiglu, out_rows)
     if x.shape[0] > SMALL_LINEAR_MAX_ROWS:
         raise ValueError(f"small_linear: at most {SMALL_LINEAR_MAX_ROWS} rows, got {x.shape[0]}")
@@ -164,7 +173,7 @@ def small_linear(x: Tensor, weight: Tensor, *, scale: Tensor | None = None, norm
     if not (triton_available() and (x.is_cuda or _interpreted())):
         return small_linear_reference(x, weight, scale=scale, norm_weight=norm_weight, eps=eps, residual=residual,
                                       swiglu=swiglu, out_rows=out_rows)
-    return _launch(x, weight, scale, norm_weight, eps, residual, swiglu, n_out, config)
+    return _launch(x, weight, scale, norm_weight, eps, residual, swiglu, n_out, config, pdl)
 
 
 def _check_config(cfg: SmallLinearConfig) -> None:
@@ -177,7 +186,7 @@ def _check_config(cfg: SmallLinearConfig) -> None:
 
 
 def _launch(x: Tensor, weight: Tensor, scale: Tensor | None, norm_weight: Tensor | None, eps: float,
-            residual: Tensor | None, swiglu: bool, n_out: int, config: SmallLinearConfig | None) -> Tensor:
+            residual: Tensor | None, swiglu: bool, n_out: int, config: SmallLinearConfig | None, pdl: bool) -> Tensor:
     M, K = x.shape
     cfg = config or small_linear_config(n_out, K, x.dtype, swiglu, M, norm_weight is not None)
     bk = min(cfg.block_k, max(16, next_pow2(K)))
@@ -186,28 +195,35 @@ def _launch(x: Tensor, weight: Tensor, scale: Tensor | None, norm_weight: Tensor
         residual = residual.contiguous()
     y = torch.empty((M, n_out), dtype=x.dtype, device=x.device)
     dummy = y  # pointer arguments a variant does not read
+    launch_pdl = pdl and pdl_runs(x.device)
     _kernel()[(-(-n_out // cfg.block_n),)](
         x, weight, dummy if scale is None else scale, dummy if norm_weight is None else norm_weight,
         dummy if residual is None else residual, y, M, n_out, K, n_out if swiglu else 0,
         x.stride(0), weight.stride(0), 0 if residual is None else residual.stride(0), y.stride(0), float(eps),
         HAS_NORM=norm_weight is not None, IS_INT8=scale is not None, HAS_RES=residual is not None, SWIGLU=swiglu,
         USE_DOT=cfg.use_dot, TF32=x.dtype != torch.float32, EMU_BF16=x.dtype == torch.bfloat16 and _interpreted(),
-        BM=_TILE_ROWS, BN=cfg.block_n, BK=bk, EVEN_K=K % bk == 0, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+        BM=_TILE_ROWS, BN=cfg.block_n, BK=bk, EVEN_K=K % bk == 0, PREFETCH=pdl, PDL=launch_pdl,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages, **({"launch_pdl": True} if launch_pdl else {}))
     return y
 
 
 # ---- the kernel: plain functions jitted on first use (importing this module needs no Triton) --------------------
 tl = None  # triton.language, bound by _kernel(): a kernel's names resolve in its module's globals (the interpreter
-#            re-executes the source there and sees no closure), so the helper and `tl` live here, not in a closure
+#            re-executes the source there and sees no closure), so the helpers and `tl` live here, not in a closure
+_gdc_wait = _gdc_launch_dependents = None  # Triton's grid dependency control (launch.gdc_ops), bound by _kernel()
 
 
 @functools.lru_cache(maxsize=1)
 def _kernel():
-    global tl, _rounded
+    global tl, _rounded, _weights, _mac, _gdc_wait, _gdc_launch_dependents
     import triton
     import triton.language as tl
 
+    _gdc_wait, _gdc_launch_dependents = gdc_ops()
+
     _rounded = triton.jit(_rounded)
+    _weights = triton.jit(_weights)
+    _mac = triton.jit(_mac)
     return triton.jit(do_not_specialize=["M"])(_small_linear_kernel)
 
 
@@ -225,7 +241,8 @@ def _rounded(v, DT: tl.constexpr, EMU_BF16: tl.constexpr):
 def _small_linear_kernel(X, W, S, NW, R, Y, M, N, K, H, s_xm, s_wn, s_rm, s_ym, eps,
                          HAS_NORM: tl.constexpr, IS_INT8: tl.constexpr, HAS_RES: tl.constexpr,
                          SWIGLU: tl.constexpr, USE_DOT: tl.constexpr, TF32: tl.constexpr, EMU_BF16: tl.constexpr,
-                         BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, EVEN_K: tl.constexpr):
+                         BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, EVEN_K: tl.constexpr,
+                         PREFETCH: tl.constexpr = False, PDL: tl.constexpr = False):
     # X [M, K], W [N (+ H), K] (SwiGLU: column j of the output reads W rows j and H + j), Y [M, N]
     DT = Y.dtype.element_ty
     rm = tl.arange(0, BM)
@@ -236,6 +253,20 @@ def _small_linear_kernel(X, W, S, NW, R, Y, M, N, K, H, s_xm, s_wn, s_rm, s_ym, 
     rk = tl.arange(0, BK)
     wp = W + rn[:, None] * s_wn + rk[None, :]  # [BN, BK]
     xp = X + tl.where(m_ok, rm, 0).to(tl.int64)[:, None] * s_xm + rk[None, :]  # [BM, BK]; rows past M: row 0
+    acc = tl.zeros([BM, BN], dtype=tl.float32)
+    acc3 = tl.zeros([BM, BN], dtype=tl.float32)  # SwiGLU's W3 half
+
+    k_first = 0
+    if PREFETCH:
+        # the first K chunk of this program's weights, which no kernel writes, is loaded before anything the
+        # previous kernel produces is read: with PDL (programmatic dependent launch, sm_90+) this runs while the
+        # previous kernel still computes, so the step's chain of small GEMVs overlaps launch and memory latency
+        w0, w30 = _weights(wp, H * s_wn, 0, K, rk, SWIGLU, EVEN_K)
+        k_first = BK
+        if PDL:
+            _gdc_wait()  # the previous kernel has finished and its writes are visible
+            # the next kernel may start its own weight loads now (after the wait, so at most one kernel runs ahead)
+            _gdc_launch_dependents()
 
     # prologue: each row's 1 / rms over all of K, once per program (x is small and stays in L2)
     rstd = tl.zeros([BM], dtype=tl.float32)
@@ -249,52 +280,13 @@ def _small_linear_kernel(X, W, S, NW, R, Y, M, N, K, H, s_xm, s_wn, s_rm, s_ym, 
             ss += tl.sum(xk * xk, axis=1)
         rstd = tl.math.rsqrt(ss / K + eps)
 
-    acc = tl.zeros([BM, BN], dtype=tl.float32)
-    acc3 = tl.zeros([BM, BN], dtype=tl.float32)  # SwiGLU's W3 half
-    for k0 in range(0, K, BK):
-        k_ok = k0 + rk < K
-        if EVEN_K:
-            w = tl.load(wp + k0)
-        else:
-            w = tl.load(wp + k0, mask=k_ok[None, :], other=0)
-        if SWIGLU:
-            if EVEN_K:
-                w3 = tl.load(wp + H * s_wn + k0)
-            else:
-                w3 = tl.load(wp + H * s_wn + k0, mask=k_ok[None, :], other=0)
-        if HAS_NORM:
-            nw = tl.load(NW + k0 + rk, mask=k_ok, other=0.0).to(tl.float32)
-        if USE_DOT:
-            if EVEN_K:
-                xt = tl.load(xp + k0)
-            else:
-                xt = tl.load(xp + k0, mask=k_ok[None, :], other=0.0)
-            if HAS_NORM:  # upstream's order: normalise in fp32, round, scale in x's dtype, round
-                xf = _rounded(xt.to(tl.float32) * rstd[:, None], DT, EMU_BF16)
-                xt = _rounded(xf * nw[None, :], DT, EMU_BF16)
-            if EMU_BF16:  # bf16 values, multiplied in fp32: exact products, as on tensor cores
-                a = xt.to(tl.float32)
-                acc = tl.dot(a, tl.trans(w.to(tl.float32)), acc, allow_tf32=False)
-                if SWIGLU:
-                    acc3 = tl.dot(a, tl.trans(w3.to(tl.float32)), acc3, allow_tf32=False)
-            else:
-                a = xt.to(DT)
-                acc = tl.dot(a, tl.trans(w.to(DT)), acc, allow_tf32=TF32)
-                if SWIGLU:
-                    acc3 = tl.dot(a, tl.trans(w3.to(DT)), acc3, allow_tf32=TF32)
-        else:
-            wf = w.to(tl.float32)
-            if SWIGLU:
-                w3f = w3.to(tl.float32)
-            for m in range(0, M):  # the same code for every row: its result cannot depend on M
-                xr = tl.load(X + m * s_xm + k0 + rk, mask=k_ok, other=0.0).to(tl.float32)
-                if HAS_NORM:
-                    r = tl.sum(tl.where(rm == m, rstd, 0.0), axis=0)  # rstd[m], exactly
-                    xr = _rounded(_rounded(xr * r, DT, EMU_BF16) * nw, DT, EMU_BF16)
-                row = (rm == m)[:, None]
-                acc = tl.where(row, acc + tl.sum(wf * xr[None, :], axis=1)[None, :], acc)
-                if SWIGLU:
-                    acc3 = tl.where(row, acc3 + tl.sum(w3f * xr[None, :], axis=1)[None, :], acc3)
+    if PREFETCH:
+        acc, acc3 = _mac(acc, acc3, w0, w30, X, xp, NW, rstd, rm, rk, 0, M, K, s_xm, HAS_NORM, SWIGLU, USE_DOT,
+                         TF32, EMU_BF16, EVEN_K, DT)
+    for k0 in range(k_first, K, BK):
+        w, w3 = _weights(wp, H * s_wn, k0, K, rk, SWIGLU, EVEN_K)
+        acc, acc3 = _mac(acc, acc3, w, w3, X, xp, NW, rstd, rm, rk, k0, M, K, s_xm, HAS_NORM, SWIGLU, USE_DOT,
+                         TF32, EMU_BF16, EVEN_K, DT)
 
     # epilogue, rounding after each step as the eager ops do
     y = _rounded(acc, DT, EMU_BF16)  # F.linear's output
@@ -313,13 +305,67 @@ def _small_linear_kernel(X, W, S, NW, R, Y, M, N, K, H, s_xm, s_wn, s_rm, s_ym, 
     tl.store(Y + rm[:, None] * s_ym + cols[None, :], y.to(DT), mask=out_mask)
 
 
+def _weights(wp, w3_offset, k0, K, rk, SWIGLU: tl.constexpr, EVEN_K: tl.constexpr):
+    # the [BN, BK] weight tile at k0 and (SwiGLU) its W3 twin w3_offset further; without SwiGLU the twin is w
+    if EVEN_K:
+        w = tl.load(wp + k0)
+    else:
+        w = tl.load(wp + k0, mask=(k0 + rk < K)[None, :], other=0)
+    w3 = w
+    if SWIGLU:
+        if EVEN_K:
+            w3 = tl.load(wp + w3_offset + k0)
+        else:
+            w3 = tl.load(wp + w3_offset + k0, mask=(k0 + rk < K)[None, :], other=0)
+    return w, w3
+
+
+def _mac(acc, acc3, w, w3, X, xp, NW, rstd, rm, rk, k0, M, K, s_xm, HAS_NORM: tl.constexpr, SWIGLU: tl.constexpr,
+         USE_DOT: tl.constexpr, TF32: tl.constexpr, EMU_BF16: tl.constexpr, EVEN_K: tl.constexpr,
+         DT: tl.constexpr):
+    # acc (acc3) += the rows of X at k0 (rms-normalised with the norm weight) times the tile w (w3) -> (acc, acc3)
+    k_ok = k0 + rk < K
+    if HAS_NORM:
+        nw = tl.load(NW + k0 + rk, mask=k_ok, other=0.0).to(tl.float32)
+    if USE_DOT:
+        if EVEN_K:
+            xt = tl.load(xp + k0)
+        else:
+            xt = tl.load(xp + k0, mask=k_ok[None, :], other=0.0)
+        if HAS_NORM:  # upstream's order: normalise in fp32, round, scale in x's dtype, round
+            xf = _rounded(xt.to(tl.float32) * rstd[:, None], DT, EMU_BF16)
+            xt = _rounded(xf * nw[None, :], DT, EMU_BF16)
+        if EMU_BF16:  # bf16 values, multiplied in fp32: exact products, as on tensor cores
+            a = xt.to(tl.float32)
+            acc = tl.dot(a, tl.trans(w.to(tl.float32)), acc, allow_tf32=False)
+            if SWIGLU:
+                acc3 = tl.dot(a, tl.trans(w3.to(tl.float32)), acc3, allow_tf32=False)
+        else:
+            a = xt.to(DT)
+            acc = tl.dot(a, tl.trans(w.to(DT)), acc, allow_tf32=TF32)
+            if SWIGLU:
+                acc3 = tl.dot(a, tl.trans(w3.to(DT)), acc3, allow_tf32=TF32)
+    else:
+        wf = w.to(tl.float32)
+        w3f = w3.to(tl.float32)
+        for m in range(0, M):  # the same code for every row: its result cannot depend on M
+            xr = tl.load(X + m * s_xm + k0 + rk, mask=k_ok, other=0.0).to(tl.float32)
+            if HAS_NORM:
+                r = tl.sum(tl.where(rm == m, rstd, 0.0), axis=0)  # rstd[m], exactly
+                xr = _rounded(_rounded(xr * r, DT, EMU_BF16) * nw, DT, EMU_BF16)
+            row = (rm == m)[:, None]
+            acc = tl.where(row, acc + tl.sum(wf * xr[None, :], axis=1)[None, :], acc)
+            if SWIGLU:
+                acc3 = tl.where(row, acc3 + tl.sum(w3f * xr[None, :], axis=1)[None, :], acc3)
+    return acc, acc3
+
+
 # ---- the custom op ------------------------------------------------------------------------------------
-@functools.lru_cache(maxsize=1)
 @functools.lru_cache(maxsize=1)
 def small_linear_op():
     """`ttsengine::small_linear` (torch >= 2.4): small_linear as one op torch.compile calls without tracing
     (default tiles); None on older torch. Call it positionally:
-    op(x, weight, scale, norm_weight, eps, residual, swiglu, out_rows)."""
+    op(x, weight, scale, norm_weight, eps, residual, swiglu, out_rows, pdl=False)."""
     if not custom_ops_available():
         return None
     op = torch.library.custom_op("ttsengine::small_linear", mutates_args=())(_small_linear_for_op)
@@ -330,11 +376,11 @@ def small_linear_op():
 
 def _small_linear_for_op(x: Tensor, weight: Tensor, scale: Optional[Tensor], norm_weight: Optional[Tensor],  # noqa: UP045
                          eps: float, residual: Optional[Tensor], swiglu: bool,  # noqa: UP045
-                         out_rows: Optional[int]) -> Tensor:  # noqa: UP045 (custom_op schema inference needs Optional)
+                         out_rows: Optional[int], pdl: bool = False) -> Tensor:  # noqa: UP045 (schema inference: Optional)
     return small_linear(x, weight, scale=scale, norm_weight=norm_weight, eps=eps, residual=residual, swiglu=swiglu,
-                        out_rows=out_rows)
+                        out_rows=out_rows, pdl=pdl)
 
 
-def _small_linear_fake(x, weight, scale, norm_weight, eps, residual, swiglu, out_rows):
+def _small_linear_fake(x, weight, scale, norm_weight, eps, residual, swiglu, out_rows, pdl=False):
     n = weight.shape[0] if out_rows is None else out_rows
     return x.new_empty((x.shape[0], n // 2 if swiglu else n))

@@ -1,0 +1,115 @@
+"""layer_gemv with and without programmatic dependent launch (TTS_FUSED_KERNELS pdl), S1-mini shapes, bf16, in a
+CUDA graph: one frame's decoder-layer work (28 slow layers, then 10 positions x 4 fast layers, 140 + 200 kernels),
+and the 4 fast layers of one position alone. Usage: python3 scripts/device/pdl_bench.py [rows ...] (default 1 2 8)
+TILES="swiglu:4x1024w4 all:16x1024w8 ..." (bf16 only): the frame again with the 1-2-row CUDA-core tiles replaced
+(`swiglu`: the W1|W3 layers', `wide`: > 1,024 columns, `narrow`: 1,024 columns), NxKwW."""
+import os
+import sys
+
+import torch
+import triton
+from graph_timing import graphed_us
+
+from ttsengine.model import fused_layer
+from ttsengine.model.kernels.launch import pdl_runs
+from ttsengine.model.kernels.paged_attention import PagedKV
+from ttsengine.model.layers import TransformerBlock, rope_table
+
+
+def block(fast: bool, quant: bool):
+    d = 64 if fast else 128
+    layer = TransformerBlock(1024, 16, 8, d, 3072, qkv_bias=False, o_bias=False, qk_norm=not fast, norm_eps=1e-6)
+    for p in layer.parameters():
+        p.data.normal_(0, 0.02)
+    layer = layer.to("cuda", torch.bfloat16)
+    if quant:
+        from ttsengine.model.quant import Int8Linear
+
+        att, ff = layer.attention, layer.feed_forward
+        for owner, name in ((att, "wqkv"), (att, "wo"), (ff, "w1"), (ff, "w2"), (ff, "w3")):
+            setattr(owner, name, Int8Linear(getattr(owner, name), kernel="dequant"))
+        assert ff.merge_int8_inputs()
+    else:
+        assert layer.feed_forward.merge_inputs()
+    return layer, d
+
+
+def tiles_variant(spec: str):
+    """'swiglu:4x1024w4 wide:16x1024w8' -> a small_linear_config replacement for <= CORE_ROWS rows."""
+    from ttsengine.model.kernels import small_linear as sl
+
+    default = sl.small_linear_config
+    over = {}
+    for item in spec.split():
+        kind, t = item.split(":")
+        n, rest = t.split("x")
+        k, w = rest.split("w")
+        over[kind] = sl.SmallLinearConfig(int(n), int(k), int(w), 2, use_dot=False)
+
+    def config(n_out, k, dtype, swiglu=False, rows=16, norm=True):
+        kind = "swiglu" if swiglu else "wide" if n_out > 1024 else "narrow"
+        if rows <= sl.CORE_ROWS and kind in over and n_out < 16384:
+            c = over[kind]
+            return sl.SmallLinearConfig(c.block_n, min(c.block_k, max(16, sl.next_pow2(k))), c.num_warps, 2, False)
+        return default(n_out, k, dtype, swiglu, rows, norm)
+
+    return config
+
+
+def main():
+    rows = [int(a) for a in sys.argv[1:]] or [1, 2, 8]
+    variants = [v for v in os.environ.get("TILES", "").split(",") if v.strip()]
+    import torch._inductor.config as ic
+
+    print(torch.cuda.get_device_name(), "torch", torch.__version__, "triton", triton.__version__,
+          "pdl runs:", pdl_runs(torch.device("cuda")), "inductor enable_pdl:", hasattr(ic.triton, "enable_pdl"))
+    print("| weights | rows | work | plain us | pdl us | ratio |")
+    for quant in (False, True):
+        slow = [block(False, quant) for _ in range(28)]
+        fast = [block(True, quant) for _ in range(4)]
+        for M in rows:
+            time_rows(M, slow, fast, quant)
+        if not quant and variants:
+            from ttsengine.model.kernels import small_linear as sl
+
+            default = sl.small_linear_config
+            for v in variants:
+                sl.small_linear_config = tiles_variant(v)
+                print(f"tiles {v}:")
+                for M in rows:
+                    time_rows(M, slow, fast, quant)
+            sl.small_linear_config = default
+
+
+def time_rows(M: int, slow, fast, quant: bool) -> None:
+    pool_s = PagedKV.empty(M * 4 + 1, 8, 64, 128, torch.bfloat16, "cuda")
+    pool_f = PagedKV.empty(M + 1, 8, 16, 64, torch.bfloat16, "cuda")
+    table_s = (1 + torch.arange(M * 4, device="cuda", dtype=torch.int32)).view(M, 4)
+    table_f = (1 + torch.arange(M, device="cuda", dtype=torch.int32))[:, None]
+    pos_s = torch.full((M,), 150, device="cuda")
+    pos_f = torch.full((M,), 5, device="cuda")
+    rope_s = rope_table(256, 128, 1e6, "cuda")[pos_s][:, None]
+    rope_f = rope_table(16, 64, 1e6, "cuda")[pos_f][:, None]
+    x = torch.randn(M, 1, 1024, device="cuda", dtype=torch.bfloat16)
+
+    def frame(fn, positions=10, with_slow=True):
+        y = x
+        if with_slow:
+            for layer, _ in slow:
+                y = fn(layer, y, rope_s, pool_s.k, pool_s.v, table_s, pos_s)
+        for _ in range(positions):
+            for layer, _ in fast:
+                y = fn(layer, y, rope_f, pool_f.k, pool_f.v, table_f, pos_f)
+        return y
+
+    for work, kw in (("frame (340 kernels)", {}), ("1 fast position (20)", {"positions": 1, "with_slow": False})):
+        us = []
+        for pdl in (False, True):
+            fn = fused_layer.make_layer(True, pdl)
+            with torch.inference_mode():
+                us.append(graphed_us([lambda fn=fn, kw=kw: frame(fn, **kw)], 30))
+        print(f"| {'int8' if quant else 'bf16'} | {M} | {work} | {us[0]:.1f} | {us[1]:.1f} | {us[1] / us[0]:.3f} |")
+
+
+if __name__ == "__main__":
+    main()
