@@ -6,7 +6,7 @@ import sys
 from collections import defaultdict
 
 import torch
-from pdl_bench import block
+from pdl_bench import real_block
 
 from ttsengine.model import fused_layer
 from ttsengine.model.kernels.paged_attention import PagedKV
@@ -20,8 +20,8 @@ MB = {("slow", "qkv"): 8.4, ("slow", "wo"): 4.2, ("slow", "w13"): 12.6, ("slow",
 def main():
     M = int(sys.argv[1]) if len(sys.argv) > 1 else 1
     pdl = len(sys.argv) > 2 and sys.argv[2] == "1"
-    slow = [block(False, False)[0] for _ in range(28)]
-    fast = [block(True, False)[0] for _ in range(4)]
+    slow = [real_block(False, False)[0] for _ in range(28)]
+    fast = [real_block(False, True)[0] for _ in range(4)]
     pool_s = PagedKV.empty(M * 4 + 1, 8, 64, 128, torch.bfloat16, "cuda")
     pool_f = PagedKV.empty(M + 1, 8, 16, 64, torch.bfloat16, "cuda")
     table_s = (1 + torch.arange(M * 4, device="cuda", dtype=torch.int32)).view(M, 4)

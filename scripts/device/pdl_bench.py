@@ -10,28 +10,13 @@ import torch
 import triton
 from graph_timing import graphed_us
 
+sys.path.insert(0, "tests")
+from real_block import real_block  # noqa: E402
+
 from ttsengine.model import fused_layer
 from ttsengine.model.kernels.launch import pdl_runs
 from ttsengine.model.kernels.paged_attention import PagedKV
-from ttsengine.model.layers import TransformerBlock, rope_table
-
-
-def block(fast: bool, quant: bool):
-    d = 64 if fast else 128
-    layer = TransformerBlock(1024, 16, 8, d, 3072, qkv_bias=False, o_bias=False, qk_norm=not fast, norm_eps=1e-6)
-    for p in layer.parameters():
-        p.data.normal_(0, 0.02)
-    layer = layer.to("cuda", torch.bfloat16)
-    if quant:
-        from ttsengine.model.quant import Int8Linear
-
-        att, ff = layer.attention, layer.feed_forward
-        for owner, name in ((att, "wqkv"), (att, "wo"), (ff, "w1"), (ff, "w2"), (ff, "w3")):
-            setattr(owner, name, Int8Linear(getattr(owner, name), kernel="dequant"))
-        assert ff.merge_int8_inputs()
-    else:
-        assert layer.feed_forward.merge_inputs()
-    return layer, d
+from ttsengine.model.layers import rope_table
 
 
 def tiles_variant(spec: str):
@@ -65,8 +50,8 @@ def main():
           "pdl runs:", pdl_runs(torch.device("cuda")), "inductor enable_pdl:", hasattr(ic.triton, "enable_pdl"))
     print("| weights | rows | work | plain us | pdl us | ratio |")
     for quant in (False, True):
-        slow = [block(False, quant) for _ in range(28)]
-        fast = [block(True, quant) for _ in range(4)]
+        slow = [real_block(quant, False) for _ in range(28)]
+        fast = [real_block(quant, True) for _ in range(4)]
         for M in rows:
             time_rows(M, slow, fast, quant)
         if not quant and variants:

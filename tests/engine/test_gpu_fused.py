@@ -11,6 +11,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from real_block import real_block
 from test_gpu import REQUESTS, cfg, tokens
 from torch_helpers import no_tf32
 
@@ -89,33 +90,6 @@ def test_fused_bf16_graphs_equal_fused_bf16_eager():
         assert len(g) == len(e) and all(np.array_equal(a, b) for a, b in zip(g, e))
 
 
-def _real_block(quant: bool, fast: bool):
-    # one decoder block of the real S1-mini shapes (slow: 16/8/128 with q/k-norm; fast: 16/8/64 without), bf16
-    from torch import nn
-
-    from ttsengine.model.layers import TransformerBlock
-    from ttsengine.model.quant import Int8Linear
-
-    torch.manual_seed(1 + fast)
-    d = 64 if fast else 128
-    layer = TransformerBlock(1024, 16, 8, d, 3072, qkv_bias=False, o_bias=False, qk_norm=not fast, norm_eps=1e-6)
-    for p in layer.parameters():
-        p.data.normal_(0, 0.02)
-    for norm in (layer.attention_norm, layer.ffn_norm, layer.attention.q_norm, layer.attention.k_norm):
-        if norm is not None:
-            norm.weight.data.uniform_(0.5, 1.5)
-    layer = layer.to("cuda", torch.bfloat16)
-    if quant:
-        att, ff = layer.attention, layer.feed_forward
-        for owner, name in ((att, "wqkv"), (att, "wo"), (ff, "w1"), (ff, "w2"), (ff, "w3")):
-            setattr(owner, name, Int8Linear(getattr(owner, name), kernel="dequant"))
-        assert ff.merge_int8_inputs()
-    else:
-        assert layer.feed_forward.merge_inputs()
-    assert isinstance(layer.attention.wqkv, nn.Module)
-    return layer, d
-
-
 @pytest.mark.parametrize("quant", [False, True])
 @pytest.mark.parametrize("fast", [False, True])
 def test_gemv_layer_close_to_the_unfused_layer(quant, fast):
@@ -127,7 +101,7 @@ def test_gemv_layer_close_to_the_unfused_layer(quant, fast):
     from ttsengine.model.kernels.paged_attention import write_and_attend_op
     from ttsengine.model.layers import rope_table
 
-    layer, d = _real_block(quant, fast)
+    layer, d = real_block(quant, fast)
     page = 16 if fast else 64
     rope_rows = rope_table(2048, d, 1_000_000.0, "cuda")
     unfused, fused = make_slow_layer(write_and_attend_op(), True), fused_layer.make_layer(True)
@@ -188,7 +162,7 @@ def test_pdl_layers_equal_plain_layers_in_graphs(quant):
 
     if not pdl_runs(torch.device("cuda")):
         pytest.skip("no programmatic dependent launch here (sm_90+ and Triton >= 3.3)")
-    blocks = [_real_block(quant, fast) for fast in (False, True, True)]
+    blocks = [real_block(quant, fast) for fast in (False, True, True)]
     g = torch.Generator().manual_seed(7)
     B = 2
     state = []  # per block: (layer, pools, table, pos, rope)
