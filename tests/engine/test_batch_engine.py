@@ -252,6 +252,26 @@ def test_fast_stack_equals_the_reference(eager_engine):
 
 
 @pytest.mark.skipif(triton_major() < 3, reason="needs Triton >= 3 (its interpreter on CPU)")
+def test_pdl_named_where_it_cannot_run_is_dropped_with_a_warning(caplog):
+    # programmatic dependent launch needs an sm_90+ GPU: on CPU (layer_gemv through the interpreter) a named pdl is
+    # left out of the kernels in use (what the ready log and the bench report) with one warning, and the step runs
+    from conftest import MODEL_DIR
+
+    from ttsengine import Engine, EngineConfig
+
+    with caplog.at_level("WARNING"):
+        eng = Engine.load(EngineConfig(model_dir=MODEL_DIR, device="cpu", max_batch=2,
+                                       fused_kernels="fast_attention,layer_gemv,pdl"))
+    try:
+        assert not eng.runner.pdl and "layer_gemv" in eng.runner.fused_in_use
+        assert "pdl" not in eng.runner.fused_in_use
+        assert sum("pdl needs" in r.getMessage() for r in caplog.records) == 1
+        assert len(eng.submit(SynthesisRequest(text="Plain launch.", seed=3, max_new_tokens=3)).result().audio) > 0
+    finally:
+        eng.close()
+
+
+@pytest.mark.skipif(triton_major() < 3, reason="needs Triton >= 3 (its interpreter on CPU)")
 def test_layer_gemv_equals_the_reference(eager_engine):
     # TTS_FUSED_KERNELS=layer_gemv on CPU: steps of up to 16 rows run each layer as the five fused kernels (Triton's
     # interpreter here, fp32; the native kernels on the GPU, test_gpu_fused.py); buckets above run the plain layers

@@ -30,7 +30,7 @@ REQUESTS = [
 def tokens(engine_cfg: EngineConfig, stats: dict | None = None, waves: tuple = (REQUESTS,)) -> list:
     """Every generated frame of every text chunk of every request, recorded through the engine's tasks; the
     requests of a wave are submitted at once, a wave after the previous one ended. `stats` gets the engine's
-    stats() and the prefill graph keys it captured."""
+    stats(), the prefill graph keys it captured and the fused kernels it ran ("fused")."""
     eng = Engine.load(engine_cfg)
     seen: dict[int, list] = {}
     original = eng._close
@@ -51,6 +51,7 @@ def tokens(engine_cfg: EngineConfig, stats: dict | None = None, waves: tuple = (
             stats.update(eng.stats())
             graphs = eng.runner.prefill_graphs
             stats["prefill_graph_keys"] = sorted(graphs.graphs) if graphs is not None else []
+            stats["fused"] = eng.runner.fused_in_use
         return [seen[id(s)] for s in streams]
     finally:
         eng.close()

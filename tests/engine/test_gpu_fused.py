@@ -151,66 +151,90 @@ def test_layer_gemv_fp32_tokens_equal_unfused():
         assert len(f) == len(e) and all(np.array_equal(a, b) for a, b in zip(f, e))
 
 
+def _no_pdl_launch(monkeypatch):
+    # the kernels keep pdl's tiles and weight prefetch but launch as usual: the reference for the launch itself
+    from ttsengine.model.kernels import paged_attention, small_linear
+
+    monkeypatch.setattr(small_linear, "pdl_runs", lambda device: False)
+    monkeypatch.setattr(paged_attention, "pdl_runs", lambda device: False)
+
+
+@pytest.mark.parametrize("B", [2, 8])
 @pytest.mark.parametrize("quant", [False, True], ids=["bf16", "int8"])
-def test_pdl_layers_equal_plain_layers_in_graphs(quant):
+def test_pdl_layers_equal_plain_layers_in_graphs(quant, B, monkeypatch):
     # layer_gemv's kernels launched as programmatic dependents (TTS_FUSED_KERNELS pdl, kernels/launch.py), each
     # loading weights before it waits on the previous kernel: a chain of slow and fast layers (every kernel reads the
-    # one before) replayed in a CUDA graph equals the same layers launched as usual, bit for bit, on every replay
+    # one before, each layer's second pass the cache slot its first wrote) replayed in a CUDA graph with new inputs
+    # and positions every replay equals the same kernels launched as usual, bit for bit, replay by replay
     from ttsengine.model import fused_layer
     from ttsengine.model.kernels.launch import pdl_runs
     from ttsengine.model.layers import rope_table
 
     if not pdl_runs(torch.device("cuda")):
-        pytest.skip("no programmatic dependent launch here (sm_90+ and Triton >= 3.3)")
+        pytest.skip("no programmatic dependent launch here (sm_90+, CUDA 12.3+ driver, Triton's gdc_wait)")
     blocks = [real_block(quant, fast) for fast in (False, True, True)]
     g = torch.Generator().manual_seed(7)
-    B = 2
-    state = []  # per block: (layer, pools, table, pos, rope)
-    for layer, d in blocks:
-        kv = PagedKV.empty(B + 1, 8, 16, d, torch.bfloat16, "cuda")
+    pools0 = []
+    for _, d in blocks:
+        kv = PagedKV.empty(B + 1, 8, 64, d, torch.bfloat16, "cuda")
         kv.k.copy_(torch.randn(kv.k.shape, generator=g))
         kv.v.copy_(torch.randn(kv.v.shape, generator=g))
-        table = torch.tensor([[1], [2]], device="cuda", dtype=torch.int32)
-        pos = torch.tensor([5, 11], device="cuda")
-        state.append((layer, kv, table, pos, rope_table(64, d, 1_000_000.0, "cuda")[pos][:, None]))
-    x0 = torch.randn(B, 1, 1024, generator=g).to("cuda", torch.bfloat16)
+        pools0.append(kv)
+    table = torch.arange(1, B + 1, device="cuda", dtype=torch.int32)[:, None]
+    ropes = {d: rope_table(64, d, 1_000_000.0, "cuda") for _, d in blocks}
+    inputs = [torch.randn(B, 1, 1024, generator=g).to("cuda", torch.bfloat16) for _ in range(6)]
 
-    def chain(fn, pools):
-        x = x0
-        for (layer, _, table, pos, rope), kv in zip(state, pools):
-            for _ in range(2):  # each layer twice: the second rewrites the cache slot the first wrote
-                x = fn(layer, x, rope, kv.k, kv.v, table, pos)
-        return x
+    def run(launch_pdl: bool) -> tuple[list, list]:
+        with monkeypatch.context() as m:
+            if not launch_pdl:
+                _no_pdl_launch(m)
+            fn = fused_layer.make_layer(True, True)
+            pools = [PagedKV(kv.k.clone(), kv.v.clone()) for kv in pools0]
+            x = inputs[0].clone()
+            pos = torch.arange(B, device="cuda") + 3  # static: advanced in place between replays
 
-    outs = {}
-    for pdl in (False, True):
-        fn = fused_layer.make_layer(True, pdl)
-        pools = [PagedKV(kv.k.clone(), kv.v.clone()) for _, kv, *_ in state]
-        with torch.inference_mode():
-            chain(fn, pools)  # compiles the kernels outside the capture
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph):
-                y = chain(fn, pools)
-            runs = []
-            for _ in range(5):
-                graph.replay()
-                runs.append(y.clone())
-        torch.cuda.synchronize()
-        assert all(torch.equal(r, runs[0]) for r in runs), pdl
-        outs[pdl] = (runs[0], pools)
-    assert torch.equal(outs[True][0], outs[False][0])
-    for a, b in zip(outs[True][1], outs[False][1]):
+            def chain():
+                y = x
+                for (layer, d), kv in zip(blocks, pools):
+                    for step in range(2):  # the second pass at pos + 1 attends over the slot the first wrote
+                        p = pos + step
+                        y = fn(layer, y, ropes[d][p][:, None], kv.k, kv.v, table, p)
+                return y
+
+            with torch.inference_mode():
+                chain()  # compiles the kernels outside the capture
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph):
+                    y = chain()
+                outs = []
+                for inp in inputs:
+                    x.copy_(inp)
+                    graph.replay()
+                    outs.append(y.clone())
+                    pos.add_(2)
+            torch.cuda.synchronize()
+        return outs, pools
+
+    (got, got_pools), (want, want_pools) = run(True), run(False)
+    for i, (a, b) in enumerate(zip(got, want)):
+        assert torch.equal(a, b), i
+    for a, b in zip(got_pools, want_pools):
         assert torch.equal(a.k, b.k) and torch.equal(a.v, b.v)
 
 
-def test_pdl_engine_tokens_equal_plain_engine():
-    # the whole engine, compiled units + CUDA graphs, with and without pdl: the same kernels in the same order
+def test_pdl_engine_tokens_equal_plain_engine(monkeypatch):
+    # the whole engine, compiled units + CUDA graphs, its layer_gemv kernels launched as programmatic dependents or as
+    # usual (the same tiles and loads): the same tokens
     from ttsengine.model.kernels.launch import pdl_runs
 
     if not pdl_runs(torch.device("cuda")):
-        pytest.skip("no programmatic dependent launch here (sm_90+ and Triton >= 3.3)")
-    base = "fast_attention,codebook_sampler,vocab_scan,merged_ffn,layer_gemv"
-    with_pdl = tokens(cfg(cuda_graphs="on", compile="on", fused_kernels=base + ",pdl"))
-    plain = tokens(cfg(cuda_graphs="on", compile="on", fused_kernels=base))
+        pytest.skip("no programmatic dependent launch here (sm_90+, CUDA 12.3+ driver, Triton's gdc_wait)")
+    names = "fast_attention,codebook_sampler,vocab_scan,merged_ffn,layer_gemv,pdl"
+    stats: dict = {}
+    with_pdl = tokens(cfg(cuda_graphs="on", compile="on", fused_kernels=names), stats)
+    assert "pdl" in stats["fused"]
+    with monkeypatch.context() as m:
+        _no_pdl_launch(m)
+        plain = tokens(cfg(cuda_graphs="on", compile="on", fused_kernels=names))
     for a, b in zip(with_pdl, plain):
         assert len(a) == len(b) and all(np.array_equal(x, y) for x, y in zip(a, b))

@@ -133,17 +133,25 @@ def test_kernel_at_one_and_sixteen_rows(M, config):
 
 @interpreted
 @cpu_only
-@pytest.mark.parametrize("config", [DOT, CORES, None], ids=["dot", "cores", "default"])
+@pytest.mark.parametrize("M", [2, 3])
+@pytest.mark.parametrize("config", [DOT, CORES, "pdl"], ids=["dot", "cores", "pdl_tiles"])
 @pytest.mark.parametrize("epilogue", EPILOGUES)
-def test_weight_prefetch_changes_no_bit(config, epilogue):
+def test_weight_prefetch_changes_no_bit(M, config, epilogue):
     # pdl=True loads the first K chunk of weights before the norm prologue (kernels/launch.py; the interpreter has no
-    # grid dependency control, so this is the prefetch alone): the same sums in the same order, bit for bit. K = 160
-    # in chunks of 64: a prefetched chunk, a full one, a masked one; K = 48: the prefetched chunk is all there is
+    # grid dependency control, so this is the prefetch alone): the same sums in the same order, bit for bit, with the
+    # same tiles ("pdl_tiles": the ones small_linear picks with pdl, all of K in one step at M <= CORE_ROWS). K = 160
+    # in chunks of 64 (DOT, CORES): a prefetched chunk, a full one, a masked one; K = 48: the prefetched chunk only
     for K in (160, 48):
+        N = 80 if epilogue == "swiglu" else 48
+        cfg = config if config != "pdl" else small_linear_config(N // 2 if epilogue == "swiglu" else N, K,
+                                                                  torch.bfloat16, epilogue == "swiglu", M, True, True)
         for dtype, int8 in ((torch.bfloat16, False), (torch.bfloat16, True), (torch.float32, False)):
-            x, w, kw = make(3, K, 80 if epilogue == "swiglu" else 48, dtype, int8=int8, norm=True, epilogue=epilogue)
-            assert torch.equal(small_linear(x, w, config=config, pdl=True, **kw),
-                               small_linear(x, w, config=config, **kw)), (K, dtype, int8)
+            x, w, kw = make(M, K, N, dtype, int8=int8, norm=True, epilogue=epilogue)
+            want = small_linear(x, w, config=cfg, **kw)
+            assert torch.equal(small_linear(x, w, config=cfg, pdl=True, **kw), want), (K, dtype, int8)
+            if config == "pdl" and dtype == torch.bfloat16:  # the default with pdl is those tiles
+                assert torch.equal(small_linear(x, w, pdl=True, **kw), want)
+            assert_close(want, x, w, kw)
 
 
 @interpreted
@@ -217,12 +225,18 @@ def test_default_config_depends_on_rows_only_by_class():
     # one config for 1-2 rows (CUDA cores, 16-bit weights) and one for 3-16 (tl.dot), per shape
     for rows in (3, 8, 16):
         assert small_linear_config(1024, 3072, torch.bfloat16, rows=rows) == SmallLinearConfig(16, 256, 4, 4, True)
-    for rows in (1, 2):  # all of K in one step (rounded up to a power of two); SwiGLU's two tiles in steps of 512
+    for rows in (1, 2):
         assert small_linear_config(1024, 3072, torch.bfloat16, rows=rows, norm=False) == \
+            SmallLinearConfig(2, 1024, 4, 2, False)
+        assert small_linear_config(3072, 1024, torch.bfloat16, swiglu=True, rows=rows).use_dot
+        # pdl: all of K in one step (rounded up to a power of two); SwiGLU's two tiles on the CUDA cores, steps of 512
+        assert small_linear_config(1024, 3072, torch.bfloat16, rows=rows, norm=False, pdl=True) == \
             SmallLinearConfig(2, 4096, 4, 2, False)
-        assert small_linear_config(3072, 1024, torch.bfloat16, swiglu=True, rows=rows) == \
+        assert small_linear_config(3072, 1024, torch.bfloat16, swiglu=True, rows=rows, pdl=True) == \
             SmallLinearConfig(8, 512, 4, 2, False)
-    assert small_linear_config(3072, 1024, torch.bfloat16, swiglu=True, rows=3).use_dot
+    for rows in (3, 16):  # above CORE_ROWS pdl keeps the tiles
+        assert small_linear_config(3072, 1024, torch.bfloat16, swiglu=True, rows=rows, pdl=True) == \
+            small_linear_config(3072, 1024, torch.bfloat16, swiglu=True, rows=rows)
     assert small_linear_config(155776, 1024, torch.bfloat16).block_n == 64
     assert small_linear_config(100, 40, torch.float32).block_k == 64
 
@@ -278,18 +292,23 @@ def exact_reference():
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("pdl", [False, True], ids=["plain", "pdl"])
 @pytest.mark.parametrize("int8", [False, True], ids=["bf16", "int8"])
 @pytest.mark.parametrize("name, K, N, norm, epilogue, out_rows", REAL, ids=[r[0] for r in REAL])
-def test_native_kernel_at_real_shapes(exact_reference, name, K, N, norm, epilogue, out_rows, int8):
+def test_native_kernel_at_real_shapes(exact_reference, name, K, N, norm, epilogue, out_rows, int8, pdl):
+    # pdl: its default tiles (all of K at once up to CORE_ROWS) and, on sm_90+, the launch as a programmatic dependent
     x16, w, kw = make(16, K, N, torch.bfloat16, int8=int8, norm=norm, epilogue=epilogue, out_rows=out_rows,
                       device="cuda")
     for M in (1, 2, 8, 16):
         x, mkw = x16[:M].clone(), {**kw, "residual": None if epilogue != "residual" else kw["residual"][:M].clone()}
-        # int8 on the CUDA cores (the default up to CORE_ROWS): 69% identical at the residual shapes on an H200, the
-        # rest within the bound (see test_native_kernel_other_configs)
-        cores = int8 and M <= CORE_ROWS
-        assert_close(small_linear(x, w, **mkw), x, w, mkw, 0.5 if cores else None)
-    row_independence(x16, w, kw, None)
+        # int8 on the CUDA cores (the default up to CORE_ROWS; with pdl SwiGLU's too): 69% identical at the residual
+        # shapes on an H200, the rest within the bound (see test_native_kernel_other_configs)
+        cores = int8 and M <= CORE_ROWS and (pdl or epilogue != "swiglu")
+        assert_close(small_linear(x, w, pdl=pdl, **mkw), x, w, mkw, 0.5 if cores else None)
+    n_out = N // 2 if epilogue == "swiglu" else out_rows or N
+    # with pdl, pdl's 1-2-row tiles held fixed for every M
+    row_independence(x16, w, kw, small_linear_config(n_out, K, torch.bfloat16, epilogue == "swiglu", 1, norm, True)
+                     if pdl else None)
 
 
 @pytest.mark.gpu

@@ -125,9 +125,10 @@ class Runner:
             if weights is not None:
                 self.stack_rows = fast_stack.MAX_ROWS
                 self._fast_stack = fast_stack.make_fast_stack(weights)
-        if "pdl" in cfg.fused and not self.pdl:
-            log.warning("TTS_FUSED_KERNELS: pdl needs layer_gemv on a CUDA GPU of compute capability 9.0+ and a Triton "
-                        "with grid dependency control (3.3+); its kernels launch as usual")
+        if "pdl" in cfg.fused and not self.pdl and (self.gemv_rows or "layer_gemv" not in cfg.fused):
+            # (layer_gemv asked for but not usable has its own warning above)
+            log.warning("TTS_FUSED_KERNELS: pdl needs layer_gemv, an NVIDIA GPU of compute capability 9.0+ with a "
+                        "CUDA 12.3+ driver and a Triton with grid dependency control; its kernels launch as usual")
         if "fast_stack" in cfg.fused and not self.stack_rows:
             log.warning("TTS_FUSED_KERNELS: fast_stack needs layer_gemv, Triton on CUDA (or its interpreter) and fast "
                         "layers it reads (power-of-two heads); the step runs without it")
@@ -373,8 +374,8 @@ class Runner:
     def fused_in_use(self) -> frozenset[str]:
         """The fused kernels the step runs: the configured ones less layer_gemv where the model's layers cannot take
         it (what the ready log and the bench report, so a figure never names a kernel that did not run)."""
-        return self.cfg.fused - (frozenset() if self.gemv_rows else frozenset({"layer_gemv"})) \
-            - (frozenset() if self.stack_rows else frozenset({"fast_stack"})) - (frozenset() if self.pdl else {"pdl"})
+        off = {"layer_gemv": not self.gemv_rows, "fast_stack": not self.stack_rows, "pdl": not self.pdl}
+        return self.cfg.fused - frozenset(name for name, dropped in off.items() if dropped)
 
     def step_ops(self, bb: int) -> StepOps:
         """The units a step of bb rows runs: the fused small-batch layers (layer_gemv) up to gemv_rows, with the fast

@@ -66,8 +66,9 @@ def fused_kernels(switch: str, cuda: bool, triton_attention: bool, pdl: bool = F
         # bucket 2 3.52 -> 2.65 ms, one stream 259 -> 324 frames/s (H200, torch 2.11, Triton 3.6)
         # fast_stack stays opt-in: 136 us per fast position at one row vs layer_gemv's 108 (H100, torch 2.11,
         # scripts/device/fast_stack_bench.py): its 21 grid barriers a position cost 1.8 us each
-        # pdl (layer_gemv's kernels as programmatic dependents, the CUDA-core tiles holding all of K): the layers of
-        # a frame at one row 2,021 -> 1,589 us (H100, torch 2.11, Triton 3.6, scripts/device/pdl_bench.py)
+        # pdl (layer_gemv's kernels as programmatic dependents, their 1-2-row tiles holding all of K): the layers of
+        # a frame at one row 1,892 -> 1,571 us bf16, 1,874 -> 1,509 int8 (H100, torch 2.11, Triton 3.6,
+        # scripts/device/pdl_bench.py); one stream 323 -> 369 frames/s (bench, two device calls)
         triton3 = triton_major() >= 3
         gemv = triton_attention and triton3
         return frozenset({"vocab_scan", "merged_ffn"} | ({"codebook_sampler"} if triton3 else set())

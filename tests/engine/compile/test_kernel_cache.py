@@ -33,6 +33,16 @@ def test_cache_from_elsewhere_is_detected_and_logged_once(tmp_path, caplog):
     assert len(lines) == 1 and "NVIDIA A10G" in lines[0] and "recompiling" in lines[0]
 
 
+def test_cache_for_other_settings_names_the_setting(tmp_path, caplog):
+    # same machine, other engine settings: the line says which setting, not "built for X; this is X"
+    d = tmp_path / "cache"
+    KernelCache(d, {"model": "tiny", "fused": ["layer_gemv"]}).save_metadata()
+    with caplog.at_level(logging.WARNING):
+        assert KernelCache(d, {"model": "tiny", "fused": ["layer_gemv", "pdl"]}).setup() == "mismatch"
+    lines = [r.getMessage() for r in caplog.records if "kernel cache" in r.getMessage()]
+    assert len(lines) == 1 and "other settings: fused ['layer_gemv'] (now ['layer_gemv', 'pdl'])" in lines[0]
+
+
 def test_corrupt_blob_only_costs_a_recompile(tmp_path, caplog):
     kc = KernelCache(tmp_path, {"model": "tiny"})
     tmp_path.mkdir(exist_ok=True)

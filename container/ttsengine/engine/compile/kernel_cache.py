@@ -85,8 +85,8 @@ class KernelCache:
         meta_path = self.directory / "cache-meta.json"
         meta = _read_json(meta_path)
         if meta and meta.get("key") != self.key:
-            log.warning("kernel cache in %s was built for %s; this is %s: recompiling", self.directory,
-                        _short(meta.get("environment", {})), _short(environment()))
+            log.warning("kernel cache in %s was built for %s: recompiling", self.directory,
+                        _difference(meta, environment(), self.describe))
             self.status = "mismatch"
         elif self.blob_path.is_file():
             try:
@@ -195,3 +195,20 @@ def _read_json(path: Path) -> dict | None:
 
 def _short(env: dict) -> str:
     return ", ".join(f"{k} {env[k]}" for k in ("gpu", "torch", "triton") if k in env) or "unknown"
+
+
+def _difference(meta: dict, env: dict, describe: dict) -> str:
+    """What a cache's metadata says it was built for, where that differs from now: the machine (gpu, torch, triton,
+    ...) or the engine's settings (model, fused kernels, ...), e.g. "gpu NVIDIA A10G (this is NVIDIA H100 80GB HBM3)"
+    or "other settings: fused_kernels ['layer_gemv'] (now ['layer_gemv', 'pdl'])"."""
+    built_env, built_describe = meta.get("environment", {}), meta.get("describe")
+    changed = [f"{k} {built_env.get(k)} (this is {env.get(k)})" for k in sorted(set(built_env) | set(env))
+               if built_env.get(k) != env.get(k)]
+    if changed:
+        return "; ".join(changed)
+    if isinstance(built_describe, dict):
+        changed = [f"{k} {built_describe.get(k)} (now {describe.get(k)})"
+                   for k in sorted(set(built_describe) | set(describe)) if built_describe.get(k) != describe.get(k)]
+        if changed:
+            return "other settings: " + "; ".join(changed)
+    return f"{_short(built_env)} with other settings"

@@ -20,7 +20,8 @@ from .triton_support import triton_available
 @functools.lru_cache(maxsize=1)
 def gdc_ops() -> tuple:
     """(gdc_wait, gdc_launch_dependents) from Triton, or (None, None) where this Triton has no grid dependency
-    control (before 3.3: its kernels then never take the PDL path)."""
+    control (triton.language.extra.cuda.gdc_wait: Triton 3.6 has it, 2.x does not; the kernels then never take the
+    PDL path)."""
     if not triton_available():
         return None, None
     try:
@@ -30,14 +31,33 @@ def gdc_ops() -> tuple:
     return gdc_wait, gdc_launch_dependents
 
 
+MIN_DRIVER = 12030  # CUDA 12.3: programmatic dependencies kept by stream capture (the decode step is a CUDA graph)
+
+
 @functools.lru_cache(maxsize=8)
 def _capable(index: int) -> bool:
-    return torch.cuda.get_device_capability(index) >= (9, 0)
+    if torch.version.hip is not None:  # ROCm reports its own (9, x) capabilities; no grid dependency control there
+        return False
+    return driver_version() >= MIN_DRIVER and torch.cuda.get_device_capability(index) >= (9, 0)
+
+
+@functools.lru_cache(maxsize=1)
+def driver_version() -> int:
+    """The CUDA driver's version (12030 for 12.3) from libcuda itself, 0 where it cannot be read (then no PDL)."""
+    import ctypes
+
+    try:
+        version = ctypes.c_int(0)
+        if ctypes.CDLL("libcuda.so.1").cuDriverGetVersion(ctypes.byref(version)) != 0:
+            return 0
+    except (OSError, AttributeError):
+        return 0
+    return version.value
 
 
 def pdl_runs(device: torch.device) -> bool:
-    """Whether a kernel on `device` can be launched as a programmatic dependent: CUDA sm_90+ with a Triton that has
-    grid dependency control, and not Triton's interpreter (which has no such instructions)."""
+    """Whether a kernel on `device` can be launched as a programmatic dependent: NVIDIA sm_90+ with a CUDA 12.3+
+    driver and a Triton that has grid dependency control, and not Triton's interpreter (no such instructions)."""
     if device.type != "cuda" or gdc_ops()[0] is None:
         return False
     from .small_linear import _interpreted

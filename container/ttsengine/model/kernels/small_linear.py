@@ -52,22 +52,24 @@ class SmallLinearConfig:
 
 # Rows up to which the default tiles are the CUDA-core ones (16-bit weights): one or two streams, the latency case
 CORE_ROWS = 2
-CORE_MAX_K = 4096  # the CUDA-core tiles hold all of K (a power of two) at once: up to here
+CORE_MAX_K = 4096  # with pdl the CUDA-core tiles hold all of K (a power of two) at once: up to here
 
 
 def small_linear_config(n_out: int, k: int, dtype: torch.dtype, swiglu: bool = False,
-                        rows: int = SMALL_LINEAR_MAX_ROWS, norm: bool = True) -> SmallLinearConfig:
+                        rows: int = SMALL_LINEAR_MAX_ROWS, norm: bool = True, pdl: bool = False) -> SmallLinearConfig:
     """The default tiles for n_out output columns (SwiGLU: H) over k inputs at `rows` rows. Two classes of M, each
     with one config per shape, so a row's bits are the same at any M of its class: up to CORE_ROWS, 16-bit and int8
-    weights take the CUDA-core path with narrow column blocks and (but for SwiGLU's pair of tiles) the whole of K in
-    one step (every weight byte of a program requested at once: one memory round trip, and with PDL all of it loaded
-    before the wait), otherwise the tl.dot tiles. Measured on an H200 and an H100 (torch 2.11, Triton 3.6,
-    scripts/device/small_linear_bench.py and pdl_bench.py over the S1-mini decode shapes)."""
+    weights take the CUDA-core path with narrow column blocks and long K steps (more programs in flight on 1-4k-column
+    layers: 1.3-1.6x faster there), otherwise the tl.dot tiles. Measured on an H200 (torch 2.11, Triton 3.6,
+    scripts/device/small_linear_bench.py over the S1-mini decode shapes); SwiGLU's two weight tiles keep the dot
+    path at every M (32 columns: 8.1-8.7 us vs 10.7-12.7 at 16).
+    pdl (the kernel loads its first K step of weights before waiting on the previous kernel, kernels/launch.py): at
+    up to CORE_ROWS the CUDA-core tiles hold all of K at once, SwiGLU's two tiles included (8 columns, two steps of
+    512), so all (or half) of a program's weights load while the previous kernel runs: the frame's layers at one row
+    with PDL 1,561 us, vs 1,891 with these default tiles and no PDL, but 2,021 with the PDL tiles and no PDL (H100,
+    torch 2.11, Triton 3.6, scripts/device/pdl_bench.py): they are only the default where PDL runs."""
     block_k = min(128 if dtype == torch.float32 else 256, max(16, next_pow2(k)))
-    if rows <= CORE_ROWS and dtype != torch.float32 and n_out < 16384 and k <= CORE_MAX_K:
-        # 1,024 columns: 512 programs of 2 (a norm prologue re-reads x per program: 8); wider layers 16. SwiGLU's
-        # two tiles: 8 columns in two K steps of 512 (the frame's layers with PDL at one row 1,561 us vs 1,621 for
-        # 4 x all of K, 1,634 for 8 x all of K on 8 warps: H100, scripts/device/pdl_bench.py TILES=...)
+    if pdl and rows <= CORE_ROWS and dtype != torch.float32 and n_out < 16384 and k <= CORE_MAX_K:
         if swiglu:
             return SmallLinearConfig(block_n=8, block_k=min(512, max(16, next_pow2(k))), num_warps=4, num_stages=2,
                                      use_dot=False)
@@ -76,6 +78,11 @@ def small_linear_config(n_out: int, k: int, dtype: torch.dtype, swiglu: bool = F
                                  use_dot=False)
     if swiglu:
         return SmallLinearConfig(block_n=32, block_k=block_k, num_warps=4, num_stages=3)
+    if rows <= CORE_ROWS and dtype != torch.float32 and n_out < 16384:
+        # 1,024 columns: 512 programs of 2 (a norm prologue re-reads x per program: 8); wider layers 16
+        block_n = 16 if n_out > 1024 else (8 if norm else 2)
+        return SmallLinearConfig(block_n=block_n, block_k=min(1024, max(16, next_pow2(k))), num_warps=4,
+                                 num_stages=2, use_dot=False)
     if n_out >= 16384:  # the vocabulary head
         return SmallLinearConfig(block_n=64, block_k=block_k, num_warps=4, num_stages=3)
     if n_out >= 4096:
@@ -164,7 +171,8 @@ def small_linear(x: Tensor, weight: Tensor, *, scale: Tensor | None = None, norm
     Triton runs (CUDA, or anywhere under its interpreter: TRITON_INTERPRET=1); elsewhere the reference. `config`: tiles
     (None: small_linear_config; a row's bits are those of its config, so keep one config for every M). `pdl`: load
     the first weight chunk before reading x and, where the GPU has it (launch.pdl_runs), launch as a programmatic
-    dependent of the previous kernel (same results: only the order of independent loads changes)."""
+    dependent of the previous kernel; the default tiles are then pdl's (small_linear_config), and a row's bits those
+    of its tiles: launched as a dependent or not, the same sums in the same order."""
     n_out = _check(x, weight, scale, norm_weight, residual, swiglu, out_rows)
     if x.shape[0] > SMALL_LINEAR_MAX_ROWS:
         raise ValueError(f"small_linear: at most {SMALL_LINEAR_MAX_ROWS} rows, got {x.shape[0]}")
@@ -188,7 +196,7 @@ def _check_config(cfg: SmallLinearConfig) -> None:
 def _launch(x: Tensor, weight: Tensor, scale: Tensor | None, norm_weight: Tensor | None, eps: float,
             residual: Tensor | None, swiglu: bool, n_out: int, config: SmallLinearConfig | None, pdl: bool) -> Tensor:
     M, K = x.shape
-    cfg = config or small_linear_config(n_out, K, x.dtype, swiglu, M, norm_weight is not None)
+    cfg = config or small_linear_config(n_out, K, x.dtype, swiglu, M, norm_weight is not None, pdl)
     bk = min(cfg.block_k, max(16, next_pow2(K)))
     x = x if x.stride(1) == 1 else x.contiguous()
     if residual is not None and residual.stride(1) != 1:
@@ -376,7 +384,7 @@ def small_linear_op():
 
 def _small_linear_for_op(x: Tensor, weight: Tensor, scale: Optional[Tensor], norm_weight: Optional[Tensor],  # noqa: UP045
                          eps: float, residual: Optional[Tensor], swiglu: bool,  # noqa: UP045
-                         out_rows: Optional[int], pdl: bool = False) -> Tensor:  # noqa: UP045 (schema inference: Optional)
+                         out_rows: Optional[int], pdl: bool = False) -> Tensor:  # noqa: UP045 (schema: Optional)
     return small_linear(x, weight, scale=scale, norm_weight=norm_weight, eps=eps, residual=residual, swiglu=swiglu,
                         out_rows=out_rows, pdl=pdl)
 
