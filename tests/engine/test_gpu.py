@@ -242,19 +242,26 @@ def test_streaming_decode_bf16_adds_no_error_beyond_bf16(time_major):
     assert snr(streamed, ref) > snr(whole, ref) - 1.0, (snr(streamed, ref), snr(whole, ref))
 
 
+def _assert_snake_kernel(kernel, reference, shapes, channel_dim: int, g) -> None:
+    """The Triton Snake `kernel` against its fp32 `reference` (either layout: the channels on `channel_dim` of each
+    shape), fp32 and bf16, within the sine approximation's tolerance."""
+    for dtype, tol in ((torch.float32, 1e-5), (torch.bfloat16, 2e-2)):
+        for shape in shapes:
+            x = (torch.randn(*shape, generator=g) * 3).to("cuda", dtype)
+            alpha = (torch.rand(1, shape[channel_dim], 1, generator=g) * 2 + 0.05).to("cuda", dtype)
+            want = reference(x.float(), alpha.float())
+            got = kernel(x, alpha)
+            assert got.dtype == dtype and got.shape == x.shape
+            assert (got.float() - want).abs().max().item() < tol * (1 + want.abs().max().item()), (dtype, shape)
+
+
 def test_snake_kernel_time_major_equals_snake():
     from ttsengine.model.codec.conv import snake_time_major
     from ttsengine.model.kernels.snake import snake_triton_time_major
 
     g = torch.Generator(device="cpu").manual_seed(3)
-    for dtype, tol in ((torch.float32, 1e-5), (torch.bfloat16, 2e-2)):
-        for B, L, C in ((1, 5, 3), (3, 2500, 64), (2, 33, 1536)):
-            x = (torch.randn(B, L, C, generator=g) * 3).to("cuda", dtype)
-            alpha = (torch.rand(1, C, 1, generator=g) * 2 + 0.05).to("cuda", dtype)
-            want = snake_time_major(x.float(), alpha.float())
-            got = snake_triton_time_major(x, alpha)
-            assert got.dtype == dtype and got.shape == x.shape
-            assert (got.float() - want).abs().max().item() < tol * (1 + want.abs().max().item()), (dtype, B, L, C)
+    # [B, L, C]: channels last
+    _assert_snake_kernel(snake_triton_time_major, snake_time_major, ((1, 5, 3), (3, 2500, 64), (2, 33, 1536)), 2, g)
     x = torch.randn(3, 700, 64, generator=g).to("cuda", torch.bfloat16)
     alpha = (torch.rand(1, 64, 1, generator=g) + 0.1).to("cuda", torch.bfloat16)
     buf = torch.full((3, 18 + 700, 64), 7.0, device="cuda", dtype=torch.bfloat16)
@@ -282,14 +289,7 @@ def test_snake_kernel_equals_snake():
     from ttsengine.model.kernels.snake import snake_triton
 
     g = torch.Generator(device="cpu").manual_seed(2)
-    for dtype, tol in ((torch.float32, 1e-5), (torch.bfloat16, 2e-2)):
-        for B, C, L in ((1, 3, 5), (3, 64, 2500), (2, 1536, 33)):
-            x = (torch.randn(B, C, L, generator=g) * 3).to("cuda", dtype)
-            alpha = (torch.rand(1, C, 1, generator=g) * 2 + 0.05).to("cuda", dtype)
-            want = snake(x.float(), alpha.float())
-            got = snake_triton(x, alpha)
-            assert got.dtype == dtype and got.shape == x.shape
-            assert (got.float() - want).abs().max().item() < tol * (1 + want.abs().max().item()), (dtype, B, C, L)
+    _assert_snake_kernel(snake_triton, snake, ((1, 3, 5), (3, 64, 2500), (2, 1536, 33)), 1, g)  # [B, C, L]
     # into the tail of a wider buffer (the streaming codec's conv history sits in front), head untouched
     x = torch.randn(3, 64, 700, generator=g).to("cuda", torch.bfloat16)
     alpha = (torch.rand(1, 64, 1, generator=g) + 0.1).to("cuda", torch.bfloat16)

@@ -153,10 +153,9 @@ def test_layer_gemv_fp32_tokens_equal_unfused():
 
 def _no_pdl_launch(monkeypatch):
     # the kernels keep pdl's tiles and weight prefetch but launch as usual: the reference for the launch itself
-    from ttsengine.model.kernels import paged_attention, small_linear
+    from ttsengine.model.kernels import launch
 
-    monkeypatch.setattr(small_linear, "pdl_runs", lambda device: False)
-    monkeypatch.setattr(paged_attention, "pdl_runs", lambda device: False)
+    monkeypatch.setattr(launch, "pdl_runs", lambda device: False)  # what launch_options asks (the runner keeps pdl)
 
 
 @pytest.mark.parametrize("B", [2, 8])

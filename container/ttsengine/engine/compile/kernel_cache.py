@@ -202,13 +202,14 @@ def _difference(meta: dict, env: dict, describe: dict) -> str:
     ...) or the engine's settings (model, fused kernels, ...), e.g. "gpu NVIDIA A10G (this is NVIDIA H100 80GB HBM3)"
     or "other settings: fused_kernels ['layer_gemv'] (now ['layer_gemv', 'pdl'])"."""
     built_env, built_describe = meta.get("environment", {}), meta.get("describe")
-    changed = [f"{k} {built_env.get(k)} (this is {env.get(k)})" for k in sorted(set(built_env) | set(env))
-               if built_env.get(k) != env.get(k)]
+    changed = _changes(built_env, env, "this is")
     if changed:
-        return "; ".join(changed)
-    if isinstance(built_describe, dict):
-        changed = [f"{k} {built_describe.get(k)} (now {describe.get(k)})"
-                   for k in sorted(set(built_describe) | set(describe)) if built_describe.get(k) != describe.get(k)]
-        if changed:
-            return "other settings: " + "; ".join(changed)
-    return f"{_short(built_env)} with other settings"
+        return changed
+    changed = _changes(built_describe, describe, "now") if isinstance(built_describe, dict) else ""
+    return f"other settings: {changed}" if changed else f"{_short(built_env)} with other settings"
+
+
+def _changes(built: dict, now: dict, word: str) -> str:
+    # "key built-value (word now-value)" for every key whose value differs, "; "-joined ("" when none does)
+    return "; ".join(f"{k} {built.get(k)} ({word} {now.get(k)})" for k in sorted(set(built) | set(now))
+                     if built.get(k) != now.get(k))

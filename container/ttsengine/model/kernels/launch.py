@@ -63,3 +63,11 @@ def pdl_runs(device: torch.device) -> bool:
     from .small_linear import _interpreted
 
     return not _interpreted() and _capable(device.index if device.index is not None else torch.cuda.current_device())
+
+
+def launch_options(pdl: bool, device: torch.device) -> dict:
+    """The keyword arguments a kernel taking a PDL flag is launched with: its `PDL` constexpr and, where a
+    programmatic dependent launch runs (pdl_runs), Triton's `launch_pdl`. pdl False: launched as usual."""
+    if pdl and pdl_runs(device):
+        return {"PDL": True, "launch_pdl": True}
+    return {"PDL": False}

@@ -25,7 +25,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from ..layers import apply_rope, rms_norm
-from .launch import gdc_ops, pdl_runs
+from .launch import gdc_ops, launch_options
 from .triton_support import next_pow2
 
 SCRATCH_PAGE = 0
@@ -294,7 +294,7 @@ def paged_write_decode_qkv_triton(qkv: Tensor, rope: Tensor, q_norm: Tensor | No
     """paged_write_decode_triton from the raw wqkv output qkv [B, (H + 2 * Hk) * d]: the kernel normalises
     (q_norm, k_norm [d] or None) and rotates (rope [B, d/2, 2]) q and k itself -> [B, H, d] in the dtype
     Attention.project's q has. 16-bit caches. `pdl`: launched as a programmatic dependent where that runs
-    (launch.pdl_runs)."""
+    (launch.launch_options)."""
     B = qkv.shape[0]
     Hk, d = kv.k.shape[1], kv.k.shape[3]
     G = n_head // Hk
@@ -304,14 +304,13 @@ def paged_write_decode_qkv_triton(qkv: Tensor, rope: Tensor, q_norm: Tensor | No
     if norm and q_norm.dtype != k_norm.dtype:  # the kernel rounds normed q and k to one dtype, OUT's
         raise ValueError(f"q_norm is {q_norm.dtype} but k_norm is {k_norm.dtype}")
     out = torch.empty((B, n_head, d), dtype=_qkv_out_dtype(qkv, q_norm), device=qkv.device)
-    launch_pdl = pdl and pdl_runs(qkv.device)
     _triton_kernel()[(B, Hk)](
         q, k, v, kv.k, kv.v, page_table, pos, out, d ** -0.5,
         qkv.stride(0), d, qkv.stride(0), d, kv.k.stride(0), kv.k.stride(1), kv.k.stride(2),
         page_table.stride(0), out.stride(0), out.stride(1),
         G=G, BLOCK_G=max(16, next_pow2(G)), D=d, PAGE=kv.page_size,
         ROT=rope, QW=q_norm.contiguous() if norm else None, KW=k_norm.contiguous() if norm else None, eps=eps,
-        s_rb=rope.stride(0), s_rj=rope.stride(1), s_rc=rope.stride(2), ROPE=True, QK_NORM=norm, PDL=launch_pdl,
-        **({"launch_pdl": True} if launch_pdl else {}),
+        s_rb=rope.stride(0), s_rj=rope.stride(1), s_rc=rope.stride(2), ROPE=True, QK_NORM=norm,
+        **launch_options(pdl, qkv.device),
     )
     return out

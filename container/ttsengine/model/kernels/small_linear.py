@@ -31,7 +31,7 @@ from torch import Tensor
 
 from ...compat import custom_ops_available
 from ..layers import rms_norm
-from .launch import gdc_ops, pdl_runs
+from .launch import gdc_ops, launch_options
 from .triton_support import next_pow2, triton_available
 
 SMALL_LINEAR_MAX_ROWS = 16
@@ -203,15 +203,14 @@ def _launch(x: Tensor, weight: Tensor, scale: Tensor | None, norm_weight: Tensor
         residual = residual.contiguous()
     y = torch.empty((M, n_out), dtype=x.dtype, device=x.device)
     dummy = y  # pointer arguments a variant does not read
-    launch_pdl = pdl and pdl_runs(x.device)
     _kernel()[(-(-n_out // cfg.block_n),)](
         x, weight, dummy if scale is None else scale, dummy if norm_weight is None else norm_weight,
         dummy if residual is None else residual, y, M, n_out, K, n_out if swiglu else 0,
         x.stride(0), weight.stride(0), 0 if residual is None else residual.stride(0), y.stride(0), float(eps),
         HAS_NORM=norm_weight is not None, IS_INT8=scale is not None, HAS_RES=residual is not None, SWIGLU=swiglu,
         USE_DOT=cfg.use_dot, TF32=x.dtype != torch.float32, EMU_BF16=x.dtype == torch.bfloat16 and _interpreted(),
-        BM=_TILE_ROWS, BN=cfg.block_n, BK=bk, EVEN_K=K % bk == 0, PREFETCH=pdl, PDL=launch_pdl,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages, **({"launch_pdl": True} if launch_pdl else {}))
+        BM=_TILE_ROWS, BN=cfg.block_n, BK=bk, EVEN_K=K % bk == 0, PREFETCH=pdl, num_warps=cfg.num_warps,
+        num_stages=cfg.num_stages, **launch_options(pdl, x.device))
     return y
 
 
