@@ -123,8 +123,8 @@ DTYPE = choice("auto", "bfloat16", "float16", "float32")
 DEVICES = Kind(lambda text: ",".join(d.strip() for d in text.lower().split(",")),
                "auto or a comma-separated list of cpu, cuda, cuda:N", _devices)
 # the decode step's fused pieces (TTS_FUSED_KERNELS); engine/settings.py resolves them
-FUSED_KERNEL_NAMES = ("fast_attention", "codebook_sampler", "vocab_scan", "merged_ffn", "layer_gemv", "fast_stack",
-                      "pdl")
+FUSED_KERNEL_NAMES = ("fast_attention", "codebook_sampler", "vocab_scan", "vocab_sampler", "merged_ffn", "layer_gemv",
+                      "fast_stack", "pdl")
 
 
 def _fused(value) -> str | None:
@@ -308,7 +308,9 @@ ENGINE_VARS = (
         "auto (= all, on CUDA with Triton) | off | a comma-separated list of fast_attention (the fast layers' "
         "cache write + attention as one Triton kernel) and codebook_sampler (a codebook's penalty, top-p, "
         "temperature and draw as one kernel) and vocab_scan (top-p's cumulative sum over the slow vocabulary in "
-        "1,024-wide blocks, in parallel) and merged_ffn (each layer's W1 and W3 as one matmul) and layer_gemv (at "
+        "1,024-wide blocks, in parallel) and vocab_sampler (the slow token's penalty, top-p, temperature and draw "
+        "without a sort: a histogram of the 16-bit logits, five kernels) and merged_ffn (each layer's W1 and W3 as "
+        "one matmul) and layer_gemv (at "
         "up to 16 rows each layer as five Triton kernels: norm + GEMV, attention with q/k-norm + RoPE, GEMV + "
         "residual, norm + GEMV + SwiGLU, GEMV + residual; merges W1|W3, bf16 or int8): the decode step's "
         "fused kernels", dev=True),

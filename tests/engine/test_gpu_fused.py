@@ -18,6 +18,7 @@ from torch_helpers import no_tf32
 from ttsengine.model.frame import sample_token
 from ttsengine.model.kernels.codebook_sampler import sample_codebook_triton
 from ttsengine.model.kernels.paged_attention import PagedKV, paged_decode_reference, paged_write_decode_triton
+from ttsengine.model.kernels.vocab_sampler import sample_vocab_triton
 from ttsengine.model.sampling import SamplingTensors
 
 pytestmark = pytest.mark.gpu
@@ -46,6 +47,41 @@ def test_codebook_sampler_equals_the_reference_fp32(V):
 def test_codebook_sampler_agrees_on_bf16_logits():
     got, want = draws(4096, 1024, torch.bfloat16, 0)
     assert (got == want).float().mean().item() >= 0.99
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_vocab_sampler_equals_the_reference(dtype):
+    # the slow token over the real 155,776-wide vocabulary, 384 rows: flat (random weights), middling and peaked
+    # logits, windows of 11 ids (a third of them the rows' best ids). The kept set is the rule's exactly (the cut
+    # against a float64 reference, rows whose decision is within fp32 rounding of top_p aside); the draws equal the
+    # sorted reference with its cut extended to ties (16-bit logits tie often: the plain sorted reference keeps some
+    # of the entries tied at its cut); every row draws the same alone as in the batch, and again in a second call
+    from top_p_reference import reference_cut, with_ties
+
+    from ttsengine.model.kernels.vocab_sampler import top_p_cut
+    from ttsengine.model.sampling import apply_repetition_penalty
+
+    g = torch.Generator().manual_seed(11)
+    B, V = 384, 155_776
+    logits = torch.randn(B, V, generator=g) * torch.tensor([0.3, 2.0, 8.0]).repeat(B // 3)[:, None]
+    logits = logits.to("cuda", dtype)
+    p = SamplingTensors.from_values([(0.3 + 0.9 * torch.rand(1, generator=g).item(),
+                                      0.3 + 0.7 * torch.rand(1, generator=g).item(),
+                                      1.0 + 0.5 * torch.rand(1, generator=g).item(), 7 + i) for i in range(B)], "cuda")
+    ids = torch.randint(0, V, (B, 11), generator=g).to("cuda")
+    ids[::3] = logits[::3].float().topk(11, dim=1).indices
+    counter = torch.randint(0, 2**40, (B,), generator=g).to("cuda")
+    args = (p.temperature, p.top_p, p.repetition_penalty, ids, p.seed_lo, p.seed_hi, counter)
+    want_cut, margin = reference_cut(apply_repetition_penalty(logits.float(), ids, p.repetition_penalty), p.top_p)
+    got_cut = top_p_cut(logits, p.top_p, p.repetition_penalty, ids).cpu().double()
+    clear = margin > 2e-6  # fp32 sums of ~1.0 in two orders: ~1e-7 apart
+    assert clear.float().mean().item() >= 0.9 and torch.equal(got_cut[clear], want_cut[clear])
+    got, (want, _) = sample_vocab_triton(logits, *args), with_ties(logits, p, ids, counter)
+    assert (got == want).float().mean().item() >= 0.995, (got != want).nonzero()
+    assert torch.equal(sample_vocab_triton(logits, *args), got)
+    for b in (0, 1, 2, 200):
+        alone = sample_vocab_triton(logits[b:b + 1], *(a[b:b + 1] for a in args))
+        assert alone.item() == got[b].item(), b
 
 
 def test_paged_kernel_as_the_fast_layers_attention():

@@ -53,7 +53,7 @@ def fused_kernels(switch: str, cuda: bool, triton_attention: bool, pdl: bool = F
     """TTS_FUSED_KERNELS -> the decode step's fused kernels in use. auto: the measured ones where they are fast
     (CUDA; the Triton ones with Triton, the fast attention with the 16-bit cache its Triton kernel reads; pdl with
     layer_gemv where the device launches programmatic dependents: `pdl`, kernels/launch.pdl_runs). A named
-    list is taken as asked, except the codebook sampler without CUDA (Triton's interpreter would crawl): the fast
+    list is taken as asked, except the samplers without CUDA (Triton's interpreter would crawl): the fast
     attention then runs its reference path (gather + SDPA), which CPU tests use."""
     if switch == "off":
         return frozenset()
@@ -69,15 +69,19 @@ def fused_kernels(switch: str, cuda: bool, triton_attention: bool, pdl: bool = F
         # pdl (layer_gemv's kernels as programmatic dependents, their 1-2-row tiles holding all of K): the layers of
         # a frame at one row 1,892 -> 1,571 us bf16, 1,874 -> 1,509 int8 (H100, torch 2.11, Triton 3.6,
         # scripts/device/pdl_bench.py); one stream 323 -> 369 frames/s (bench, two device calls)
+        # vocab_sampler (the slow token without a sort, kernels/vocab_sampler.py): 215 -> 42 us at one row, 1,412 ->
+        # 291 us at 64 (scripts/device/vocab_sampler_bench.py); one stream 371 -> 399 frames/s, 64 streams 6,090 ->
+        # 6,870 (bench, one device call; H100, torch 2.11, Triton 3.6)
         triton3 = triton_major() >= 3
         gemv = triton_attention and triton3
-        return frozenset({"vocab_scan", "merged_ffn"} | ({"codebook_sampler"} if triton3 else set())
+        return frozenset({"vocab_scan", "merged_ffn"} | ({"codebook_sampler", "vocab_sampler"} if triton3 else set())
                          | ({"fast_attention"} if triton_attention else set())
                          | ({"layer_gemv"} if gemv else set()) | ({"pdl"} if gemv and pdl else set()))
     names = frozenset(switch.split(","))
-    if "codebook_sampler" in names and not (cuda and triton_available()):
-        log.warning("TTS_FUSED_KERNELS: codebook_sampler needs CUDA and Triton; sampling runs unfused")
-        names -= {"codebook_sampler"}
+    for sampler in ("codebook_sampler", "vocab_sampler"):
+        if sampler in names and not (cuda and triton_available()):
+            log.warning("TTS_FUSED_KERNELS: %s needs CUDA and Triton; sampling runs unfused", sampler)
+            names -= {sampler}
     return names
 
 

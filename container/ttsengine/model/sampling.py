@@ -129,7 +129,11 @@ def exponential_noise(seed_lo: Tensor, seed_hi: Tensor, counter: Tensor, n: int)
     idx = torch.arange(n, device=seed_lo.device, dtype=torch.int64)
     x = _mix32((key[:, None] + _mul32(idx, 0x9E3779B9)[None, :]) & _M32)
     x = _mix32(x ^ 0x5BD1E995)
-    u = (x >> 8).to(torch.float32) * (2.0**-24) + 2.0**-25  # uniform in (0, 1), never 0 or 1
+    # uniform in (0, 1): 24 bits + half a step. The top value, 1 - 2^-25, rounds to 1.0 in fp32 (a tie, to even),
+    # whose noise -log(1) = -0 made probs / noise 0/0 = nan for an entry top-p dropped, and argmax takes nan: one
+    # slow token in ~110 came from outside top-p (2^-24 per entry, 155,776 entries). Capped at 1 - 2^-24, the largest
+    # fp32 below 1: that entry's noise is then the smallest, as its hash says (every other value is unchanged)
+    u = ((x >> 8).to(torch.float32) * (2.0**-24) + 2.0**-25).clamp(max=1.0 - 2.0**-24)
     return -torch.log(u)
 
 

@@ -19,6 +19,7 @@ from torch import Tensor, nn
 
 from ...model.frame import FrameOps, fast_layer_step, fast_logits, sample_token, sample_token_blocked
 from ...model.kernels.codebook_sampler import sample_codebook_triton
+from ...model.kernels.vocab_sampler import sample_vocab_triton
 from ...model.layers import swiglu
 
 
@@ -45,10 +46,26 @@ def frame_ops(attend: Callable, use_triton: bool, fused: frozenset[str], wrap: C
                   if "fast_attention" in fused else wrap(fast_layer_step, "fast_layer", (1, 2, 3, 4, 5, 6)))
     sample = (wrap(sample_token_blocked, "sample_blocked", (0, 1, 2, 3, 4, 5, 6, 7)) if "vocab_scan" in fused
               else wrap(sample_token, "sample", (0, 1, 2, 3, 4, 5, 6, 7)))
+    if "vocab_sampler" in fused:
+        sample = SixteenBit(sample_vocab_triton, sample)
     return FrameOps(sample=sample, fast_layer=fast_layer,
                     fast_head=wrap(fast_logits, "fast_head", (1,)),
                     sample_codebook=sample_codebook_triton if "codebook_sampler" in fused else None,
                     paged_fast="fast_attention" in fused)
+
+
+@dataclass(frozen=True)
+class SixteenBit:
+    """The slow token's sampler: `kernel` (the sort-free vocab sampler, kernels/vocab_sampler.py) for bf16 / fp16
+    logits, `fallback` (the sorted reference, compiled or not) for fp32 ones, which its histogram cannot count."""
+
+    kernel: Callable
+    fallback: Callable
+
+    def __call__(self, logits: Tensor, *rest) -> Tensor:
+        if logits.dtype in (torch.bfloat16, torch.float16):
+            return self.kernel(logits, *rest)
+        return self.fallback(logits, *rest)
 
 
 def dynamic_batch(t) -> bool:
@@ -81,7 +98,9 @@ class StepOps:
 
     def precompiled(self) -> dict[str, int] | None:
         """Precompiled variants loaded from disk and traced by this process (None: not precompiling)."""
-        units = [u for u in (self.slow_layer, self.frame.sample, self.frame.fast_layer, self.frame.fast_head)
+        sample = self.frame.sample
+        sample = sample.fallback if isinstance(sample, SixteenBit) else sample
+        units = [u for u in (self.slow_layer, sample, self.frame.fast_layer, self.frame.fast_head)
                  if hasattr(u, "loaded")]
         if not units:
             return None

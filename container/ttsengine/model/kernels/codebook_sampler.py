@@ -29,19 +29,7 @@ except Exception:  # noqa: BLE001
     triton = None
 
 if triton is not None:
-    @triton.jit
-    def _mul32(x, c: tl.constexpr):
-        # (x * c) mod 2^32 for int64 0 <= x < 2^32, in 16-bit halves as sampling._mul32 (no int64 overflow)
-        return (x * (c & 0xFFFF) + (((x * (c >> 16)) & 0xFFFF) << 16)) & 0xFFFFFFFF
-
-    @triton.jit
-    def _mix32(x):
-        # murmur3's finaliser, as sampling._mix32
-        x = x ^ (x >> 16)
-        x = _mul32(x, 0x85EBCA6B)
-        x = x ^ (x >> 13)
-        x = _mul32(x, 0xC2B2AE35)
-        return x ^ (x >> 16)
+    from .keyed_noise import exp_noise, row_key
 
     @triton.jit
     def _kernel(LOGITS, s_l, V, TEMP, TOP_P, PEN, IDS, s_i, W, SEED_LO, SEED_HI, COUNTER, OUT,
@@ -70,13 +58,8 @@ if triton is not None:
         y = x / t
         e = tl.exp(y - tl.max(y, axis=0))
         probs = e / tl.sum(e, axis=0)
-        key = _mix32(tl.load(SEED_LO + b) ^ 0x9E3779B9)
-        key = _mix32(key ^ tl.load(SEED_HI + b))
-        key = _mix32(key ^ (tl.load(COUNTER + b) & 0xFFFFFFFF))
-        h = _mix32((key + _mul32(idx.to(tl.int64), 0x9E3779B9)) & 0xFFFFFFFF)
-        h = _mix32(h ^ 0x5BD1E995)
-        u = (h >> 8).to(tl.float32) * (2.0 ** -24) + 2.0 ** -25
-        score = tl.where(inside, probs / -tl.log(u), -1.0)
+        key = row_key(tl.load(SEED_LO + b), tl.load(SEED_HI + b), tl.load(COUNTER + b))
+        score = tl.where(inside, probs / exp_noise(key, idx.to(tl.int64)), -1.0)
         tl.store(OUT + b, tl.argmax(score, axis=0).to(tl.int64))
 
 

@@ -1,0 +1,253 @@
+"""The slow token's sampling over the whole vocabulary (155,776 logits a row) without a sort: repetition penalty,
+top-p, temperature and the keyed Exp(1) draw of model/sampling.py in five Triton kernels, for 16-bit logits.
+
+The reference (`frame.sample_token_blocked`) sorts every row (a segmented sort of 155,776 per row: ~60 us at one
+row on an H100, far more at 64), scans it, scatters the mask back and draws with one block per row (~80 us). Here
+top-p's cut is found from a histogram instead. A 16-bit logit has one of 65,536 values, so a row's logits are
+counted per value (its order-preserving 16-bit key), and the mass of a value is count * exp(v - max) / sum: the
+sorted cumulative sum, exactly, without moving a logit. The few penalised logits (the window's ids: fp32 values
+that are no 16-bit value) are kept apart and placed among the values by comparison.
+
+Which entries top-p keeps, in the codebook sampler's words: the longest prefix of the descending order whose
+cumulative mass (softmax without temperature) is <= top_p, at least the best entry, and every entry tied with the
+smallest kept one. An entry of value v is kept iff mass(> v) + p(v) <= top_p, a condition that only gets easier as
+v grows, so the kept set is every entry >= a cut. Equal to the sorted reference except when probabilities tie
+exactly at the cut, where the reference's (unstable) sort keeps some of the tied entries and this keeps them all;
+and where fp32 sums of the same probabilities in another order round across top_p.
+
+Kernels, grid in brackets, B rows:
+1. stats [B, chunks of 2,048 logits]: the penalty, each chunk's max and sum of exp, the 16-bit value counts
+   (integer atomics: the same counts in any order);
+2. mass [B, 32 spans of 2,048 keys]: each span's probability mass (values' and penalised entries');
+3. cut [B, 32]: the mass above each span from the spans' masses, the scan inside the span, the span's
+   smallest kept value;
+4. draw [B, chunks]: the cut is the smallest of the spans'; argmax over kept entries of
+   exp(x / t - max / t) / noise (the reference's probs / noise before its common division by the sum), packed
+   (score bits, index) into one int64 and combined across chunks with an atomic max;
+5. finish [1]: the token ids from the packed maxima.
+Every sum is over a fixed order of parts, so a row's token does not depend on the batch or the run.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from .triton_support import next_pow2
+
+try:  # absent or broken Triton: the module still imports; the wrapper is then never chosen
+    import triton
+    import triton.language as tl
+except Exception:  # noqa: BLE001
+    triton = None
+
+CHUNK = 2048  # logits per program of the stats and draw kernels
+KEYS = 65536  # the 16-bit values
+SPAN = 2048  # keys per program of the mass and cut kernels
+SPANS = KEYS // SPAN
+_PACK_INDEX = 0x7FFFFFFF  # the packed maximum's low half holds this - index: a tie goes to the smaller index
+
+if triton is not None:
+    from .keyed_noise import exp_noise, row_key
+
+    @triton.jit
+    def _key(bits):
+        # 16-bit pattern (int32 0..65535) -> order-preserving key: negatives below positives, -0 as +0
+        key = tl.where(bits >= 0x8000, 0xFFFF - bits, bits + 0x8000)
+        return tl.where(bits == 0x8000, 0x8000, key)
+
+    @triton.jit
+    def _value(key, BF16: tl.constexpr):
+        # key (int32) -> the fp32 value of its 16-bit pattern
+        bits = tl.where(key >= 0x8000, key - 0x8000, 0xFFFF - key)
+        if BF16:
+            return (bits << 16).to(tl.float32, bitcast=True)
+        return bits.to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
+
+    @triton.jit
+    def _penalised(x, idx, b, IDS, s_i, W, PEN):
+        # x: fp32 logits at indices idx of row b -> (x with the window's ids penalised, which were)
+        hit = idx < 0
+        for w in range(W):
+            hit = hit | (idx == tl.load(IDS + b.to(tl.int64) * s_i + w))
+        pen = tl.load(PEN + b)
+        return tl.where(hit, tl.where(x < 0, x * pen, x / pen), x), hit
+
+    @triton.jit
+    def _entries(LOGITS, s_l, V, IDS, s_i, b, W, PEN, WP: tl.constexpr):
+        # the window's ids of row b -> (their penalised logits [WP], which count: in range, first of their id)
+        lane = tl.arange(0, WP)
+        i = tl.load(IDS + b.to(tl.int64) * s_i + lane, mask=lane < W, other=-1)
+        i_row = tl.load(IDS + b.to(tl.int64) * s_i + lane[None, :], mask=lane[None, :] < W, other=-1)  # [1, WP]
+        earlier = tl.sum(((i[:, None] == i_row) & (lane[None, :] < lane[:, None])).to(tl.int32), axis=1)
+        valid = (i >= 0) & (i < V) & (earlier == 0)
+        x = tl.load(LOGITS + b.to(tl.int64) * s_l + tl.where(valid, i, 0)).to(tl.float32)
+        pen = tl.load(PEN + b)
+        return tl.where(x < 0, x * pen, x / pen), valid
+
+    @triton.jit
+    def _row_norm(STATS, b, NC, NCP: tl.constexpr):
+        # the row's max and sum of exp(x - max) from its chunks' (max, sum), in chunk order
+        c = tl.arange(0, NCP)
+        ms = tl.load(STATS + (b * NC + c) * 2, mask=c < NC, other=float("-inf"))
+        ss = tl.load(STATS + (b * NC + c) * 2 + 1, mask=c < NC, other=0.0)
+        m = tl.max(ms, axis=0)
+        return m, tl.sum(tl.where(ss > 0, ss * tl.exp(ms - m), 0.0), axis=0)
+
+    @triton.jit
+    def _in_span(x, s, BF16: tl.constexpr):
+        # whether fp32 value x lies in span s's values: [value(first key), value(next span's first key))
+        lo = _value(s * 2048, BF16)
+        hi = _value(s * 2048 + 2048, BF16)
+        return ((x >= lo) | (s == 0)) & ((x < hi) | (s == 31))
+
+    @triton.jit
+    def _stats_kernel(LOGITS, s_l, V, IDS, s_i, W, PEN, STATS, COUNTS, PACKED, NC,
+                      CHUNK_: tl.constexpr, HAS_IDS: tl.constexpr):
+        b, c = tl.program_id(0), tl.program_id(1)
+        idx = c * CHUNK_ + tl.arange(0, CHUNK_)
+        inside = idx < V
+        raw = tl.load(LOGITS + b.to(tl.int64) * s_l + idx, mask=inside, other=0.0)
+        bits = raw.to(tl.int16, bitcast=True).to(tl.int32) & 0xFFFF
+        x = raw.to(tl.float32)
+        if HAS_IDS:
+            x, hit = _penalised(x, idx, b, IDS, s_i, W, PEN)
+        else:
+            hit = idx < 0
+        x = tl.where(inside, x, float("-inf"))
+        m = tl.max(x, axis=0)
+        m_safe = tl.where(m == float("-inf"), 0.0, m)  # a chunk of -inf logits: sum 0, not nan
+        tl.store(STATS + (b * NC + c) * 2, m)
+        tl.store(STATS + (b * NC + c) * 2 + 1, tl.sum(tl.exp(x - m_safe), axis=0))
+        # penalised entries are no 16-bit value: the mass and cut kernels take them from the window
+        tl.atomic_add(COUNTS + b.to(tl.int64) * 65536 + _key(bits), 1, mask=inside & (~hit), sem="relaxed")
+        if c == 0:
+            tl.store(PACKED + b, 0)  # the draw's atomic maximum starts from 0 (every score is > 0)
+
+    @triton.jit
+    def _span_masses(COUNTS, b, s, m, z, BF16: tl.constexpr):
+        # span s of row b in descending key order -> (value, count, mass) per key; empty keys' mass 0
+        key = s * 2048 + 2047 - tl.arange(0, 2048)
+        count = tl.load(COUNTS + b.to(tl.int64) * 65536 + key)
+        v = _value(key, BF16)
+        p = tl.exp(v - m) / z
+        return v, count, tl.where(count > 0, count.to(tl.float32) * p, 0.0), p
+
+    @triton.jit
+    def _mass_kernel(LOGITS, s_l, V, IDS, s_i, W, PEN, STATS, COUNTS, TOTALS, NC,
+                     NCP: tl.constexpr, HAS_IDS: tl.constexpr, WP: tl.constexpr, BF16: tl.constexpr):
+        b, s = tl.program_id(0), tl.program_id(1)
+        m, z = _row_norm(STATS, b, NC, NCP)
+        v, count, mass, p = _span_masses(COUNTS, b, s, m, z, BF16)
+        total = tl.sum(mass, axis=0)
+        if HAS_IDS:  # the span's penalised entries
+            xs, valid = _entries(LOGITS, s_l, V, IDS, s_i, b, W, PEN, WP)
+            total += tl.sum(tl.where(valid & _in_span(xs, s, BF16), tl.exp(xs - m) / z, 0.0), axis=0)
+        tl.store(TOTALS + b * 32 + s, total)
+
+    @triton.jit
+    def _cut_kernel(LOGITS, s_l, V, IDS, s_i, W, PEN, TOP_P, STATS, COUNTS, TOTALS, CAND, NC,
+                    NCP: tl.constexpr, HAS_IDS: tl.constexpr, WP: tl.constexpr, BF16: tl.constexpr):
+        b, s = tl.program_id(0), tl.program_id(1)
+        m, z = _row_norm(STATS, b, NC, NCP)
+        top_p = tl.load(TOP_P + b)
+        spans = tl.arange(0, 32)
+        above = tl.sum(tl.where(spans > s, tl.load(TOTALS + b * 32 + spans), 0.0), axis=0)  # higher spans' mass
+        v, count, mass, p = _span_masses(COUNTS, b, s, m, z, BF16)
+        before = tl.cumsum(mass, axis=0) - mass  # mass of this span's keys above each key
+        if HAS_IDS:
+            lane = tl.arange(0, WP)
+            xs, valid = _entries(LOGITS, s_l, V, IDS, s_i, b, W, PEN, WP)
+            ps = tl.where(valid & _in_span(xs, s, BF16), tl.exp(xs - m) / z, 0.0)  # 0: not this span's
+            for w in range(W):  # the span's penalised entries above each key (element w: a masked sum, inline)
+                x = tl.sum(tl.where(lane == w, xs, 0.0), axis=0)
+                before += tl.where(x > v, tl.sum(tl.where(lane == w, ps, 0.0), axis=0), 0.0)
+        kept = (count > 0) & (above + before + p <= top_p)
+        cand = tl.min(tl.where(kept, v, float("inf")), axis=0)
+        if HAS_IDS:
+            for w in range(W):  # each penalised entry of this span: the same condition at its own value
+                x, px = tl.sum(tl.where(lane == w, xs, 0.0), axis=0), tl.sum(tl.where(lane == w, ps, 0.0), axis=0)
+                over = above + tl.sum(tl.where(v > x, mass, 0.0), axis=0) + tl.sum(tl.where(xs > x, ps, 0.0), axis=0)
+                cand = tl.where((px > 0) & (over + px <= top_p), tl.minimum(cand, x), cand)
+        tl.store(CAND + b * 32 + s, cand)
+
+    @triton.jit
+    def _draw_kernel(LOGITS, s_l, V, IDS, s_i, W, PEN, TEMP, SEED_LO, SEED_HI, COUNTER, STATS, CAND, PACKED, NC,
+                     CHUNK_: tl.constexpr, NCP: tl.constexpr, HAS_IDS: tl.constexpr):
+        b, c = tl.program_id(0), tl.program_id(1)
+        m, z = _row_norm(STATS, b, NC, NCP)
+        cut = tl.minimum(tl.min(tl.load(CAND + b * 32 + tl.arange(0, 32)), axis=0), m)  # the best always stays
+        idx = c * CHUNK_ + tl.arange(0, CHUNK_)
+        inside = idx < V
+        x = tl.load(LOGITS + b.to(tl.int64) * s_l + idx, mask=inside, other=0.0).to(tl.float32)
+        if HAS_IDS:
+            x, hit = _penalised(x, idx, b, IDS, s_i, W, PEN)
+        t = tl.maximum(tl.load(TEMP + b), 1e-5)
+        key = row_key(tl.load(SEED_LO + b), tl.load(SEED_HI + b), tl.load(COUNTER + b))
+        score = tl.exp(x / t - m / t) / exp_noise(key, idx.to(tl.int64))
+        score = tl.where(inside & (x >= cut), score, -1.0)
+        best = tl.argmax(score, axis=0)
+        top = tl.max(score, axis=0)
+        packed = (top.to(tl.int32, bitcast=True).to(tl.int64) << 32) | (0x7FFFFFFF - (c * CHUNK_ + best))
+        tl.atomic_max(PACKED + b, packed, sem="relaxed")
+
+    @triton.jit
+    def _finish_kernel(PACKED, OUT, B, BLOCK: tl.constexpr):
+        r = tl.arange(0, BLOCK)
+        packed = tl.load(PACKED + r, mask=r < B, other=0)
+        tl.store(OUT + r, 0x7FFFFFFF - (packed & 0xFFFFFFFF), mask=r < B)
+
+
+def _check(logits: Tensor) -> Tensor:
+    if logits.dtype not in (torch.bfloat16, torch.float16):
+        raise ValueError(f"sample_vocab_triton: {logits.dtype} logits; the histogram needs 16-bit values")
+    if logits.shape[1] >= _PACK_INDEX:
+        raise ValueError(f"sample_vocab_triton: {logits.shape[1]} logits per row")
+    return logits if logits.stride(1) == 1 else logits.contiguous()
+
+
+def _cut(logits: Tensor, top_p: Tensor, penalty: Tensor, previous_ids: Tensor | None, counter: Tensor):
+    """Kernels 1-3 -> (the row arguments the draw takes, stats [B, NC, 2], span cuts [B, 32], packed [B] zeroed)."""
+    B, V = logits.shape
+    dev = logits.device
+    ids = previous_ids if previous_ids is not None else counter  # any int64 tensor: unread without ids
+    if ids.dim() == 2 and ids.stride(1) != 1:  # the kernels walk a row's ids with stride 1
+        ids = ids.contiguous()
+    W = previous_ids.shape[1] if previous_ids is not None else 0
+    NC = triton.cdiv(V, CHUNK)
+    NCP, WP, bf16 = max(16, next_pow2(NC)), max(2, next_pow2(W)), logits.dtype == torch.bfloat16
+    stats = torch.empty(B, NC, 2, dtype=torch.float32, device=dev)
+    counts = torch.zeros(B, KEYS, dtype=torch.int32, device=dev)
+    totals = torch.empty(B, SPANS, dtype=torch.float32, device=dev)
+    cand = torch.empty(B, SPANS, dtype=torch.float32, device=dev)
+    packed = torch.empty(B, dtype=torch.int64, device=dev)
+    row = (logits, logits.stride(0), V, ids, ids.stride(0), W, penalty.float().contiguous())
+    _stats_kernel[(B, NC)](*row, stats, counts, packed, NC, CHUNK_=CHUNK, HAS_IDS=W > 0, num_warps=4)
+    _mass_kernel[(B, SPANS)](*row, stats, counts, totals, NC, NCP=NCP, HAS_IDS=W > 0, WP=WP, BF16=bf16,
+                             num_warps=4)
+    _cut_kernel[(B, SPANS)](*row, top_p.float().contiguous(), stats, counts, totals, cand, NC, NCP=NCP,
+                            HAS_IDS=W > 0, WP=WP, BF16=bf16, num_warps=4)
+    return row, stats, cand, packed
+
+
+def top_p_cut(logits: Tensor, top_p: Tensor, penalty: Tensor, previous_ids: Tensor | None) -> Tensor:
+    """The smallest penalised logit top-p keeps in each row (fp32 [B]; every entry >= it is kept): kernels 1-3, for
+    tests and diagnostics."""
+    logits = _check(logits)
+    _, stats, cand, _ = _cut(logits, top_p, penalty, previous_ids, top_p)
+    return torch.minimum(cand.min(dim=1).values, stats[:, :, 0].max(dim=1).values)
+
+
+def sample_vocab_triton(logits: Tensor, temperature: Tensor, top_p: Tensor, penalty: Tensor,
+                        previous_ids: Tensor | None, seed_lo: Tensor, seed_hi: Tensor, counter: Tensor) -> Tensor:
+    """sampling.sample_token without a sort, for bf16 / fp16 logits [B, V]; previous_ids int64 [B, W] or None, the
+    rest [B] -> token ids int64 [B]."""
+    logits = _check(logits)
+    B, V = logits.shape
+    row, stats, cand, packed = _cut(logits, top_p, penalty, previous_ids, counter)
+    NC = stats.shape[1]
+    _draw_kernel[(B, NC)](*row, temperature.float().contiguous(), seed_lo, seed_hi, counter, stats, cand, packed, NC,
+                          CHUNK_=CHUNK, NCP=max(16, next_pow2(NC)), HAS_IDS=row[5] > 0, num_warps=4)
+    out = torch.empty(B, dtype=torch.int64, device=logits.device)
+    _finish_kernel[(1,)](packed, out, B, BLOCK=max(16, next_pow2(B)), num_warps=1)
+    return out

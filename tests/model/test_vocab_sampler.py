@@ -1,0 +1,119 @@
+"""The sort-free slow-token sampler (kernels/vocab_sampler.py; Triton interpreted on CPU here) against the sorted
+reference, sampling.sample_token, and its rule at a tie on the top-p cut."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+from top_p_reference import reference_cut, with_ties
+
+from ttsengine.model.frame import sample_token
+from ttsengine.model.kernels.triton_support import triton_major
+from ttsengine.model.kernels.vocab_sampler import sample_vocab_triton, top_p_cut
+from ttsengine.model.sampling import SamplingTensors, apply_repetition_penalty
+
+pytestmark = [
+    pytest.mark.skipif(triton_major() < 3, reason="needs Triton >= 3 (its interpreter)"),
+    pytest.mark.skipif(torch.cuda.is_available() and not os.environ.get("TRITON_INTERPRET"), reason="GPU test"),
+]
+
+
+def rows(B, V, seed, dtype=torch.bfloat16, scale=3.0, window=11):
+    g = torch.Generator().manual_seed(seed)
+    logits = (torch.randn(B, V, generator=g) * scale).to(dtype)
+    params = SamplingTensors.from_values(
+        [(0.3 + 0.9 * torch.rand(1, generator=g).item(), 0.5 + 0.5 * torch.rand(1, generator=g).item(),
+          1.0 + 0.5 * torch.rand(1, generator=g).item(), int(torch.randint(0, 2**62, (1,), generator=g)))
+         for _ in range(B)], "cpu")
+    ids = torch.randint(0, V, (B, window), generator=g)
+    counter = torch.randint(0, 2**40, (B,), generator=g)
+    return logits, params, ids, counter
+
+
+def both(logits, p, ids, counter):
+    args = (p.temperature, p.top_p, p.repetition_penalty, ids, p.seed_lo, p.seed_hi, counter)
+    got, (want, straddles) = sample_vocab_triton(logits, *args), with_ties(logits, p, ids, counter)
+    plain = sample_token(logits, *args)
+    assert torch.equal(want[~straddles], plain[~straddles])  # the reference with ties is the sorted reference's rule
+    return got, want
+
+
+# scale 3: tens of entries in the nucleus (bf16 ties among them: seed 1's first row has one at its cut, where the
+# sorted reference keeps one of two 7.59375s); 0.3: nearly flat (random weights: most of the vocabulary)
+@pytest.mark.parametrize("V,B,scale", [(5000, 3, 3.0), (5000, 3, 0.3), (155_776, 2, 1.0)])
+def test_equals_the_sorted_reference(V, B, scale):
+    logits, p, ids, counter = rows(B, V, 1, scale=scale)
+    got, want = both(logits, p, ids, counter)
+    assert torch.equal(got, want), (got, want)
+
+
+def test_the_cut_is_the_rule_exactly_peaked_flat_and_penalised():
+    # the kept set itself (a token test sees it only where the draw lands near the cut): 3 x 4 rows, peaked (scale
+    # 6), middling (2) and nearly flat (0.2) bf16 logits, half the rows penalising their best ids
+    for i, scale in enumerate((6.0, 2.0, 0.2)):
+        logits, p, ids, _ = rows(4, 3000, 10 + i, scale=scale)
+        ids[::2] = logits[::2].float().topk(11, dim=1).indices
+        x = apply_repetition_penalty(logits.float(), ids, p.repetition_penalty)
+        want, margin = reference_cut(x, p.top_p)
+        got = top_p_cut(logits, p.top_p, p.repetition_penalty, ids)
+        clear = margin > 2e-6  # a decision within fp32 rounding of top_p may go either way
+        assert clear.sum() >= 3, scale
+        assert torch.equal(got[clear].double(), want[clear]), (scale, got, want)
+
+
+def test_penalised_entries_at_the_top_and_repeated_ids():
+    # the window holds the row's best ids (some twice): their penalised fp32 values move among the 16-bit values,
+    # across the cut; penalties up to 3 so they do
+    logits, p, _, counter = rows(3, 3000, 2, scale=6.0)
+    best = logits.float().topk(8, dim=1).indices
+    ids = torch.cat([best, best[:, :3]], dim=1)  # [3, 11]
+    p.repetition_penalty.copy_(torch.tensor([1.3, 2.0, 3.0]))
+    p.top_p.copy_(torch.tensor([0.5, 0.8, 0.95]))
+    got, want = both(logits, p, ids, counter)
+    assert torch.equal(got, want), (got, want)
+
+
+def test_without_window_fp16_and_the_edges_of_top_p():
+    logits, p, ids, counter = rows(4, 2000, 3, dtype=torch.float16)
+    p.top_p.copy_(torch.tensor([1.0, 1e-6, 0.999, 0.7]))  # everything, only the best, nearly everything
+    p.temperature[3] = 0.0  # clamped to 1e-5 as the reference does: the best entry
+    got, want = both(logits, p, None, counter)
+    assert torch.equal(got, want)
+    assert got[1] == logits[1].float().argmax() and got[3] == logits[3].float().argmax()
+
+
+def test_a_tie_at_the_cut_keeps_every_tied_entry_and_nothing_below():
+    # one 4.0, then four entries tied at 3.0 (bf16 logits tie often), the rest below 2. top_p admits the 4.0 and two
+    # and a half of the tied entries: the sorted reference keeps two of them (which two is up to its sort), the rule
+    # here keeps all four. 48 draws (different counters, temperature 1) land on exactly those five entries
+    V = 300
+    g = torch.Generator().manual_seed(4)
+    logits = (torch.rand(V, generator=g) * 2.0 - 1.0)
+    tied = torch.tensor([17, 250, 251, 299])
+    logits[3], logits[tied] = 4.0, 3.0
+    probs = torch.softmax(logits.to(torch.bfloat16).float().double(), 0)
+    top_p = (probs[3] + 2.5 * probs[17]).item()
+    B = 48
+    p = SamplingTensors.from_values([(1.0, top_p, 1.0, 12345)] * B, "cpu")
+    counter = torch.arange(B, dtype=torch.int64)
+    got = sample_vocab_triton(logits.to(torch.bfloat16).expand(B, V), p.temperature, p.top_p,
+                              p.repetition_penalty, None, p.seed_lo, p.seed_hi, counter)
+    assert set(got.tolist()) == {3, *tied.tolist()}
+
+
+def test_a_row_draws_the_same_alone_or_in_a_batch():
+    logits, p, ids, counter = rows(3, 4000, 5)
+    batch = sample_vocab_triton(logits, p.temperature, p.top_p, p.repetition_penalty, ids, p.seed_lo, p.seed_hi,
+                                counter)
+    alone = sample_vocab_triton(logits[1:2], p.temperature[1:2], p.top_p[1:2], p.repetition_penalty[1:2], ids[1:2],
+                                p.seed_lo[1:2], p.seed_hi[1:2], counter[1:2])
+    assert alone.item() == batch[1].item()
+
+
+def test_fp32_logits_are_refused_with_a_reason():
+    logits, p, ids, counter = rows(1, 100, 6, dtype=torch.float32)
+    with pytest.raises(ValueError, match="16-bit"):
+        sample_vocab_triton(logits, p.temperature, p.top_p, p.repetition_penalty, ids, p.seed_lo, p.seed_hi,
+                            counter)
