@@ -212,7 +212,7 @@ class EngineConfig:
     prefill_tokens: int = 4096  # prompt tokens prefilled per engine step at most (keeps running streams moving)
     prefix_cache: bool = True  # share the KV pages of prompt prefixes (a voice's references) between requests
     first_chunk_frames: int = 4  # frames before a stream's first audio chunk (21.5 frames = 1 s)
-    stream_chunk_frames: int = 8  # frames per later audio chunk
+    stream_chunk_frames: int = 8  # the largest later audio chunk (they grow from the first: 4, 4, 8, 8, ...)
     cuda_graphs: str = "auto"  # auto (on with CUDA) | on | off
     overlap_step: str = "auto"  # launch the next step before reading the last one's frames: auto (= on with CUDA)
     step_priority: bool = True  # the engine loop's CUDA stream at high priority: step kernels before the codec's
@@ -286,7 +286,9 @@ ENGINE_VARS = (
         "on (default) | off: a voice's prompt prefix (its references) is prefilled once and its KV pages shared"),
     Var("TTS_FIRST_CHUNK_FRAMES", "first_chunk_frames", integer(1),
         "frames (1/21.5 s each) before a stream's first audio chunk", dev=True),
-    Var("TTS_STREAM_CHUNK_FRAMES", "stream_chunk_frames", integer(1), "frames per later streamed audio chunk",
+    Var("TTS_STREAM_CHUNK_FRAMES", "stream_chunk_frames", integer(1),
+        "frames of the largest later audio chunk: later chunks grow from the first, each at most the audio already "
+        "made (with 32: 4, 4, 8, 16, 32, 32, ...)",
         dev=True),
     Var("TTS_CUDA_GRAPHS", "cuda_graphs", switch(), "auto | on | off: replay the decode step as CUDA graphs",
         dev=True),

@@ -104,6 +104,7 @@ def test_audio_streams_before_the_request_ends(engine):
     assert [c.index for c in chunks] == list(range(len(chunks)))
     sizes = [len(c.audio) // 2048 for c in chunks]
     assert sizes[0] == engine.settings.first_chunk_frames and len(chunks) > 5
+    assert sizes[:3] == [4, 4, 8]  # later chunks grow from the first, each at most the audio already made
     assert sum(sizes) == 59  # 60 generated, the last dropped; ignore_stop generates all of them
     assert stream.first_audio_at < stream.finished_at and stream.ttfa > 0
 

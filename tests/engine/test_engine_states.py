@@ -216,11 +216,12 @@ def test_cancel_while_queued_never_reaches_the_runner(ckpt):
         assert eng.stats()["cancelled"] == 2
 
 
-@pytest.mark.parametrize("overlap, delivered", [(False, 20), (True, 12)])
+@pytest.mark.parametrize("overlap, delivered", [(False, 16), (True, 16)])
 def test_cancel_while_running_frees_the_slot_after_the_step_in_flight(ckpt, overlap, delivered):
-    # without overlap the 21st step's frame is read before the cancel is seen: 21 frames, 20 kept, all audio. With
-    # overlap the 21st step was launched before the 20th was read: the cancel comes with 19 read (12 as audio), the
-    # 20th is read after it (kept: 19, not a whole chunk) and the 21st is dropped
+    # without overlap the 21st step's frame is read before the cancel is seen: 21 frames, 20 kept, 16 as audio (chunks
+    # 4, 4, 8; the next chunk is 8). With overlap the 21st step was launched before the 20th was read: the cancel
+    # comes with 19 read (16 as audio), the 20th is read after it (kept: 19, not a whole chunk more) and the 21st is
+    # dropped
     with scripted_engine(ckpt, max_batch=2, overlap_step="on" if overlap else "off") as (eng, runner, script):
         runner.pause()
         stream = eng.submit(SynthesisRequest(text="Long one.", seed=3, max_new_tokens=500), ignore_stop=True)

@@ -253,3 +253,25 @@ def test_qkv_kernel_replays_in_a_cuda_graph():
         want = step(before.k, before.v)
         assert torch.equal(y, want), shift
         assert torch.equal(kv.k, before.k) and torch.equal(kv.v, before.v), shift
+
+
+@pytest.mark.gpu
+def test_pipelined_page_loop_equals_the_plain_loop(monkeypatch):
+    # the page loop software-pipelined (paged_attention.PIPELINE_STAGES, loads of later pages in flight) is the same
+    # math in the same order: bit-equal outputs and pools, 1-64 rows, contexts within a page to many pages
+    from ttsengine.model.kernels import paged_attention as pa
+
+    g = torch.Generator().manual_seed(2)
+    H, Hk, d = 16, 8, 128
+    for B, ctx in ((1, 30), (2, 150), (8, 700), (64, 300)):
+        kv, table = random_pool(B, Hk, d, 64, ctx + 70, g, torch.bfloat16)
+        pos = torch.randint(ctx // 2, ctx, (B,), generator=g).cuda()
+        qkv, rope, q_norm, k_norm = qkv_inputs(B, H, Hk, d, pos, True, dtype=torch.bfloat16, device="cuda")
+        results = []
+        for stages in (1, 2):
+            monkeypatch.setattr(pa, "PIPELINE_STAGES", stages)
+            pools = PagedKV(kv.k.clone(), kv.v.clone())
+            out = pa.paged_write_decode_qkv_triton(qkv, rope, q_norm, k_norm, EPS, pools, table, pos, H)
+            results.append((out, pools))
+        (a, pa_), (b, pb) = results
+        assert torch.equal(a, b) and torch.equal(pa_.k, pb.k) and torch.equal(pa_.v, pb.v), (B, ctx)

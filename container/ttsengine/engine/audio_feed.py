@@ -1,8 +1,9 @@
 """What the engine loop keeps per text chunk in flight (Task), and which of its frames go to the codec when.
 
 Frames become audio in chunks: a stream's first chunk is `first` frames (small: first audio sooner),
-later ones `stream` frames; whatever is left when a chunk of text ends goes in one last call (padded by
-the vocoder). Pure Python over host-side frame lists: no device, easy to test.
+later ones grow (each at most the audio already made) up to `stream` frames; whatever is left when a chunk of
+text ends goes in one last call (padded by the vocoder). Pure Python over host-side frame lists: no device, easy
+to test.
 """
 
 from __future__ import annotations
@@ -39,8 +40,24 @@ class Task:
         return max(0, len(self.frames) - 1)
 
 
+def chunk_sizes(first: int, stream: int) -> tuple[int, ...]:
+    """The audio chunk lengths a stream goes through: `first`, then doubling while below `stream`, then `stream`
+    (4, 8 -> (4, 8); 4, 32 -> (4, 8, 16, 32)); `stream` <= `first`: (first, stream) as given, no growth."""
+    if stream <= first:
+        return (first, stream)
+    sizes = [first]
+    while sizes[-1] * 2 < stream:
+        sizes.append(sizes[-1] * 2)
+    return (*sizes, stream)
+
+
 def _chunk(task: Task, first: int, stream: int) -> int:
-    return first if task.decoded == 0 else stream
+    """The next chunk: the first, then the largest size no longer than the audio already made (a listener holds at
+    least as much audio as the next chunk takes to make at any speed above real time, so growing never stalls
+    playback, and a long stream reaches `stream`: fewer, larger codec calls)."""
+    if task.decoded == 0 or stream <= first:
+        return first if task.decoded == 0 else stream
+    return max(s for s in chunk_sizes(first, stream) if s <= task.decoded)
 
 
 def ready_for_audio(tasks: list[Task], first: int, stream: int) -> list[Task]:
@@ -49,18 +66,23 @@ def ready_for_audio(tasks: list[Task], first: int, stream: int) -> list[Task]:
 
 
 def codec_calls(tasks: list[Task], final: bool, first: int, stream: int) -> Iterator[tuple[int, list[Task]]]:
-    """-> (frames, tasks) per codec call: whole chunks while running, everything left when final. Tasks with
-    the same chunk length share a call; rounds keep each task's pieces in order. The caller advances each
-    task's `decoded` by `frames` as it takes a call (the next round is computed from those counts)."""
-    largest = max(first, stream)
+    """-> (frames, tasks) per codec call: whole chunks while running (each call a length of chunk_sizes: the
+    vocoder pads only a final piece), everything left when final in pieces of at most the largest. Tasks with the
+    same call length share a call; rounds keep each task's pieces in order. The caller advances each task's
+    `decoded` by `frames` as it takes a call (the next round is computed from those counts)."""
+    sizes = chunk_sizes(first, stream)
+    largest = max(sizes)
     while True:
         groups: dict[int, list[Task]] = {}
         for task in tasks:
             pending = task.kept - task.decoded
-            if not final:
+            if final:
+                pending = min(pending, largest)
+            else:
                 pending -= pending % _chunk(task, first, stream)
+                pending = max((s for s in sizes if s <= pending), default=0)
             if pending > 0:
-                groups.setdefault(min(pending, largest), []).append(task)
+                groups.setdefault(pending, []).append(task)
         if not groups:
             return
         yield from groups.items()

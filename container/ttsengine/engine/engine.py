@@ -29,7 +29,7 @@ from ..synthesis.output import SynthesisResult
 from ..synthesis.plan import ChunkReport, Plan, Planner
 from ..synthesis.request import SynthesisRequest
 from ..synthesis.stream import Stream
-from .audio_feed import Task, codec_calls, ready_for_audio
+from .audio_feed import Task, chunk_sizes, codec_calls, ready_for_audio
 from .compile.kernel_cache import KernelCache
 from .cuda_graphs import GraphSet
 from .faults import FaultCounter, simulated
@@ -85,7 +85,7 @@ class Engine:
         self._forget: deque[str] = deque()  # prefix keys to drop (a voice deleted or replaced), any thread
         self.metrics = EngineMetrics()
         self.vocoder = Vocoder(checkpoint.codec, s.runner.max_slots, checkpoint.config.max_seq_len,
-                               (s.first_chunk_frames, s.stream_chunk_frames), s.buckets, self._capture_lock,
+                               chunk_sizes(s.first_chunk_frames, s.stream_chunk_frames), s.buckets, self._capture_lock,
                                self.metrics.vocoded, self.metrics.completed, s.codec_channels_last)
         if s.compile:
             precompile = config.precompile == "auto" and compat.precompile_supported()
