@@ -252,6 +252,22 @@ def test_fast_stack_equals_the_reference(eager_engine):
         eng.close()
 
 
+def test_split_attention_is_reported_only_where_it_runs():
+    # split_attention shares the slow attention's pages in the 16-bit Triton kernel of layer_gemv; on CPU (fp32 cache,
+    # the reference attention) a named split_attention is not among the kernels in use, and the step runs
+    from conftest import MODEL_DIR
+
+    from ttsengine import Engine, EngineConfig
+
+    eng = Engine.load(EngineConfig(model_dir=MODEL_DIR, device="cpu", max_batch=2,
+                                   fused_kernels="merged_ffn,split_attention"))
+    try:
+        assert eng.runner.splits == 1 and "split_attention" not in eng.runner.fused_in_use
+        assert len(eng.submit(SynthesisRequest(text="Unsplit.", seed=3, max_new_tokens=3)).result().audio) > 0
+    finally:
+        eng.close()
+
+
 @pytest.mark.skipif(triton_major() < 3, reason="needs Triton >= 3 (its interpreter on CPU)")
 def test_pdl_named_where_it_cannot_run_is_dropped_with_a_warning(caplog):
     # programmatic dependent launch needs an sm_90+ GPU: on CPU (layer_gemv through the interpreter) a named pdl is

@@ -175,6 +175,16 @@ def test_layer_gemv_graphs_equal_layer_gemv_eager(quant):
         assert len(g) == len(e) and all(np.array_equal(a, b) for a, b in zip(g, e))
 
 
+def test_split_attention_graphs_equal_eager_and_splits_run():
+    # split_attention (the slow layers' pages shared by several programs per row and head, then a combine kernel):
+    # replayed in CUDA graphs == run eagerly (the combine's scratch and the splits' partials live in the graph)
+    fused = "fast_attention,codebook_sampler,vocab_scan,merged_ffn,layer_gemv,split_attention"
+    graphed = tokens(cfg(cuda_graphs="on", compile="off", fused_kernels=fused))
+    eager = tokens(cfg(cuda_graphs="off", compile="off", fused_kernels=fused))
+    for g, e in zip(graphed, eager):
+        assert len(g) == len(e) and all(np.array_equal(a, b) for a, b in zip(g, e))
+
+
 def test_layer_gemv_fp32_tokens_equal_unfused():
     # fp32 (the attention's reference path; the GEMVs' fp32 dot products without TF32): the tiny model's tokens equal
     # the unfused engine's exactly, compiled units + graphs for the other pieces

@@ -117,22 +117,25 @@ def qkv_inputs(B, H, Hk, d, pos, norm, seed=0, dtype=torch.float32, device="cpu"
     return qkv.to(device, dtype), rope.to(device), *weights
 
 
-def run_qkv(qkv, rope, q_norm, k_norm, kv, table, pos, H, use_triton):
-    out = write_and_attend_qkv_op()(qkv, rope, q_norm, k_norm, EPS, kv.k, kv.v, table, pos, H, use_triton)
+def run_qkv(qkv, rope, q_norm, k_norm, kv, table, pos, H, use_triton, splits=1):
+    out = write_and_attend_qkv_op()(qkv, rope, q_norm, k_norm, EPS, kv.k, kv.v, table, pos, H, use_triton, False,
+                                    splits)
     return out, kv
 
 
 @pytest.mark.skipif(not triton_available() or _triton_major() < 3, reason="needs Triton >= 3 (its interpreter)")
 @pytest.mark.skipif(torch.cuda.is_available() and not os.environ.get("TRITON_INTERPRET"), reason="see GPU test")
 @pytest.mark.parametrize("norm", [False, True])
-@pytest.mark.parametrize("d", [16, 32])
-def test_qkv_kernel_interpreted_equals_reference(norm, d):
+@pytest.mark.parametrize("d,splits", [(16, 1), (32, 1), (16, 4), (32, 2)])
+def test_qkv_kernel_interpreted_equals_reference(norm, d, splits):
+    # splits: a row and head's pages shared by that many programs, then the combine kernel (rows of 1-6 pages: some
+    # splits have none)
     for G, Hk in ((1, 4), (2, 2), (4, 1)):
         _, kv, table, lens = setup(H=G * Hk, Hk=Hk, d=d, seed=G)
         pos = lens.long() - 1  # 0, 15, 16, 49, 95: first slot, page ends and starts
         args = qkv_inputs(5, G * Hk, Hk, d, pos, norm, seed=G + d)
         want, ref = run_qkv(*args, PagedKV(kv.k.clone(), kv.v.clone()), table, pos, G * Hk, use_triton=False)
-        got, kv = run_qkv(*args, kv, table, pos, G * Hk, use_triton=True)
+        got, kv = run_qkv(*args, kv, table, pos, G * Hk, use_triton=True, splits=splits)
         assert got.dtype == want.dtype and (got - want).abs().max() < 1e-5, (G, d, norm)
         assert torch.equal(kv.v, ref.v)
         # without norms the rotation is the same fp32 arithmetic; with them the norm's sum runs in another order
@@ -275,3 +278,25 @@ def test_pipelined_page_loop_equals_the_plain_loop(monkeypatch):
             results.append((out, pools))
         (a, pa_), (b, pb) = results
         assert torch.equal(a, b) and torch.equal(pa_.k, pb.k) and torch.equal(pa_.v, pb.v), (B, ctx)
+
+
+@pytest.mark.gpu
+def test_split_pages_close_to_one_program_per_head():
+    # split_attention: each row and head's pages shared by 2-8 programs, then the combine kernel; other fp32 sums
+    # than one program's, so ulps apart in bf16; the pools are the same bits (only split 0 writes)
+    from ttsengine.model.kernels import paged_attention as pa
+
+    g = torch.Generator().manual_seed(3)
+    H, Hk, d = 16, 8, 128
+    for B, ctx in ((1, 30), (1, 700), (2, 150), (4, 2000)):
+        kv, table = random_pool(B, Hk, d, 64, ctx + 70, g, torch.bfloat16)
+        pos = torch.randint(ctx // 2, ctx, (B,), generator=g).cuda()
+        qkv, rope, q_norm, k_norm = qkv_inputs(B, H, Hk, d, pos, True, dtype=torch.bfloat16, device="cuda")
+        one = PagedKV(kv.k.clone(), kv.v.clone())
+        want = pa.paged_write_decode_qkv_triton(qkv, rope, q_norm, k_norm, EPS, one, table, pos, H).float()
+        for splits in (2, 4, 8):
+            pools = PagedKV(kv.k.clone(), kv.v.clone())
+            got = pa.paged_write_decode_qkv_triton(qkv, rope, q_norm, k_norm, EPS, pools, table, pos, H, False,
+                                                   splits).float()
+            assert (got - want).abs().max().item() <= 2 ** -6 * want.abs().max().item(), (B, ctx, splits)
+            assert torch.equal(pools.k, one.k) and torch.equal(pools.v, one.v), (B, ctx, splits)

@@ -107,12 +107,15 @@ class Runner:
         # layer_gemv: steps of up to fused_layer.MAX_ROWS rows run each layer as five fused kernels (fused_layer.py)
         self.gemv_rows = 0
         self.pdl = False
+        self.splits = 1
         if (gemv and all(fused_layer.layer_supported(layer) for layer in (*model.layers, *model.fast_layers))
                 and fused_layer.linear_weight(model.fast_output) is not None):
             self.gemv_rows = fused_layer.MAX_ROWS
             # pdl: its kernels launched as programmatic dependents, each loading weights while the previous runs
             self.pdl = "pdl" in cfg.fused and pdl_runs(self.device)
-            self._gemv_layer = fused_layer.make_layer(cfg.triton_attention, self.pdl)
+            # split_attention: at few rows each row and KV head's pages shared by several programs (+ one combine)
+            self.splits = fused_layer.MAX_SPLITS if "split_attention" in cfg.fused and cfg.triton_attention else 1
+            self._gemv_layer = fused_layer.make_layer(cfg.triton_attention, self.pdl, self.splits)
             self._gemv_head = fused_layer.make_fast_head(self.pdl)
         elif gemv:
             log.warning("TTS_FUSED_KERNELS: layer_gemv needs bias-free bf16/fp16/fp32 or int8 linears; the step runs "
@@ -373,8 +376,10 @@ class Runner:
     @property
     def fused_in_use(self) -> frozenset[str]:
         """The fused kernels the step runs: the configured ones less layer_gemv where the model's layers cannot take
-        it (what the ready log and the bench report, so a figure never names a kernel that did not run)."""
-        off = {"layer_gemv": not self.gemv_rows, "fast_stack": not self.stack_rows, "pdl": not self.pdl}
+        it, and those that need it (pdl, split_attention) without it (what the ready log and the bench report, so a
+        figure never names a kernel that did not run)."""
+        off = {"layer_gemv": not self.gemv_rows, "fast_stack": not self.stack_rows, "pdl": not self.pdl,
+               "split_attention": self.splits == 1}
         return self.cfg.fused - frozenset(name for name, dropped in off.items() if dropped)
 
     def step_ops(self, bb: int) -> StepOps:

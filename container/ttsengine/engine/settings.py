@@ -69,6 +69,9 @@ def fused_kernels(switch: str, cuda: bool, triton_attention: bool, pdl: bool = F
         # pdl (layer_gemv's kernels as programmatic dependents, their 1-2-row tiles holding all of K): the layers of
         # a frame at one row 1,892 -> 1,571 us bf16, 1,874 -> 1,509 int8 (H100, torch 2.11, Triton 3.6,
         # scripts/device/pdl_bench.py); one stream 323 -> 369 frames/s (bench, two device calls)
+        # split_attention stays opt-in: one row at 600 positions 16.4 -> 10.6 us a slow layer, at 2,000 42.6 -> 14.1,
+        # but at 150 8.1 -> 8.9 (the combine kernel) and 8 streams of the bench 2,320 -> 2,170 frames/s (H100,
+        # scripts/device/attention_bench.py, bench): a graph cannot pick by context length
         # vocab_sampler (the slow token without a sort, kernels/vocab_sampler.py): 215 -> 42 us at one row, 1,412 ->
         # 291 us at 64 (scripts/device/vocab_sampler_bench.py); one stream 371 -> 399 frames/s, 64 streams 6,090 ->
         # 6,870 (bench, one device call; H100, torch 2.11, Triton 3.6)

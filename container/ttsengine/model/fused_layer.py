@@ -20,11 +20,12 @@ from collections.abc import Callable
 
 from torch import Tensor, nn
 
-from .kernels.paged_attention import write_and_attend_qkv_op
+from .kernels.paged_attention import attention_splits, write_and_attend_qkv_op
 from .kernels.small_linear import SMALL_LINEAR_MAX_ROWS, small_linear, small_linear_op
 from .quant import Int8Linear
 
 MAX_ROWS = SMALL_LINEAR_MAX_ROWS
+MAX_SPLITS = 8  # split_attention: at most this many programs per row and KV head (one row: 8 heads x 8 = 64)
 
 
 def linear_weight(linear: nn.Module) -> tuple[Tensor, Tensor | None] | None:
@@ -53,10 +54,12 @@ def layer_supported(layer: nn.Module) -> bool:
             and merged_ffn_weight(ff) is not None)
 
 
-def make_layer(use_triton: bool, pdl: bool = False) -> Callable:
+def make_layer(use_triton: bool, pdl: bool = False, max_splits: int = 1) -> Callable:
     """-> fn with the slow layer unit's signature (engine/compile/units.make_slow_layer) running the five kernels.
     pdl: each loads its first weights before waiting on the previous kernel, launched as a programmatic dependent
-    where the GPU has it (kernels/launch.py: TTS_FUSED_KERNELS pdl)."""
+    where the GPU has it (kernels/launch.py: TTS_FUSED_KERNELS pdl). max_splits > 1: the attention shares each row and
+    KV head's pages among up to that many programs where the rows are few (paged_attention.attention_splits:
+    TTS_FUSED_KERNELS split_attention); a pool of one page per row (the fast layers') is never split."""
     lin = small_linear_op() or _plain_linear
     attend = write_and_attend_qkv_op()
 
@@ -68,8 +71,10 @@ def make_layer(use_triton: bool, pdl: bool = False) -> Callable:
         w, s = linear_weight(att.wqkv)
         qkv = lin(x2, w, s, an.weight, an.eps, None, False, None, pdl)  # [B, (H + 2 Hk) d]
         qn, kn = att.q_norm, att.k_norm
+        splits = attention_splits(x2.shape[0], k_pool.shape[1], table.shape[1], max_splits)  # static per shape
         y = attend(qkv, rope[:, 0], None if qn is None else qn.weight, None if kn is None else kn.weight,
-                   0.0 if qn is None else qn.eps, k_pool, v_pool, table, pos, att.n_head, use_triton, pdl)  # [B, H, d]
+                   0.0 if qn is None else qn.eps, k_pool, v_pool, table, pos, att.n_head, use_triton, pdl,
+                   splits)  # [B, H, d]
         w, s = linear_weight(att.wo)
         h = lin(y.reshape(x2.shape[0], -1), w, s, None, 0.0, x2, False, None, pdl)
         w, s = merged_ffn_weight(ff)

@@ -97,13 +97,14 @@ def _write_and_attend(q: Tensor, k: Tensor, v: Tensor, k_pool: Tensor, v_pool: T
 
 
 def write_and_attend_qkv_op():
-    """-> fn(qkv, rope, q_norm, k_norm, eps, k_pool, v_pool, page_table, pos, n_head, use_triton, pdl=False)
-    -> y [B, H, d]:
+    """-> fn(qkv, rope, q_norm, k_norm, eps, k_pool, v_pool, page_table, pos, n_head, use_triton, pdl=False,
+    splits=1) -> y [B, H, d]:
     the decode step's attention from the raw wqkv output. qkv: [B, (H + 2 * Hk) * d], one position per row,
     split q | k | v head-major as Attention.project splits it (H = n_head; Hk, d from k_pool); rope: [B, d/2, 2]
     (cos, sin) at each row's position; q_norm, k_norm: per-head RMSNorm weights [d], both or neither (None).
     Normalises and rotates q and k as Attention.project does, then is write_and_attend_op's step (pdl: the Triton
-    kernel launched as a programmatic dependent where that runs, kernels/launch.py). A registered
+    kernel launched as a programmatic dependent where that runs, kernels/launch.py; splits: its pages shared by that
+    many programs per row and head, paged_write_decode_qkv_triton). A registered
     custom op where torch has them (>= 2.4); the plain function otherwise."""
     op = _custom_op_qkv()
     return op if op is not None else _write_and_attend_qkv
@@ -111,11 +112,12 @@ def write_and_attend_qkv_op():
 
 def _write_and_attend_qkv(qkv: Tensor, rope: Tensor, q_norm: Optional[Tensor],  # noqa: UP045
                           k_norm: Optional[Tensor], eps: float, k_pool: Tensor, v_pool: Tensor,  # noqa: UP045
-                          page_table: Tensor, pos: Tensor, n_head: int, use_triton: bool, pdl: bool = False) -> Tensor:
+                          page_table: Tensor, pos: Tensor, n_head: int, use_triton: bool, pdl: bool = False,
+                          splits: int = 1) -> Tensor:
     # (Optional, not `| None`: custom_op's schema inference on older torch reads only the typing spelling)
     if use_triton:
         return paged_write_decode_qkv_triton(qkv, rope, q_norm, k_norm, eps, PagedKV(k_pool, v_pool), page_table,
-                                             pos, n_head, pdl)
+                                             pos, n_head, pdl, splits)
     # the reference is the eager model's own code, so it is Attention.project's math by construction
     q, k, v = _split_heads(qkv, n_head, k_pool.shape[1], k_pool.shape[3])  # [B, 1, H | Hk, d]
     if q_norm is not None:
@@ -138,7 +140,7 @@ def _qkv_out_dtype(qkv: Tensor, q_norm: Tensor | None) -> torch.dtype:
 
 def _write_and_attend_qkv_fake(qkv: Tensor, rope: Tensor, q_norm: Tensor | None, k_norm: Tensor | None, eps: float,
                                k_pool: Tensor, v_pool: Tensor, page_table: Tensor, pos: Tensor, n_head: int,
-                               use_triton: bool, pdl: bool = False) -> Tensor:
+                               use_triton: bool, pdl: bool = False, splits: int = 1) -> Tensor:
     return qkv.new_empty((qkv.shape[0], n_head, k_pool.shape[3]), dtype=_qkv_out_dtype(qkv, q_norm))
 
 
@@ -209,9 +211,11 @@ def _triton_kernel():
                G: tl.constexpr, BLOCK_G: tl.constexpr, D: tl.constexpr, PAGE: tl.constexpr,
                ROT=None, QW=None, KW=None, eps=0.0, s_rb=0, s_rj=0, s_rc=0,
                ROPE: tl.constexpr = False, QK_NORM: tl.constexpr = False, PDL: tl.constexpr = False,
-               STAGES: tl.constexpr = 1):
+               STAGES: tl.constexpr = 1, PART=None, SPLITS: tl.constexpr = 1):
         # one program per (row b, KV head): store this step's key/value at position p, then attend
         # the G query heads of this KV head over positions 0..p-1 from the pages plus p from registers.
+        # SPLITS > 1: program (b, head, s) takes pages s, s + SPLITS, ... and writes its softmax state (max, sum,
+        # weighted values) to PART for _combine; split 0 also stores the new key/value and adds position p.
         # ROPE: Q, KN, VN are the raw wqkv output; q and the new key are first normalised (QK_NORM) and rotated
         # here with Attention.project's roundings (16-bit after the norm, after the weight, after the rotation)
         if PDL:  # launched as a programmatic dependent (launch.py): everything here reads the previous kernel's output
@@ -260,32 +264,86 @@ def _triton_kernel():
             kn = tl.load(KN + b * s_nb + kvh * s_nh + dd)
             vn = tl.load(VN + b * s_nb + kvh * s_nh + dd)
             q = tl.load(q_at + dd[None, :], mask=(g < G)[:, None], other=0.0)
-        page_w = tl.load(PT + b * s_ptb + p // PAGE).to(tl.int64)
-        slot = page_w * s_kp + kvh * s_kh + (p % PAGE) * s_kt + dd
-        tl.store(K + slot, kn)
-        tl.store(V + slot, vn)
+        split = tl.program_id(2)
+        if split == 0:
+            page_w = tl.load(PT + b * s_ptb + p // PAGE).to(tl.int64)
+            slot = page_w * s_kp + kvh * s_kh + (p % PAGE) * s_kt + dd
+            tl.store(K + slot, kn)
+            tl.store(V + slot, vn)
         m = tl.full([BLOCK_G], float("-inf"), tl.float32)
         den = tl.zeros([BLOCK_G], tl.float32)
         acc = tl.zeros([BLOCK_G, D], tl.float32)
         if STAGES > 1:  # software-pipelined: the next pages' loads are in flight while this one is used
-            for start in tl.range(0, p, PAGE, num_stages=STAGES):
+            for start in tl.range(split * PAGE, p, SPLITS * PAGE, num_stages=STAGES):
                 m, den, acc = _page(q, K, V, PT, b, s_ptb, s_kp, s_kh, s_kt, kvh, start, p, t, dd, scale, m, den, acc,
                                     PAGE)
         else:
-            for start in range(0, p, PAGE):
+            for start in range(split * PAGE, p, SPLITS * PAGE):
                 m, den, acc = _page(q, K, V, PT, b, s_ptb, s_kp, s_kh, s_kt, kvh, start, p, t, dd, scale, m, den, acc,
                                     PAGE)
-        s_new = tl.sum(q.to(tl.float32) * kn.to(tl.float32)[None, :], axis=1) * scale  # [BLOCK_G]
-        m_new = tl.maximum(m, s_new)
-        alpha = tl.exp(m - m_new)
-        pn = tl.exp(s_new - m_new)
-        den = den * alpha + pn
-        acc = acc * alpha[:, None] + pn[:, None] * vn.to(tl.float32)[None, :]
-        out = acc / den[:, None]
-        tl.store(OUT + b * s_ob + q_rows[:, None] * s_oh + dd[None, :], out.to(OUT.dtype.element_ty),
-                 mask=(g < G)[:, None])
+        if split == 0:
+            s_new = tl.sum(q.to(tl.float32) * kn.to(tl.float32)[None, :], axis=1) * scale  # [BLOCK_G]
+            m_new = tl.maximum(m, s_new)
+            alpha = tl.exp(m - m_new)
+            pn = tl.exp(s_new - m_new)
+            den = den * alpha + pn
+            acc = acc * alpha[:, None] + pn[:, None] * vn.to(tl.float32)[None, :]
+            m = m_new
+        if SPLITS > 1:  # PART [B, Hk, SPLITS, BLOCK_G, D + 2]: weighted values, then max and sum
+            at = PART + (((b * tl.num_programs(1) + kvh) * SPLITS + split) * BLOCK_G + g[:, None]) * (D + 2)
+            real = (g < G)[:, None]  # padded query heads are neither stored nor combined
+            tl.store(at + dd[None, :], acc, mask=real)
+            tl.store(at + D, m[:, None], mask=real)
+            tl.store(at + D + 1, den[:, None], mask=real)
+        else:
+            out = acc / den[:, None]
+            tl.store(OUT + b * s_ob + q_rows[:, None] * s_oh + dd[None, :], out.to(OUT.dtype.element_ty),
+                     mask=(g < G)[:, None])
 
     return kernel
+
+
+@functools.lru_cache(maxsize=1)
+def _combine_kernel():
+    import triton
+    import triton.language as tl
+
+    gdc_wait, gdc_launch_dependents = gdc_ops()
+
+    @triton.jit
+    def combine(PART, OUT, s_ob, s_oh, G: tl.constexpr, BLOCK_G: tl.constexpr, D: tl.constexpr,
+                SPLITS: tl.constexpr, PDL: tl.constexpr = False):
+        # one program per (row, KV head): the splits' softmax states -> the G heads' outputs
+        if PDL:
+            gdc_wait()
+            gdc_launch_dependents()
+        b, kvh = tl.program_id(0), tl.program_id(1)
+        sp = tl.arange(0, SPLITS)
+        g = tl.arange(0, BLOCK_G)
+        dd = tl.arange(0, D)
+        at = PART + (((b * tl.num_programs(1) + kvh) * SPLITS + sp[:, None]) * BLOCK_G + g[None, :]) * (D + 2)
+        real = (g < G)[None, :]  # padded query heads: 0s, never stored
+        m = tl.load(at + D, mask=real, other=0.0)  # [SPLITS, BLOCK_G]; -inf where a split had no page
+        den = tl.load(at + D + 1, mask=real, other=1.0)
+        top = tl.max(m, axis=0)  # split 0 always holds position p: finite
+        w = tl.exp(m - top[None, :])
+        acc = tl.load(at[:, :, None] + dd[None, None, :], mask=real[:, :, None], other=0.0)
+        acc = tl.sum(acc * w[:, :, None], axis=0)  # [BLOCK_G, D]
+        out = acc / tl.sum(den * w, axis=0)[:, None]
+        tl.store(OUT + b * s_ob + (kvh * G + g)[:, None] * s_oh + dd[None, :], out.to(OUT.dtype.element_ty),
+                 mask=(g < G)[:, None])
+
+    return combine
+
+
+def attention_splits(rows: int, kv_heads: int, pages_per_row: int, most: int) -> int:
+    """How many programs share a (row, KV head)'s pages: enough that rows x heads x splits fills ~128 programs (a
+    few rows leave most of the GPU idle while each program walks its pages in turn), at most `most` and the table's
+    pages per row (a power of two: the combine kernel's extent); 1 when the rows alone fill it."""
+    splits = 1
+    while splits * 2 <= min(most, pages_per_row) and rows * kv_heads * splits * 2 <= 128:
+        splits *= 2
+    return splits
 
 
 def paged_write_decode_triton(q: Tensor, k: Tensor, v: Tensor, kv: PagedKV, page_table: Tensor, pos: Tensor) -> Tensor:
@@ -309,11 +367,12 @@ def paged_write_decode_triton(q: Tensor, k: Tensor, v: Tensor, kv: PagedKV, page
 
 def paged_write_decode_qkv_triton(qkv: Tensor, rope: Tensor, q_norm: Tensor | None, k_norm: Tensor | None, eps: float,
                                   kv: PagedKV, page_table: Tensor, pos: Tensor, n_head: int,
-                                  pdl: bool = False) -> Tensor:
+                                  pdl: bool = False, splits: int = 1) -> Tensor:
     """paged_write_decode_triton from the raw wqkv output qkv [B, (H + 2 * Hk) * d]: the kernel normalises
     (q_norm, k_norm [d] or None) and rotates (rope [B, d/2, 2]) q and k itself -> [B, H, d] in the dtype
     Attention.project's q has. 16-bit caches. `pdl`: launched as a programmatic dependent where that runs
-    (launch.launch_options)."""
+    (launch.launch_options). `splits` > 1 (a power of two): each (row, KV head)'s pages shared by that many programs,
+    then one combine kernel (other sums than one program's: ulps apart)."""
     B = qkv.shape[0]
     Hk, d = kv.k.shape[1], kv.k.shape[3]
     G = n_head // Hk
@@ -323,13 +382,18 @@ def paged_write_decode_qkv_triton(qkv: Tensor, rope: Tensor, q_norm: Tensor | No
     if norm and q_norm.dtype != k_norm.dtype:  # the kernel rounds normed q and k to one dtype, OUT's
         raise ValueError(f"q_norm is {q_norm.dtype} but k_norm is {k_norm.dtype}")
     out = torch.empty((B, n_head, d), dtype=_qkv_out_dtype(qkv, q_norm), device=qkv.device)
-    _triton_kernel()[(B, Hk)](
+    block_g = max(16, next_pow2(G))
+    part = torch.empty((B, Hk, splits, block_g, d + 2), dtype=torch.float32, device=qkv.device) if splits > 1 else None
+    _triton_kernel()[(B, Hk, splits)](
         q, k, v, kv.k, kv.v, page_table, pos, out, d ** -0.5,
         qkv.stride(0), d, qkv.stride(0), d, kv.k.stride(0), kv.k.stride(1), kv.k.stride(2),
         page_table.stride(0), out.stride(0), out.stride(1),
-        G=G, BLOCK_G=max(16, next_pow2(G)), D=d, PAGE=kv.page_size,
+        G=G, BLOCK_G=block_g, D=d, PAGE=kv.page_size,
         ROT=rope, QW=q_norm.contiguous() if norm else None, KW=k_norm.contiguous() if norm else None, eps=eps,
         s_rb=rope.stride(0), s_rj=rope.stride(1), s_rc=rope.stride(2), ROPE=True, QK_NORM=norm,
-        STAGES=PIPELINE_STAGES, **launch_options(pdl, qkv.device),
+        STAGES=PIPELINE_STAGES, PART=part, SPLITS=splits, **launch_options(pdl, qkv.device),
     )
+    if splits > 1:
+        _combine_kernel()[(B, Hk)](part, out, out.stride(0), out.stride(1), G=G, BLOCK_G=block_g, D=d, SPLITS=splits,
+                                   **launch_options(pdl, qkv.device))
     return out
