@@ -1,11 +1,25 @@
-"""The sorted top-p reference with the fused samplers' rule at ties (kernels/vocab_sampler.py): shared by the CPU and
-GPU tests of the sort-free sampler."""
+"""What the fused samplers' tests share: random sampling rows, and the sorted top-p reference with the fused samplers'
+rule at ties (kernels/vocab_sampler.py)."""
 
 from __future__ import annotations
 
 import torch
 
-from ttsengine.model.sampling import apply_repetition_penalty, draw, exponential_noise, top_p_filter
+from ttsengine.model.sampling import SamplingTensors, apply_repetition_penalty, draw, exponential_noise, top_p_filter
+
+
+def random_rows(B, V, seed, dtype=torch.float32, scale=3.0, window=16, id_range=None):
+    """-> (logits [B, V], SamplingTensors with a random temperature / top_p / penalty / seed per row, window ids
+    [B, window] below id_range (default V), counters [B]) on the CPU."""
+    g = torch.Generator().manual_seed(seed)
+    logits = (torch.randn(B, V, generator=g) * scale).to(dtype)
+    params = SamplingTensors.from_values(
+        [(0.3 + 0.9 * torch.rand(1, generator=g).item(), 0.5 + 0.5 * torch.rand(1, generator=g).item(),
+          1.0 + 0.5 * torch.rand(1, generator=g).item(), int(torch.randint(0, 2**62, (1,), generator=g)))
+         for _ in range(B)], "cpu")
+    ids = torch.randint(0, id_range or V, (B, window), generator=g)
+    counter = torch.randint(0, 2**40, (B,), generator=g)
+    return logits, params, ids, counter
 
 
 def with_ties(logits, p, ids, counter):

@@ -6,11 +6,11 @@ import os
 
 import pytest
 import torch
+from top_p_reference import random_rows
 
 from ttsengine.model.frame import sample_token
 from ttsengine.model.kernels.codebook_sampler import sample_codebook_triton
 from ttsengine.model.kernels.triton_support import triton_major
-from ttsengine.model.sampling import SamplingTensors
 
 pytestmark = [
     pytest.mark.skipif(triton_major() < 3, reason="needs Triton >= 3 (its interpreter)"),
@@ -19,15 +19,7 @@ pytestmark = [
 
 
 def rows(B, V, seed, dtype=torch.float32, scale=3.0, window=16, id_range=None):
-    g = torch.Generator().manual_seed(seed)
-    logits = (torch.randn(B, V, generator=g) * scale).to(dtype)
-    params = SamplingTensors.from_values(
-        [(0.3 + 0.9 * torch.rand(1, generator=g).item(), 0.5 + 0.5 * torch.rand(1, generator=g).item(),
-          1.0 + 0.5 * torch.rand(1, generator=g).item(), int(torch.randint(0, 2**62, (1,), generator=g)))
-         for _ in range(B)], "cpu")
-    ids = torch.randint(0, id_range or V, (B, window), generator=g)
-    counter = torch.randint(0, 2**40, (B,), generator=g)
-    return logits, params, ids, counter
+    return random_rows(B, V, seed, dtype, scale, window, id_range)
 
 
 def both(logits, p, ids, counter):

@@ -258,6 +258,14 @@ def test_qkv_kernel_replays_in_a_cuda_graph():
         assert torch.equal(kv.k, before.k) and torch.equal(kv.v, before.v), shift
 
 
+def real_slow_inputs(B, ctx, g):
+    """The real slow attention's shapes on the GPU (16 heads, 8 KV heads of 128, pages of 64, q/k norms), bf16: pool,
+    table, positions in [ctx / 2, ctx), and qkv_inputs' (qkv, rope, q_norm, k_norm)."""
+    kv, table = random_pool(B, 8, 128, 64, ctx + 70, g, torch.bfloat16)
+    pos = torch.randint(ctx // 2, ctx, (B,), generator=g).cuda()
+    return kv, table, pos, qkv_inputs(B, 16, 8, 128, pos, True, dtype=torch.bfloat16, device="cuda")
+
+
 @pytest.mark.gpu
 def test_pipelined_page_loop_equals_the_plain_loop(monkeypatch):
     # the page loop software-pipelined (paged_attention.PIPELINE_STAGES, loads of later pages in flight) is the same
@@ -265,11 +273,9 @@ def test_pipelined_page_loop_equals_the_plain_loop(monkeypatch):
     from ttsengine.model.kernels import paged_attention as pa
 
     g = torch.Generator().manual_seed(2)
-    H, Hk, d = 16, 8, 128
+    H = 16
     for B, ctx in ((1, 30), (2, 150), (8, 700), (64, 300)):
-        kv, table = random_pool(B, Hk, d, 64, ctx + 70, g, torch.bfloat16)
-        pos = torch.randint(ctx // 2, ctx, (B,), generator=g).cuda()
-        qkv, rope, q_norm, k_norm = qkv_inputs(B, H, Hk, d, pos, True, dtype=torch.bfloat16, device="cuda")
+        kv, table, pos, (qkv, rope, q_norm, k_norm) = real_slow_inputs(B, ctx, g)
         results = []
         for stages in (1, 2):
             monkeypatch.setattr(pa, "PIPELINE_STAGES", stages)
@@ -287,11 +293,9 @@ def test_split_pages_close_to_one_program_per_head():
     from ttsengine.model.kernels import paged_attention as pa
 
     g = torch.Generator().manual_seed(3)
-    H, Hk, d = 16, 8, 128
+    H = 16
     for B, ctx in ((1, 30), (1, 700), (2, 150), (4, 2000)):
-        kv, table = random_pool(B, Hk, d, 64, ctx + 70, g, torch.bfloat16)
-        pos = torch.randint(ctx // 2, ctx, (B,), generator=g).cuda()
-        qkv, rope, q_norm, k_norm = qkv_inputs(B, H, Hk, d, pos, True, dtype=torch.bfloat16, device="cuda")
+        kv, table, pos, (qkv, rope, q_norm, k_norm) = real_slow_inputs(B, ctx, g)
         one = PagedKV(kv.k.clone(), kv.v.clone())
         want = pa.paged_write_decode_qkv_triton(qkv, rope, q_norm, k_norm, EPS, one, table, pos, H).float()
         for splits in (2, 4, 8):
