@@ -307,16 +307,15 @@ ENGINE_VARS = (
         "(rows 1-8, positions 64-2048) instead of ~2,000 eager kernel launches", dev=True),
     Var("TTS_COMPILE", "compile", switch(), "auto | on | off: torch.compile the decode step", dev=True),
     Var("TTS_FUSED_KERNELS", "fused_kernels", FUSED,
-        "auto (= all, on CUDA with Triton) | off | a comma-separated list of fast_attention (the fast layers' "
-        "cache write + attention as one Triton kernel) and codebook_sampler (a codebook's penalty, top-p, "
-        "temperature and draw as one kernel) and vocab_scan (top-p's cumulative sum over the slow vocabulary in "
-        "1,024-wide blocks, in parallel) and vocab_sampler (the slow token's penalty, top-p, temperature and draw "
+        "auto (= all but the opt-in ones, on CUDA with Triton) | off | a comma-separated list of fast_attention (the "
+        "fast layers' cache write + attention as one Triton kernel) and codebook_sampler (a codebook's penalty, "
+        "top-p, temperature and draw as one kernel) and vocab_scan (top-p's cumulative sum over the slow vocabulary "
+        "in 1,024-wide blocks, in parallel) and vocab_sampler (the slow token's penalty, top-p, temperature and draw "
         "without a sort: a histogram of the 16-bit logits, five kernels) and merged_ffn (each layer's W1 and W3 as "
-        "one matmul) and layer_gemv (at "
-        "up to 16 rows each layer as five Triton kernels: norm + GEMV, attention with q/k-norm + RoPE, GEMV + "
-        "residual, norm + GEMV + SwiGLU, GEMV + residual; merges W1|W3, bf16 or int8) and pdl and split_attention "
-        "(opt-in: at few rows the slow attention's pages shared by up to 8 programs per head; for long contexts): "
-        "the decode step's fused kernels", dev=True),
+        "one matmul) and layer_gemv (at up to 16 rows each layer as five Triton kernels: norm + GEMV, attention with "
+        "q/k-norm + RoPE, GEMV + residual, norm + GEMV + SwiGLU, GEMV + residual; merges W1|W3, bf16 or int8) and pdl"
+        " and split_attention (opt-in: at few rows the slow attention's pages shared by up to 8 programs per head; "
+        "for long contexts): the decode step's fused kernels", dev=True),
     Var("TTS_CODEC_COMPILE", "codec_compile", switch(),
         "on | off (auto = off): torch.compile the streaming codec as well (~1 ms faster per small chunk on an H100; "
         "its trace adds ~18 s to every start)", dev=True),
