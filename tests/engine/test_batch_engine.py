@@ -74,7 +74,8 @@ def test_the_fused_fast_attention_path_equals_the_reference(eager_engine):
 
     eng = Engine.load(EngineConfig(model_dir=MODEL_DIR, device="cpu", max_batch=4, fused_kernels="fast_attention"))
     try:
-        assert eng.runner.ops.frame.paged_fast and eng.runner.ops.frame.sample_codebook is None
+        frame = eng.runner.ops.frame
+        assert frame.paged_fast and frame.sample_codebook is frame.sample  # the codebooks: the reference sampler
         reqs = [SynthesisRequest(text=f"Fused path {i}.", seed=40 + i, max_new_tokens=10 + 7 * i,
                                  repetition_penalty=1.0 + 0.2 * i) for i in range(6)]
         serve_all(eng, eager_engine, reqs)  # 6 requests through 4 slots: joins, leaves, slot moves

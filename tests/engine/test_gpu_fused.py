@@ -78,6 +78,8 @@ def test_vocab_sampler_equals_the_reference(dtype):
     assert clear.float().mean().item() >= 0.9 and torch.equal(got_cut[clear], want_cut[clear])
     got, (want, _) = sample_vocab_triton(logits, *args), with_ties(logits, p, ids, counter)
     assert (got == want).float().mean().item() >= 0.995, (got != want).nonzero()
+    far = (margin > 1e-4).to(got.device)  # no fp32 sum of either side can move these rows' cuts
+    assert far.float().mean().item() >= 0.3 and torch.equal(got[far], want[far]), (got != want).nonzero()
     assert torch.equal(sample_vocab_triton(logits, *args), got)
     for b in (0, 1, 2, 200):
         alone = sample_vocab_triton(logits[b:b + 1], *(a[b:b + 1] for a in args))

@@ -109,3 +109,36 @@ def test_fp32_logits_are_refused_with_a_reason():
     with pytest.raises(ValueError, match="16-bit"):
         sample_vocab_triton(logits, p.temperature, p.top_p, p.repetition_penalty, ids, p.seed_lo, p.seed_hi,
                             counter)
+
+
+def cut_sweep(row, pen, ids, near):
+    """One bf16 row, its window `ids` penalised by `pen`: rows with top_p just past the condition of each distinct
+    value within 2 of `near` (so the cut lands on each of those values in turn) -> (top_p_cut, reference cut)."""
+    row = row.to(torch.bfloat16)
+    x = apply_repetition_penalty(row.float()[None], ids[None], torch.tensor([pen]))[0]
+    xs, order = x.sort(descending=True)
+    ps = torch.softmax(x.double(), 0)[order]
+    values, counts = torch.unique_consecutive(xs, return_counts=True)
+    first = torch.cumsum(counts, 0) - counts
+    cond = (torch.cumsum(ps, 0) - ps)[first] + ps[first]
+    at = int((values == near).nonzero()[0])
+    ks = range(max(0, at - 2), min(len(values) - 1, at + 3))
+    top_p = torch.tensor([(cond[k] + 0.1 * (cond[k + 1] - cond[k])).item() for k in ks], dtype=torch.float32)
+    B = len(top_p)
+    got = top_p_cut(row[None].repeat(B, 1), top_p, torch.full((B,), pen), ids[None].repeat(B, 1))
+    want, _ = reference_cut(x[None].repeat(B, 1), top_p)
+    return got.double(), want
+
+
+def test_the_cut_where_a_penalised_entry_ties_a_value_or_starts_a_span():
+    # penalised values are placed among the 16-bit values by comparison: tied with two unpenalised 1.25s (2.5 / 2;
+    # a fresh row's penalty 1.0 ties every window entry with its own value), and exactly on the first value of a
+    # span of 2,048 keys (3.0 / 1.5 = 2.0: counted in one span only). The cut stepped across each
+    g = torch.Generator().manual_seed(3)
+    row = torch.rand(400, generator=g) * 2 - 4.0
+    row[:6] = torch.tensor([3.0, 2.75, 2.5, 2.25, 1.5, 1.25])
+    got, want = cut_sweep(row, 1.5, torch.tensor([0, 5]), 2.0)
+    assert torch.equal(got, want), (got, want)
+    row[10], row[11] = 1.25, 1.25
+    got, want = cut_sweep(row, 2.0, torch.tensor([2, 7]), 1.25)
+    assert torch.equal(got, want), (got, want)

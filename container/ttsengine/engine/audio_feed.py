@@ -67,7 +67,9 @@ def ready_for_audio(tasks: list[Task], first: int, stream: int) -> list[Task]:
 
 def codec_calls(tasks: list[Task], final: bool, first: int, stream: int) -> Iterator[tuple[int, list[Task]]]:
     """-> (frames, tasks) per codec call: whole chunks while running (each call a length of chunk_sizes: the
-    vocoder pads only a final piece), everything left when final in pieces of at most the largest. Tasks with the
+    vocoder pads only a final piece; frames that backed up go in the largest size that fits, so a call may then be
+    longer than the audio made so: the engine takes audio every step, where none back up), everything left when
+    final in pieces of at most the largest. Tasks with the
     same call length share a call; rounds keep each task's pieces in order. The caller advances each task's
     `decoded` by `frames` as it takes a call (the next round is computed from those counts)."""
     sizes = chunk_sizes(first, stream)

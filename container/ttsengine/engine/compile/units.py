@@ -46,11 +46,14 @@ def frame_ops(attend: Callable, use_triton: bool, fused: frozenset[str], wrap: C
                   if "fast_attention" in fused else wrap(fast_layer_step, "fast_layer", (1, 2, 3, 4, 5, 6)))
     sample = (wrap(sample_token_blocked, "sample_blocked", (0, 1, 2, 3, 4, 5, 6, 7)) if "vocab_scan" in fused
               else wrap(sample_token, "sample", (0, 1, 2, 3, 4, 5, 6, 7)))
+    # the codebooks: their kernel, else the reference (never the vocab sampler: five launches and a 256 KB histogram
+    # for 1,024 logits)
+    codebook = sample_codebook_triton if "codebook_sampler" in fused else sample
     if "vocab_sampler" in fused:
         sample = SixteenBit(sample_vocab_triton, sample)
     return FrameOps(sample=sample, fast_layer=fast_layer,
                     fast_head=wrap(fast_logits, "fast_head", (1,)),
-                    sample_codebook=sample_codebook_triton if "codebook_sampler" in fused else None,
+                    sample_codebook=codebook,
                     paged_fast="fast_attention" in fused)
 
 

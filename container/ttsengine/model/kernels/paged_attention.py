@@ -203,7 +203,7 @@ def _triton_kernel():
         acc = acc * alpha[:, None] + tl.dot(pr.to(v.dtype), v).to(tl.float32)
         return m_new, den, acc
 
-    globals()["_page"] = _page  # Triton finds a kernel's jitted callees among its module's globals, not closures
+    globals()["_page"] = _page  # Triton's interpreter (CPU tests) looks a kernel's jitted callees up in its globals
 
     @triton.jit
     def kernel(Q, KN, VN, K, V, PT, POS, OUT, scale,

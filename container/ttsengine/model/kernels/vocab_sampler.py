@@ -25,7 +25,9 @@ Kernels, grid in brackets, B rows:
    exp(x / t - max / t) / noise (the reference's probs / noise before its common division by the sum), packed
    (score bits, index) into one int64 and combined across chunks with an atomic max;
 5. finish [1]: the token ids from the packed maxima.
-Every sum is over a fixed order of parts, so a row's token does not depend on the batch or the run.
+Every sum is over a fixed order of parts, so a row's token does not depend on the batch or the run. The penalty's
+and the temperature's divisions round as torch's (div_rn; Triton's `/` is approximate on NVIDIA GPUs): a penalised
+value is compared exactly with the 16-bit values.
 """
 
 from __future__ import annotations
@@ -71,7 +73,7 @@ if triton is not None:
         for w in range(W):
             hit = hit | (idx == tl.load(IDS + b.to(tl.int64) * s_i + w))
         pen = tl.load(PEN + b)
-        return tl.where(hit, tl.where(x < 0, x * pen, x / pen), x), hit
+        return tl.where(hit, tl.where(x < 0, x * pen, tl.math.div_rn(x, pen)), x), hit
 
     @triton.jit
     def _entries(LOGITS, s_l, V, IDS, s_i, b, W, PEN, WP: tl.constexpr):
@@ -83,7 +85,7 @@ if triton is not None:
         valid = (i >= 0) & (i < V) & (earlier == 0)
         x = tl.load(LOGITS + b.to(tl.int64) * s_l + tl.where(valid, i, 0)).to(tl.float32)
         pen = tl.load(PEN + b)
-        return tl.where(x < 0, x * pen, x / pen), valid
+        return tl.where(x < 0, x * pen, tl.math.div_rn(x, pen)), valid
 
     @triton.jit
     def _row_norm(STATS, b, NC, NCP: tl.constexpr):
@@ -184,7 +186,7 @@ if triton is not None:
             x, hit = _penalised(x, idx, b, IDS, s_i, W, PEN)
         t = tl.maximum(tl.load(TEMP + b), 1e-5)
         key = row_key(tl.load(SEED_LO + b), tl.load(SEED_HI + b), tl.load(COUNTER + b))
-        score = tl.exp(x / t - m / t) / exp_noise(key, idx.to(tl.int64))
+        score = tl.exp(tl.math.div_rn(x, t) - tl.math.div_rn(m, t)) / exp_noise(key, idx.to(tl.int64))
         score = tl.where(inside & (x >= cut), score, -1.0)
         best = tl.argmax(score, axis=0)
         top = tl.max(score, axis=0)
@@ -244,6 +246,7 @@ def sample_vocab_triton(logits: Tensor, temperature: Tensor, top_p: Tensor, pena
     rest [B] -> token ids int64 [B]."""
     logits = _check(logits)
     B, V = logits.shape
+    seed_lo, seed_hi, counter = seed_lo.contiguous(), seed_hi.contiguous(), counter.contiguous()  # read with stride 1
     row, stats, cand, packed = _cut(logits, top_p, penalty, previous_ids, counter)
     NC = stats.shape[1]
     _draw_kernel[(B, NC)](*row, temperature.float().contiguous(), seed_lo, seed_hi, counter, stats, cand, packed, NC,
