@@ -55,8 +55,10 @@ def _chunk(task: Task, first: int, stream: int) -> int:
     """The next chunk: the first, then the largest size no longer than the audio already made (a listener holds at
     least as much audio as the next chunk takes to make at any speed above real time, so growing never stalls
     playback, and a long stream reaches `stream`: fewer, larger codec calls)."""
-    if task.decoded == 0 or stream <= first:
-        return first if task.decoded == 0 else stream
+    if task.decoded == 0:
+        return first
+    if stream <= first:
+        return stream
     return max(s for s in chunk_sizes(first, stream) if s <= task.decoded)
 
 

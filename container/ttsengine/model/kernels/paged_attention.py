@@ -26,7 +26,7 @@ from torch import Tensor
 
 from ..layers import apply_rope, rms_norm
 from .launch import gdc_ops, launch_options
-from .triton_support import next_pow2
+from .triton_support import next_pow2, triton_major
 
 SCRATCH_PAGE = 0
 # > 1: the Triton kernel's page loop software-pipelined with this many stages (tl.range num_stages: later pages'
@@ -34,6 +34,12 @@ SCRATCH_PAGE = 0
 # (bit-equal, tested on the device). 2: 7.9 -> 7.5 us at context 150, 43.7 -> 39.9 at 2,000, one row; 3 and 4 gain
 # nothing (H100, torch 2.11, Triton 3.6, scripts/device/attention_bench.py)
 PIPELINE_STAGES = 2
+
+
+def _stages() -> int:
+    # tl.range(num_stages=) is Triton 3's: an older Triton (torch 2.2's, which also runs this kernel) walks the pages
+    # one after the other
+    return PIPELINE_STAGES if triton_major() >= 3 else 1
 
 
 @dataclass
@@ -360,7 +366,7 @@ def paged_write_decode_triton(q: Tensor, k: Tensor, v: Tensor, kv: PagedKV, page
         q, k, v, kv.k, kv.v, page_table, pos, out, d ** -0.5,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), kv.k.stride(0), kv.k.stride(1), kv.k.stride(2),
         page_table.stride(0), out.stride(0), out.stride(1),
-        G=G, BLOCK_G=max(16, next_pow2(G)), D=d, PAGE=kv.page_size, STAGES=PIPELINE_STAGES,
+        G=G, BLOCK_G=max(16, next_pow2(G)), D=d, PAGE=kv.page_size, STAGES=_stages(),
     )
     return out
 
@@ -391,7 +397,7 @@ def paged_write_decode_qkv_triton(qkv: Tensor, rope: Tensor, q_norm: Tensor | No
         G=G, BLOCK_G=block_g, D=d, PAGE=kv.page_size,
         ROT=rope, QW=q_norm.contiguous() if norm else None, KW=k_norm.contiguous() if norm else None, eps=eps,
         s_rb=rope.stride(0), s_rj=rope.stride(1), s_rc=rope.stride(2), ROPE=True, QK_NORM=norm,
-        STAGES=PIPELINE_STAGES, PART=part, SPLITS=splits, **launch_options(pdl, qkv.device),
+        STAGES=_stages(), PART=part, SPLITS=splits, **launch_options(pdl, qkv.device),
     )
     if splits > 1:
         _combine_kernel()[(B, Hk)](part, out, out.stride(0), out.stride(1), G=G, BLOCK_G=block_g, D=d, SPLITS=splits,
