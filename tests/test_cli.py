@@ -104,7 +104,7 @@ def test_bench_with_a_stored_voice_and_poisson_arrivals(tmp_path):
     import json
 
     proc = run_cli("ttsengine", "bench", "--model", str(MODEL_DIR), "--concurrency", "1,3", "--frames", "6",
-                   "--voice", "2", "--arrivals", "poisson:40", "--out", str(tmp_path))
+                   "--voice", "2", "--arrivals", "poisson:40", "--profile", "2", "--out", str(tmp_path))
     assert proc.returncode == 0, proc.stderr
     report = json.loads((tmp_path / "bench.json").read_text())
     assert report["voice_seconds"] == 2 and report["voice_prompt_tokens"] == 44  # ceil(2 s * 44100 / 2048)
@@ -115,6 +115,9 @@ def test_bench_with_a_stored_voice_and_poisson_arrivals(tmp_path):
         assert level["prefill_tokens_per_request"] > 44  # the voice's codes, then the transcript and text
     assert [lv["concurrency"] for lv in report["levels"]] == [1, 3]
     assert "memory preset" in proc.stdout and "poisson:40" in proc.stdout
+    names = [row["name"] for row in report["profile"]]  # --profile: the GPU's streams first (none on a CPU)
+    assert names[:3] == ["GPU time, first kernel to last", "GPU busy (any stream)",
+                         "GPU busy on two or more streams at once"] and any(n.startswith("CPU ") for n in names)
 
 
 def test_bench_rejects_a_bad_arrival_spec():

@@ -150,7 +150,7 @@ def test_every_switch_takes_auto_on_off():
     names = {v.name for v in SWITCHES}
     assert names == {"TTS_ALLOW_SPECIAL_TOKENS", "TTS_CUDA_GRAPHS", "TTS_LAZY_GRAPHS", "TTS_COMPILE",
                      "TTS_CODEC_COMPILE", "TTS_SNAKE_KERNEL", "TTS_PRECOMPILE", "TTS_CUDNN_BENCHMARK",
-                     "TTS_CODEC_MERGE", "TTS_PREFILL_GRAPHS", "TTS_STRICT_FIELDS",
+                     "TTS_CODEC_MERGE", "TTS_CODEC_ROUNDS", "TTS_PREFILL_GRAPHS", "TTS_STRICT_FIELDS",
                      "TTS_CODEC_CACHE", "TTS_PREFIX_CACHE", "TTS_OVERLAP_STEP", "TTS_STEP_PRIORITY",
                      "TTS_CODEC_CHANNELS_LAST"}
     for var in SWITCHES:
@@ -169,6 +169,7 @@ def test_every_switch_takes_auto_on_off():
     ("TTS_PREFILL_GRAPHS", "prefill_graphs", {"auto": "auto", "on": "auto", "no": "off"}),
     ("TTS_CUDNN_BENCHMARK", "cudnn_benchmark", {"auto": "auto", "on": "on", "0": "off"}),
     ("TTS_CODEC_MERGE", "codec_merge", {"auto": "auto", "yes": "on", "off": "off"}),
+    ("TTS_CODEC_ROUNDS", "codec_rounds", {"auto": "auto", "on": "on", "0": "off"}),
     ("TTS_CODEC_CHANNELS_LAST", "codec_channels_last", {"auto": "auto", "on": "on", "no": "off"}),
     ("TTS_LAZY_GRAPHS", "lazy_graphs", {"auto": True, "on": True, "1": True, "off": False, "0": False}),
     ("TTS_ALLOW_SPECIAL_TOKENS", "allow_special_tokens", {"auto": False, "on": True, "true": True, "no": False}),

@@ -224,6 +224,7 @@ class EngineConfig:
     snake_kernel: str = "auto"  # Snake as one Triton kernel in the eager codec: auto (on CUDA with Triton) | off
     cudnn_benchmark: str = "auto"  # cuDNN autotuning: auto = codec graph captures only | on | off
     codec_merge: str = "auto"  # queued codec decodes join into one batched call: auto (= on) | on | off
+    codec_rounds: str = "auto"  # later audio chunks of every stream go to the codec together: auto (= on) | off
     codec_channels_last: str = "auto"  # streaming codec time-major, channels-last convs: auto (CUDA + cuDNN tuning)
     cache_dir: Path | None = None  # torch.compile kernel cache (Inductor + Triton); None = torch's default
     precompile: str = "auto"  # keep the step's traced units in cache_dir: auto (torch >= 2.10 with a cache dir) | off
@@ -335,6 +336,11 @@ ENGINE_VARS = (
     Var("TTS_CODEC_MERGE", "codec_merge", switch(),
         "auto (= on) | on | off: codec decodes queued behind a busy codec thread join into one batched call",
         dev=True),
+    Var("TTS_CODEC_ROUNDS", "codec_rounds", switch(),
+        "auto (= on) | on | off: a stream's later audio chunks wait for the engine's next codec round (every "
+        "TTS_STREAM_CHUNK_FRAMES steps), so the running streams' chunks make one batched codec call instead of many "
+        "small ones; a first chunk, and a stream whose listener holds little audio, never wait; with more than 128 "
+        "streams running nothing waits (the codec thread then merges its queue)", dev=True),
     Var("TTS_CACHE_DIR", "cache_dir", PATH, "directory of the torch.compile kernel cache (keep it on a volume)"),
     Var("TTS_PRECOMPILE", "precompile", switch(forceable=False),
         "auto (= on) | off: keep the decode step's traced units in TTS_CACHE_DIR (torch's AOT precompile, "

@@ -2,7 +2,7 @@
 CUDA graph: one frame's decoder-layer work (28 slow layers, then 10 positions x 4 fast layers, 140 + 200 kernels),
 and the 4 fast layers of one position alone. Usage: python3 scripts/device/pdl_bench.py [rows ...] (default 1 2 8)
 TILES="swiglu:4x1024w4 all:16x1024w8 ..." (bf16 only): the frame again with the 1-2-row CUDA-core tiles replaced
-(`swiglu`: the W1|W3 layers', `wide`: > 1,024 columns, `narrow`: 1,024 columns), NxKwW."""
+(`swiglu`: the W1|W3 layers', `wide`: > 1,024 columns, `narrow`: 1,024 columns), NxKwW; WEIGHTS=bf16 skips int8."""
 import os
 import sys
 
@@ -31,12 +31,12 @@ def tiles_variant(spec: str):
         k, w = rest.split("w")
         over[kind] = sl.SmallLinearConfig(int(n), int(k), int(w), 2, use_dot=False)
 
-    def config(n_out, k, dtype, swiglu=False, rows=16, norm=True):
+    def config(n_out, k, dtype, swiglu=False, rows=16, norm=True, pdl=False):
         kind = "swiglu" if swiglu else "wide" if n_out > 1024 else "narrow"
         if rows <= sl.CORE_ROWS and kind in over and n_out < 16384:
             c = over[kind]
             return sl.SmallLinearConfig(c.block_n, min(c.block_k, max(16, sl.next_pow2(k))), c.num_warps, 2, False)
-        return default(n_out, k, dtype, swiglu, rows, norm)
+        return default(n_out, k, dtype, swiglu, rows, norm, pdl)
 
     return config
 
@@ -49,7 +49,7 @@ def main():
     print(torch.cuda.get_device_name(), "torch", torch.__version__, "triton", triton.__version__,
           "pdl runs:", pdl_runs(torch.device("cuda")), "inductor enable_pdl:", hasattr(ic.triton, "enable_pdl"))
     print("| weights | rows | work | plain us | pdl us | ratio |")
-    for quant in (False, True):
+    for quant in [q == "int8" for q in os.environ.get("WEIGHTS", "bf16,int8").split(",")]:
         slow = [real_block(quant, False) for _ in range(28)]
         fast = [real_block(quant, True) for _ in range(4)]
         for M in rows:

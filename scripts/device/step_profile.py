@@ -1,7 +1,10 @@
 """Where one decode step goes (real S1-mini shapes, random weights, the engine's own settings): the graphed
-step's time per bucket, then a profile of the (compiled, uncaptured) step at the first: kernels per frame and GPU
-time per kernel class. Usage: python3 scripts/device/step_profile.py [ROWS ...]
-(default 2 8 64: compiled buckets start at 2). Env as the engine's (TTS_COMPILE, TTS_QUANT, TTS_FUSED_KERNELS ...)."""
+step's time per bucket; the timeline of its graph replays per bucket (kernels per frame, their time, the time each
+class adds to the frame: kernels overlap under PDL, so a kernel's share is how far it moves the end of the work
+done so far); then a profile of the (compiled, uncaptured) step at the first bucket: GPU time per kernel class.
+Usage: python3 scripts/device/step_profile.py [ROWS ...] (default 2 8 64). Env as the engine's (TTS_COMPILE,
+TTS_QUANT, TTS_FUSED_KERNELS ...)."""
+import os
 import re
 import sys
 import time
@@ -51,7 +54,9 @@ with torch.inference_mode():
 CLASSES = (("gemm/gemv", r"gemm|gemv|cutlass|sm90|nvjet|xmma|cublas|splitK|matmul|_mm_|mm_kernel|int8|small_linear"),
            ("sort", r"sort|radix|Sort"), ("scan (cumsum)", r"scan|cumsum|Scan"),
            # the paged attention's Triton kernel is named `kernel`, the codebook sampler's `_kernel`
-           ("attention", r"attend|paged|flash|fmha|sdpa|attention|^kernel$"), ("codebook sampler", r"^_kernel$"),
+           ("attention", r"attend|paged|flash|fmha|sdpa|attention|^kernel$|^combine$"),
+           ("codebook sampler", r"^_kernel$|codebook"),
+           ("vocab sampler", r"^_(stats|mass|cut|draw|finish)_kernel$"),
            ("triton fused", r"^triton_"), ("reduce", r"reduce|Reduce|argmax|max"),
            ("copy/fill/index", r"copy|fill|index|gather|scatter|cat|Memcpy|Memset|elementwise|vectorized"))
 
@@ -61,6 +66,44 @@ def klass(name):
 
 
 from torch.profiler import ProfilerActivity, profile  # noqa: E402
+
+REPLAYS = 5
+for bb in ROWS if graphs is not None else []:
+    with torch.inference_mode():
+        step(bb)
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            for _ in range(REPLAYS):
+                step(bb)
+            torch.cuda.synchronize()
+    spans = sorted((e.time_range.start, e.time_range.end, e.name) for e in prof.events()
+                   if e.device_type == torch.autograd.DeviceType.CUDA and e.time_range.end > e.time_range.start)
+    if not spans:
+        print(f"\nno kernels recorded in the graph replays at {bb} rows")
+        continue
+    by = defaultdict(lambda: [0, 0.0, 0.0])  # class -> kernels, their time, the time they add to the frame
+    top = defaultdict(lambda: [0, 0.0])
+    frontier = spans[0][0]
+    dump = ["start_us,end_us,added_us,name"]  # every kernel in order, to $OUT/timeline_ROWS.csv
+    for start, end, name in spans:
+        c, added = klass(name), max(0.0, end - max(frontier, start))
+        dump.append(f"{start:.3f},{end:.3f},{added:.3f},\"{name[:120]}\"")
+        by[c][0] += 1
+        by[c][1] += end - start
+        by[c][2] += added
+        top[name[:80]][0] += 1
+        top[name[:80]][1] += added
+        frontier = max(frontier, end)
+    with open(os.path.join(os.environ.get("OUT", "."), f"timeline_{bb}.csv"), "w") as f:
+        f.write("\n".join(dump) + "\n")
+    busy = sum(v[2] for v in by.values())
+    print(f"\ngraph replay at {bb} row(s): {len(spans) / REPLAYS:.0f} kernels, {busy / REPLAYS:,.0f} us busy, "
+          f"{(spans[-1][1] - spans[0][0]) / REPLAYS:,.0f} us from first start to last end, per frame")
+    print("| class | kernels/frame | kernel us/frame | us added to the frame | us/kernel |")
+    for c, (k, us, added) in sorted(by.items(), key=lambda kv: -kv[1][2]):
+        print(f"| {c} | {k / REPLAYS:.0f} | {us / REPLAYS:,.0f} | {added / REPLAYS:,.0f} | {us / max(k, 1):.1f} |")
+    for nm, (k, added) in sorted(top.items(), key=lambda kv: -kv[1][1])[:12]:
+        print(f"  {added / REPLAYS:8.0f} us added  x{k / REPLAYS:<5.0f} {nm}")
 
 for bb in ROWS[:1]:
     with torch.inference_mode():

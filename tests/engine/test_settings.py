@@ -64,3 +64,9 @@ def test_codec_channels_last_auto_needs_cuda_and_tuned_convs():
     assert codec_channels_last("auto", True, "graphs") and codec_channels_last("auto", True, "process")
     assert not codec_channels_last("auto", True, "off") and not codec_channels_last("auto", False, "off")
     assert codec_channels_last("on", False, "off") and not codec_channels_last("off", True, "graphs")
+
+
+@pytest.mark.parametrize("switch, on", [("auto", True), ("on", True), ("off", False)])
+def test_codec_rounds_follow_the_switch(ckpt, switch, on):
+    s = BatchSettings.resolve(EngineConfig(model_dir=MODEL_DIR, device="cpu", codec_rounds=switch), ckpt)
+    assert s.codec_rounds is on

@@ -29,7 +29,7 @@ from ..synthesis.output import SynthesisResult
 from ..synthesis.plan import ChunkReport, Plan, Planner
 from ..synthesis.request import SynthesisRequest
 from ..synthesis.stream import Stream
-from .audio_feed import Task, chunk_sizes, codec_calls, ready_for_audio
+from .audio_feed import CodecRounds, Task, chunk_sizes, codec_calls
 from .compile.kernel_cache import KernelCache
 from .cuda_graphs import GraphSet
 from .faults import FaultCounter, simulated
@@ -95,6 +95,9 @@ class Engine:
         if s.snake_kernel:
             self.vocoder.use_snake_kernel()
         self.vocoder.set_merge(s.codec_merge_rows)
+        self.rounds = CodecRounds(s.first_chunk_frames, s.stream_chunk_frames,
+                                  checkpoint.codec.frame_length / checkpoint.codec.sample_rate, s.codec_rounds,
+                                  VOCODER_GRAPH_ROWS)
         if s.cudnn_autotune == "process":  # cuDNN picks each conv shape's fastest algorithm at its first call
             torch.backends.cudnn.benchmark = True
         elif s.cudnn_autotune == "graphs":
@@ -639,8 +642,7 @@ class Engine:
 
     # ---- audio --------------------------------------------------------------------------------
     def _vocode(self) -> None:
-        ready = ready_for_audio([job.owner for job in self.scheduler.running], self.settings.first_chunk_frames,
-                                self.settings.stream_chunk_frames)
+        ready = self.rounds.due([job.owner for job in self.scheduler.running], time.perf_counter())
         if ready:
             self._vocode_tasks(ready, final=False)
 

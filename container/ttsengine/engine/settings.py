@@ -114,6 +114,7 @@ class BatchSettings:
     snake_kernel: bool  # the eager codec's Snake as one Triton kernel
     cudnn_autotune: str  # "off" | "graphs": while the codec's graphs are captured | "process": everywhere
     codec_merge_rows: int  # queued codec decodes join into calls of up to this many rows (0: off)
+    codec_rounds: bool  # later audio chunks wait for the next codec round (engine/audio_feed.py CodecRounds)
     codec_channels_last: bool  # the streaming codec time-major, channels-last convolutions (StreamingCodec)
     buckets: tuple[int, ...]  # batch sizes a decode step is captured for
     preset: Preset  # the memory preset, with the values in effect (env overrides applied)
@@ -195,6 +196,7 @@ class BatchSettings:
                              compile=compile_, codec_compile=codec_compile,
                              snake_kernel=snake_kernel, cudnn_autotune=cudnn_autotune,
                              codec_merge_rows=0 if config.codec_merge == "off" else max_batch,
+                             codec_rounds=config.codec_rounds != "off",
                              codec_channels_last=codec_channels_last(config.codec_channels_last, cuda, cudnn_autotune),
                              buckets=tuple(buckets),
                              preset=replace(preset, max_batch=max_batch, memory_utilization=utilization))

@@ -29,6 +29,7 @@ from ..synthesis.request import Reference, SynthesisRequest
 from . import codec_bench
 from . import report as report_page
 from .checkpoint_flag import add_write_checkpoint, write_if_asked
+from .timeline import Timeline, timeline
 
 FRAME_RATE = 44100 / 2048  # frames per second of audio
 TEXT = ("The quick brown fox jumps over the lazy dog while the bright sun shines warmly on the quiet "
@@ -221,12 +222,24 @@ def profile_level(engine: Fleet, concurrency: int, load: Load) -> list[dict]:
         streams = [engine.submit(load.request(i), ignore_stop=True) for i in range(concurrency)]
         for s in streams:
             s.result()
+    kernels = [(e.time_range.start, e.time_range.end, e.device_resource_id) for e in prof.events()
+               if e.device_type == torch.autograd.DeviceType.CUDA]
     events = prof.key_averages()
     dev = sorted(events, key=lambda e: getattr(e, "self_device_time_total", 0), reverse=True)[:15]
     cpu = sorted(events, key=lambda e: e.self_cpu_time_total, reverse=True)[:10]
-    return ([{"name": "GPU " + e.key[:86], "ms": getattr(e, "self_device_time_total", 0) / 1000, "count": e.count}
-             for e in dev]
+    return (timeline_rows(timeline(kernels))
+            + [{"name": "GPU " + e.key[:86], "ms": getattr(e, "self_device_time_total", 0) / 1000, "count": e.count}
+               for e in dev]
             + [{"name": "CPU " + e.key[:86], "ms": e.self_cpu_time_total / 1000, "count": e.count} for e in cpu])
+
+
+def timeline_rows(t: Timeline) -> list[dict]:
+    """The profile's rows saying how the GPU's time was shared among its streams (tools/timeline.py)."""
+    rows = [{"name": "GPU time, first kernel to last", "ms": t.span_us / 1000, "count": ""},
+            {"name": "GPU busy (any stream)", "ms": t.busy_us / 1000, "count": ""},
+            {"name": "GPU busy on two or more streams at once", "ms": t.shared_us / 1000, "count": ""}]
+    return rows + [{"name": f"GPU stream {st.stream} busy (its kernels' own time: {st.kernel_us / 1000:.2f} ms)",
+                    "ms": st.busy_us / 1000, "count": st.kernels} for st in t.streams]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -295,7 +308,7 @@ def main(argv: list[str] | None = None) -> int:
         with tqdm(total=sum(levels), desc="streams", unit="stream") as bar:
             for c in levels:
                 results.append(run_level(fleet, c, load_, bar))
-        profile = profile_level(fleet, args.profile, Load(min(args.frames, 64), args.text, reference)) \
+        profile = profile_level(fleet, args.profile, Load(min(args.frames, 192), args.text, reference)) \
             if args.profile else None
     finally:
         fleet.close()
