@@ -6,6 +6,7 @@ come and go. The step has no host sync; the host reads its output with one copy 
 
 from __future__ import annotations
 
+import functools
 import logging
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -390,7 +391,10 @@ class Runner:
         frame = self.ops.frame
         frame = replace(frame, fast_head=self._gemv_head,
                         fast_layer=self._gemv_layer if frame.paged_fast else frame.fast_layer,
-                        fast_stack=self._fast_stack if bb <= self.stack_rows else None)
+                        fast_stack=self._fast_stack if bb <= self.stack_rows else None,
+                        # pdl: the sampler launched while the fast head runs, the next fast layer while it samples
+                        sample_embed=(functools.partial(frame.sample_embed, pdl=True)
+                                      if frame.sample_embed is not None and self.pdl else frame.sample_embed))
         return StepOps(self._gemv_layer, frame)
 
     def decode_step(self, bb: int) -> Tensor:

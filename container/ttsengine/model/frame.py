@@ -64,7 +64,10 @@ class FrameOps:
     sample: Callable = sample_token  # the slow token (and the codebooks unless sample_codebook is set)
     fast_layer: Callable = fast_layer_step
     fast_head: Callable = fast_logits
-    sample_codebook: Callable | None = None  # a codebook's token (engine/compile/units.py: the fused kernel)
+    sample_codebook: Callable | None = None  # a codebook's token (None: `sample`)
+    # a codebook's token and the next fast position's input in one call (kernels/codebook_sampler.py
+    # sample_codebook_embed's signature); None: sample_codebook, then the embedding
+    sample_embed: Callable | None = None
     # True: fast_layer has the slow layer's signature (engine/compile/units.make_slow_layer) and reads its cache
     # [B, Hk, L, d] as a paged pool of B pages of L = _fast_cache_len positions, row b's page b (no mask);
     # False: fast_layer_step over a masked [B, Hk, n, d] cache
@@ -130,8 +133,17 @@ def sample_frame(model: DualAR, slow_logits: Tensor, slow_hidden: Tensor, params
         if k == 0:
             x = model.fast_embeddings(code)[:, None]
             continue
-        code = sample_codebook(ops.fast_head(model, x, limit), params.temperature, params.top_p, penalty,
-                               window.codebook_ids(k) if window is not None else None, params.seed_lo,
+        logits = ops.fast_head(model, x, limit)
+        ids = window.codebook_ids(k) if window is not None else None
+        if ops.sample_embed is not None:  # the fused kernel: counter + k and the next input inside it
+            code, nxt = ops.sample_embed(logits, params.temperature, params.top_p, penalty, ids, params.seed_lo,
+                                         params.seed_hi, counter, k,
+                                         model.fast_embeddings.weight if k + 1 < n else None)
+            frame.append(code)
+            if nxt is not None:
+                x = nxt[:, None]
+            continue
+        code = sample_codebook(logits, params.temperature, params.top_p, penalty, ids, params.seed_lo,
                                params.seed_hi, counter + k)
         frame.append(code)
         if k + 1 < n:

@@ -18,7 +18,7 @@ import torch
 from torch import Tensor, nn
 
 from ...model.frame import FrameOps, fast_layer_step, fast_logits, sample_token, sample_token_blocked
-from ...model.kernels.codebook_sampler import sample_codebook_triton
+from ...model.kernels.codebook_sampler import sample_codebook_embed
 from ...model.kernels.vocab_sampler import sample_vocab_triton
 from ...model.layers import swiglu
 
@@ -48,12 +48,13 @@ def frame_ops(attend: Callable, use_triton: bool, fused: frozenset[str], wrap: C
               else wrap(sample_token, "sample", (0, 1, 2, 3, 4, 5, 6, 7)))
     # the codebooks: their kernel, else the reference (never the vocab sampler: five launches and a 256 KB histogram
     # for 1,024 logits)
-    codebook = sample_codebook_triton if "codebook_sampler" in fused else sample
+    fused_codebook = "codebook_sampler" in fused
     if "vocab_sampler" in fused:
         sample = SixteenBit(sample_vocab_triton, sample)
     return FrameOps(sample=sample, fast_layer=fast_layer,
                     fast_head=wrap(fast_logits, "fast_head", (1,)),
-                    sample_codebook=codebook,
+                    sample_codebook=None if fused_codebook else sample,
+                    sample_embed=sample_codebook_embed if fused_codebook else None,
                     paged_fast="fast_attention" in fused)
 
 
