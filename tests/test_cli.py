@@ -113,6 +113,7 @@ def test_bench_with_a_stored_voice_and_poisson_arrivals(tmp_path):
     for level in report["levels"]:
         assert level["arrival_rate"] == 40 and level["rejected"] == 0
         assert level["prefill_tokens_per_request"] > 44  # the voice's codes, then the transcript and text
+        assert 0 <= level["stall_p95_ms"] <= level["stall_max_ms"]
     assert [lv["concurrency"] for lv in report["levels"]] == [1, 3]
     assert "memory preset" in proc.stdout and "poisson:40" in proc.stdout
     names = [row["name"] for row in report["profile"]]  # --profile: the GPU's streams first (none on a CPU)

@@ -338,7 +338,8 @@ ENGINE_VARS = (
         dev=True),
     Var("TTS_CODEC_ROUNDS", "codec_rounds", switch(),
         "auto (= on) | on | off: a stream's later audio chunks wait for the engine's next codec round (every "
-        "TTS_STREAM_CHUNK_FRAMES steps), so the running streams' chunks make one batched codec call instead of many "
+        "TTS_STREAM_CHUNK_FRAMES steps, or the first chunk's frames if larger), so the running streams' chunks make "
+        "one batched codec call instead of many "
         "small ones; a first chunk, and a stream whose listener holds little audio, never wait; with more than 128 "
         "streams running nothing waits (the codec thread then merges its queue)", dev=True),
     Var("TTS_CACHE_DIR", "cache_dir", PATH, "directory of the torch.compile kernel cache (keep it on a volume)"),

@@ -75,7 +75,7 @@ def test_buffered_audio_is_made_less_played():
     assert buffered_seconds(t, 5.0, FRAME_S) is None  # its first chunk has not arrived
     t.stream.first_audio_at = 4.5
     assert buffered_seconds(t, 5.0, FRAME_S) == pytest.approx(12 * FRAME_S - 0.5)
-    t.frame_offset = 20  # earlier text chunks' audio plays first
+    t.audio_offset, t.frame_offset = 20, 22  # earlier text chunks' audio plays first (their dropped frames do not)
     assert buffered_seconds(t, 5.0, FRAME_S) == pytest.approx(32 * FRAME_S - 0.5)
 
 
@@ -178,3 +178,23 @@ def test_more_streams_than_a_graph_spread_over_the_phases():
 def test_past_two_phases_of_streams_nothing_waits():
     # 512 streams: the codec thread is behind and merges queued calls itself; rounds would hold chunks for nothing
     assert simulate(512, 0.004, enabled=True, iterations=100) == simulate(512, 0.004, enabled=False, iterations=100)
+
+
+def test_a_later_text_chunks_first_audio_never_waits_and_a_reset_forgets_the_pace():
+    rounds = CodecRounds(4, 8, FRAME_S)
+    later = task(5)  # its first chunk, while the stream's listener holds 2 s of earlier text chunks' audio
+    later.audio_offset = 60
+    later.stream.first_audio_at = 0.5
+    held = task(30, 16)  # 0.74 s made, ~0.1 s played
+    held.stream.first_audio_at = 0.9
+    for i in range(1, 8):
+        assert rounds.due([later, held], 1.0 + 0.01 * i) == [later], i
+    rounds.reset()
+    assert rounds.pace == 0.0 and rounds.due([held], 100.0) == [held] and rounds.pace == 0.0  # a round, no gap
+
+
+def test_rounds_come_every_first_chunk_when_later_chunks_are_smaller():
+    rounds = CodecRounds(8, 4, FRAME_S)  # first 8, later 4: a round every 8 iterations
+    t = task(30, 8)
+    t.stream.first_audio_at = 0.0
+    assert [i for i in range(1, 17) if rounds.due([t], 0.001 * i)] == [8, 16]

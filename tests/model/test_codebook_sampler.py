@@ -52,6 +52,11 @@ def test_bf16_logits_a_strided_row_and_a_peaked_distribution():
     assert torch.equal(got, want)
     strided_ids = torch.stack([ids, ids], dim=2)[:, :, 0]  # a window column view: ids 2 apart
     assert torch.equal(both(view, p, strided_ids, counter)[0], want)
+    view[:, 0] = view.max()  # token 0 ties the best, not in a window of 12 (not a power of two): the window's
+    window = ids[:, :12].clamp(min=1)  # padding must not penalise it (the reference with the kernel's tie rule)
+    got = sample_codebook_triton(view, p.temperature, p.top_p, p.repetition_penalty, window, p.seed_lo, p.seed_hi,
+                                 counter)
+    assert torch.equal(got, with_ties(view, p, window, counter)[0])
 
 
 def test_peaked_rows_with_ties_at_the_cut_keep_every_tied_entry():

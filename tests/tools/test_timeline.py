@@ -26,7 +26,7 @@ def test_a_stream_overlapping_itself_is_not_shared_time():
 
 def test_no_kernels_and_the_rows_bench_prints():
     assert timeline([]).busy_us == 0
-    rows = timeline_rows(timeline([(0, 2000, 1), (1000, 4000, 2)]))
+    rows = timeline_rows(timeline([(0, 2000, "cuda:0 stream 7"), (1000, 4000, "cuda:1 stream 7")]))
     by = {r["name"].split(" (its")[0]: r["ms"] for r in rows}
     assert by["GPU busy (any stream)"] == 4 and by["GPU busy on two or more streams at once"] == 1
-    assert by["GPU stream 2 busy"] == 3 and by["GPU stream 1 busy"] == 2
+    assert by["GPU cuda:1 stream 7 busy"] == 3 and by["GPU cuda:0 stream 7 busy"] == 2  # one stream id, two GPUs

@@ -30,11 +30,12 @@ class Task:
     index: int  # text chunk
     prompt: torch.Tensor  # int64 [n+1, T]
     context_dropped: bool
-    frame_offset: int
+    frame_offset: int  # the stream's frames generated before this text chunk (its random stream goes on from there)
     frames: list[np.ndarray] = field(default_factory=list)  # every generated frame [n+1], on the host
     decoded: int = 0  # kept frames already turned into audio
     voc_slot: int = -1
     job: Job | None = None
+    audio_offset: int = 0  # the stream's frames made into audio before this text chunk (kept ones only)
 
     @property
     def kept(self) -> int:
@@ -95,12 +96,13 @@ def codec_calls(tasks: list[Task], final: bool, first: int, stream: int) -> Iter
 
 
 def buffered_seconds(task: Task, now: float, frame_seconds: float) -> float | None:
-    """Audio the stream's listener holds at `now` (time.perf_counter()) if it plays from its first chunk on: made
-    (earlier text chunks and this one's chunks sent to the codec) less played; None before its first chunk arrived."""
+    """Audio the stream's listener holds at `now` (time.perf_counter()) if it plays from its first chunk on at normal
+    speed: made (earlier text chunks and this one's chunks sent to the codec) less played; None before its first
+    chunk arrived."""
     start = task.stream.first_audio_at
     if start is None:
         return None
-    return (task.frame_offset + task.decoded) * frame_seconds - (now - start)
+    return (task.audio_offset + task.decoded) * frame_seconds - (now - start)
 
 
 HOLD_MARGIN_S = 0.1  # a held stream's listener keeps at least this much audio beyond the wait's estimate
@@ -109,7 +111,8 @@ HOLD_MARGIN_S = 0.1  # a held stream's listener keeps at least this much audio b
 class CodecRounds:
     """Which ready tasks go to the codec at this iteration (one call of `due` per engine iteration).
 
-    A stream's later chunks go at its rounds: every `stream` iterations, at a phase set by its codec slot, so the
+    A stream's later chunks go at its rounds: every max(first, stream) iterations (its largest chunk's frames), at a
+    phase set by its codec slot, so the
     streams of `rows` consecutive slots share a phase (one graphed codec call of up to `rows` rows: the vocoder's
     largest graph) and more streams than that spread over the other phases (a codec load as even as the steps').
     Between its rounds only a stream's first chunk goes (first audio never waits), or a stream whose listener might
@@ -124,7 +127,7 @@ class CodecRounds:
                  phases: int = 2):
         self.first, self.stream, self.frame_seconds, self.enabled = first, stream, frame_seconds, enabled
         self.rows, self.phases = rows, phases
-        self.period = max(first, stream)
+        self.period = max(first, stream)  # a round's frames per stream: the largest chunk
         self.iterations = 0
         self.pace = 0.0  # seconds per iteration, moving average
         self._last: float | None = None
@@ -144,6 +147,10 @@ class CodecRounds:
             return ready
         hold = 2 * self.period * self.pace + HOLD_MARGIN_S
         return [t for t in ready if self._on_round(t) or not self._may_wait(t, now, hold)]
+
+    def reset(self) -> None:
+        """Forgets the pace (the engine failed its streams: the next iteration comes after a gap, not a step)."""
+        self._last, self.pace = None, 0.0
 
     def _on_round(self, task: Task) -> bool:
         return (self.iterations + max(task.voc_slot, 0) // self.rows) % self.period == 0

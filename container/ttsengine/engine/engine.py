@@ -606,7 +606,8 @@ class Engine:
             codes = torch.from_numpy(np.stack(task.frames[:kept], axis=1)[1:]) if kept else \
                 torch.zeros(self.ckpt.config.num_codebooks, 0, dtype=torch.int64)
             prompt, dropped = self.planner.chunk_prompt(plan, task.index + 1, (plan.texts[task.index], codes))
-            nxt = Task(stream, plan, task.index + 1, prompt, dropped, task.frame_offset + len(task.frames))
+            nxt = Task(stream, plan, task.index + 1, prompt, dropped, task.frame_offset + len(task.frames),
+                       audio_offset=task.audio_offset + kept)
             self._enqueue(nxt, front=True)
             return
         if not plan.frames:  # not one frame in any text chunk: say so, not 200 + 0 bytes
@@ -621,6 +622,7 @@ class Engine:
 
     def _fail_all(self, error: TTSError) -> None:
         self._in_flight = None  # its frames belong to the streams failed here
+        self.rounds.reset()
         jobs = list(self.scheduler.running)
         for job in jobs:
             self.runner.release_pages(job.slot)

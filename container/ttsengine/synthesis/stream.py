@@ -25,6 +25,7 @@ class Stream:
         self.submitted_at = time.perf_counter()
         self.started_at: float | None = None  # its first prefill: the end of its wait in the queue
         self.first_audio_at: float | None = None
+        self.arrivals: list[tuple[float, int]] = []  # (time.perf_counter(), samples) of each audio chunk emitted
         self.finished_at: float | None = None
         self._items: deque = deque()
         self._cond = threading.Condition()
@@ -42,8 +43,10 @@ class Stream:
 
     def emit(self, audio, text_index: int) -> None:
         """Queues the next audio chunk (float32 [L])."""
+        now = time.perf_counter()
         if self.first_audio_at is None:
-            self.first_audio_at = time.perf_counter()
+            self.first_audio_at = now
+        self.arrivals.append((now, len(audio)))
         self._push(AudioChunk(audio, self.sample_rate, self._count, text_index))
         self._count += 1
 
@@ -100,6 +103,16 @@ class Stream:
         """Seconds this request waited for a slot: to its first prefill, or, if it never got one (the client left
         or it failed while queued), to `now` (time.perf_counter()): under load those are the longest waits."""
         return (self.started_at if self.started_at is not None else now) - self.submitted_at
+
+    def stalls(self) -> float:
+        """Seconds a listener playing the audio from its first chunk on, each chunk as it arrives, waits for audio
+        after playback started (0: the stream kept ahead of playback)."""
+        waited, playing_until = 0.0, None
+        for at, samples in self.arrivals:
+            if playing_until is not None and at > playing_until:
+                waited += at - playing_until
+            playing_until = max(at, playing_until if playing_until is not None else at) + samples / self.sample_rate
+        return waited
 
     @property
     def ttfa(self) -> float | None:

@@ -48,6 +48,8 @@ class Level:
     realtime_x_min: float  # audio seconds per wall second of the slowest stream
     ttfa_p50_ms: float
     ttfa_p95_ms: float
+    stall_p95_ms: float  # a listener's total wait for audio after playback started (Stream.stalls), p95 of streams
+    stall_max_ms: float
     vram_baseline_gb: float
     vram_peak_gb: float
     gpu_util_pct: float | None
@@ -174,6 +176,7 @@ def run_level(fleet: Fleet, concurrency: int, load: Load, progress) -> Level:
     spans = [s.finished_at - s.submitted_at for s in streams]
     fps = [k / sp for k, sp in zip(kept, spans)]
     ttfa = [s.ttfa * 1000 for s in streams if s.ttfa is not None]
+    stalls = [s.stalls() * 1000 for s in streams]
     audio_s = sum(kept) / FRAME_RATE
     after = _counters(fleet)
     delta = [[a - b for a, b in zip(x, y)] for x, y in zip(after, before)]
@@ -185,6 +188,7 @@ def run_level(fleet: Fleet, concurrency: int, load: Load, progress) -> Level:
         stream_fps_min=min(fps), stream_fps_p50=statistics.median(fps),
         rtf_max=max(sp / (k / FRAME_RATE) for k, sp in zip(kept, spans)), realtime_x_min=min(fps) / FRAME_RATE,
         ttfa_p50_ms=_pct(ttfa, 50), ttfa_p95_ms=_pct(ttfa, 95),
+        stall_p95_ms=_pct(stalls, 95), stall_max_ms=max(stalls),
         vram_baseline_gb=base / 1e9,
         vram_peak_gb=max((torch.cuda.max_memory_allocated(d) for d in devices), default=0) / 1e9,
         gpu_util_pct=util, power_w=power, audio_hours_per_gpu_hour=audio_s / wall / max(1, len(devices)),
@@ -222,8 +226,10 @@ def profile_level(engine: Fleet, concurrency: int, load: Load) -> list[dict]:
         streams = [engine.submit(load.request(i), ignore_stop=True) for i in range(concurrency)]
         for s in streams:
             s.result()
-    kernels = [(e.time_range.start, e.time_range.end, e.device_resource_id) for e in prof.events()
-               if e.device_type == torch.autograd.DeviceType.CUDA]
+    # kernels and copies only (not the GPU-side ranges of user annotations), per device and stream
+    kernels = [(e.time_range.start, e.time_range.end, f"cuda:{e.device_index} stream {e.device_resource_id}")
+               for e in prof.events()
+               if e.device_type == torch.autograd.DeviceType.CUDA and not getattr(e, "is_user_annotation", False)]
     events = prof.key_averages()
     dev = sorted(events, key=lambda e: getattr(e, "self_device_time_total", 0), reverse=True)[:15]
     cpu = sorted(events, key=lambda e: e.self_cpu_time_total, reverse=True)[:10]
@@ -238,7 +244,7 @@ def timeline_rows(t: Timeline) -> list[dict]:
     rows = [{"name": "GPU time, first kernel to last", "ms": t.span_us / 1000, "count": ""},
             {"name": "GPU busy (any stream)", "ms": t.busy_us / 1000, "count": ""},
             {"name": "GPU busy on two or more streams at once", "ms": t.shared_us / 1000, "count": ""}]
-    return rows + [{"name": f"GPU stream {st.stream} busy (its kernels' own time: {st.kernel_us / 1000:.2f} ms)",
+    return rows + [{"name": f"GPU {st.stream} busy (its kernels' own time: {st.kernel_us / 1000:.2f} ms)",
                     "ms": st.busy_us / 1000, "count": st.kernels} for st in t.streams]
 
 
@@ -376,11 +382,12 @@ def print_table(report: dict) -> None:
           f"{report.get('voice_seconds') or 'none'} s ({report.get('voice_prompt_tokens')} tokens) | arrivals "
           f"{report.get('arrivals') or 'all at once'}")
     cols = ("concurrency", "aggregate_fps", "stream_fps_min", "realtime_x_min", "ttfa_p50_ms", "ttfa_p95_ms",
+            "stall_p95_ms", "stall_max_ms",
             "vram_peak_gb", "gpu_util_pct", "power_w", "audio_hours_per_gpu_hour", "time_step_s", "time_prefill_s",
             "time_vocoder_s", "prefill_tokens_per_request", "rejected")
     print(" | ".join(cols))
     for lv in report["levels"]:
-        print(" | ".join(report_page.fmt(lv[c]) for c in cols))
+        print(" | ".join(report_page.fmt(lv.get(c)) for c in cols))
         if len(lv.get("per_engine") or []) > 1:
             print("    per engine: " + " | ".join(
                 f"{e['device']}{'+' + e['codec_device'] if e['codec_device'] != e['device'] else ''} "

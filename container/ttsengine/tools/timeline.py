@@ -5,13 +5,13 @@ streams: whether they overlap or take turns decides the throughput; bench --prof
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Hashable, Iterable
 from dataclasses import dataclass
 
 
 @dataclass(frozen=True)
 class StreamTime:
-    stream: int
+    stream: Hashable  # the stream's label (bench: "cuda:0 stream 7")
     kernels: int
     kernel_us: float  # the kernels' own durations summed (overlapping kernels counted each)
     busy_us: float  # time with at least one of the stream's kernels running
@@ -40,9 +40,9 @@ def _length(spans: list[tuple[float, float]]) -> float:
     return sum(end - start for start, end in spans)
 
 
-def timeline(kernels: Iterable[tuple[float, float, int]]) -> Timeline:
-    """kernels: (start_us, end_us, stream) of every GPU kernel -> the per-stream and shared busy time."""
-    by_stream: dict[int, list[tuple[float, float]]] = defaultdict(list)
+def timeline(kernels: Iterable[tuple[float, float, Hashable]]) -> Timeline:
+    """kernels: (start_us, end_us, stream label) of every GPU kernel -> the per-stream and shared busy time."""
+    by_stream: dict[Hashable, list[tuple[float, float]]] = defaultdict(list)
     for start, end, stream in kernels:
         by_stream[stream].append((start, end))
     if not by_stream:

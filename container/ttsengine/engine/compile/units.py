@@ -49,11 +49,12 @@ def frame_ops(attend: Callable, use_triton: bool, fused: frozenset[str], wrap: C
     # the codebooks: their kernel, else the reference (never the vocab sampler: five launches and a 256 KB histogram
     # for 1,024 logits)
     fused_codebook = "codebook_sampler" in fused
+    codebook_reference = sample
     if "vocab_sampler" in fused:
         sample = SixteenBit(sample_vocab_triton, sample)
     return FrameOps(sample=sample, fast_layer=fast_layer,
                     fast_head=wrap(fast_logits, "fast_head", (1,)),
-                    sample_codebook=None if fused_codebook else sample,
+                    sample_codebook=None if fused_codebook else codebook_reference,
                     sample_embed=sample_codebook_embed if fused_codebook else None,
                     paged_fast="fast_attention" in fused)
 
