@@ -107,11 +107,12 @@ class Stream:
     def stalls(self) -> float:
         """Seconds a listener playing the audio from its first chunk on, each chunk as it arrives, waits for audio
         after playback started (0: the stream kept ahead of playback)."""
-        waited, playing_until = 0.0, None
+        waited, until = 0.0, None  # until: when the audio arrived so far has played out
         for at, samples in self.arrivals:
-            if playing_until is not None and at > playing_until:
-                waited += at - playing_until
-            playing_until = max(at, playing_until if playing_until is not None else at) + samples / self.sample_rate
+            start = at if until is None else max(at, until)  # a chunk plays when it is there and the last is done
+            if until is not None:
+                waited += start - until
+            until = start + samples / self.sample_rate
         return waited
 
     @property

@@ -27,7 +27,7 @@ import torch
 from torch import Tensor
 
 from .launch import gdc_ops, launch_options
-from .triton_support import next_pow2
+from .triton_support import next_pow2, window_ids
 
 try:  # absent or broken Triton: the module still imports; the wrapper is then never chosen
     import triton
@@ -90,7 +90,6 @@ if triton is not None:
                 row = tl.load(EMB + token * s_e + d, mask=d < D)
                 tl.store(X + b.to(tl.int64) * s_x + d, row, mask=d < D)
 
-
     @triton.jit
     def _cut_kernel(LOGITS, s_l, V, TOP_P, OUT, BLOCK: tl.constexpr):
         # the smallest kept logit of each row (unpenalised logits): what the sampler keeps, for tests
@@ -119,13 +118,6 @@ def _check(logits: Tensor) -> Tensor:
     return logits if logits.stride(1) == 1 else logits.contiguous()
 
 
-def _window(previous_ids: Tensor | None, fallback: Tensor) -> tuple[Tensor, int]:
-    ids = previous_ids if previous_ids is not None else fallback  # any int64 tensor: unread without ids
-    if ids.dim() == 2 and ids.stride(1) != 1:  # the kernel reads a row's ids with stride 1
-        ids = ids.contiguous()
-    return ids, previous_ids.shape[1] if previous_ids is not None else 0
-
-
 def sample_codebook_triton(logits: Tensor, temperature: Tensor, top_p: Tensor, penalty: Tensor,
                            previous_ids: Tensor | None, seed_lo: Tensor, seed_hi: Tensor, counter: Tensor) -> Tensor:
     """sampling.sample_token for rows of at most 4,096 logits: logits [B, V] (last dim contiguous),
@@ -144,7 +136,7 @@ def sample_codebook_embed(logits: Tensor, temperature: Tensor, top_p: Tensor, pe
     logits = _check(logits)
     B, V = logits.shape
     out = torch.empty(B, dtype=torch.int64, device=logits.device)
-    ids, W = _window(previous_ids, counter)
+    ids, W = window_ids(previous_ids, counter)
     embed = table is not None
     if embed and table.stride(1) != 1:
         raise ValueError("sample_codebook_embed: the embedding table's rows must be contiguous")

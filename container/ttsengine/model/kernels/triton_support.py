@@ -33,3 +33,12 @@ def triton_major() -> int:
 def next_pow2(x: int) -> int:
     """The smallest power of two >= x (tl.arange extents must be powers of two); 1 for x <= 1."""
     return 1 << max(0, (x - 1).bit_length()) if x > 1 else 1
+
+
+def window_ids(previous_ids, fallback) -> tuple:
+    """The samplers' penalty window as their kernels read it: (ids int64 [B, W] with unit stride along W, W); without
+    a window (None) any int64 tensor (`fallback`) stands in, unread, and W is 0."""
+    ids = previous_ids if previous_ids is not None else fallback
+    if ids.dim() == 2 and ids.stride(1) != 1:  # the kernels walk a row's ids with stride 1
+        ids = ids.contiguous()
+    return ids, previous_ids.shape[1] if previous_ids is not None else 0

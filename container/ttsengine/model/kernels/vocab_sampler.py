@@ -35,7 +35,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from .triton_support import next_pow2
+from .triton_support import next_pow2, window_ids
 
 try:  # absent or broken Triton: the module still imports; the wrapper is then never chosen
     import triton
@@ -212,10 +212,7 @@ def _cut(logits: Tensor, top_p: Tensor, penalty: Tensor, previous_ids: Tensor | 
     """Kernels 1-3 -> (the row arguments the draw takes, stats [B, NC, 2], span cuts [B, 32], packed [B] zeroed)."""
     B, V = logits.shape
     dev = logits.device
-    ids = previous_ids if previous_ids is not None else counter  # any int64 tensor: unread without ids
-    if ids.dim() == 2 and ids.stride(1) != 1:  # the kernels walk a row's ids with stride 1
-        ids = ids.contiguous()
-    W = previous_ids.shape[1] if previous_ids is not None else 0
+    ids, W = window_ids(previous_ids, counter)
     NC = triton.cdiv(V, CHUNK)
     NCP, WP, bf16 = max(16, next_pow2(NC)), max(2, next_pow2(W)), logits.dtype == torch.bfloat16
     stats = torch.empty(B, NC, 2, dtype=torch.float32, device=dev)
