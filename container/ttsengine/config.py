@@ -217,6 +217,7 @@ class EngineConfig:
     overlap_step: str = "auto"  # launch the next step before reading the last one's frames: auto (= on with CUDA)
     step_priority: bool = True  # the engine loop's CUDA stream at high priority: step kernels before the codec's
     lazy_graphs: bool = True  # capture only the smallest bucket before ready, the others when idle or first used
+    one_row_bucket: bool = True  # one stream steps alone (a 1-row bucket) where compiled buckets would start at 2
     prefill_graphs: str = "auto"  # the prefill as CUDA graphs per padded shape: auto (= on with graphs) | off
     compile: str = "auto"  # torch.compile of the decode step: auto (on with CUDA, torch >= 2.6) | on | off
     fused_kernels: str = "auto"  # the decode step's fused Triton kernels: auto (all, on CUDA) | off | a list of names
@@ -303,6 +304,9 @@ ENGINE_VARS = (
     Var("TTS_LAZY_GRAPHS", "lazy_graphs", toggle(auto=True),
         "auto | on: capture the smallest batch's graph before ready and the others while idle or at first use; "
         "off: all before ready", dev=True),
+    Var("TTS_ONE_ROW_BUCKET", "one_row_bucket", toggle(auto=True),
+        "auto | on: a lone stream's decode step runs at one row (a compiled unit's size-1 variant, its own CUDA graph) "
+        "before the 2-row bucket; off: it shares the 2-row bucket (one compiled variant fewer per unit)", dev=True),
     Var("TTS_PREFILL_GRAPHS", "prefill_graphs", switch(forceable=False),
         "auto (= on with CUDA graphs) | off: each new request's prefill replays a CUDA graph of its padded shape "
         "(rows 1-8, positions 64-2048) instead of ~2,000 eager kernel launches", dev=True),

@@ -70,3 +70,21 @@ def test_codec_channels_last_auto_needs_cuda_and_tuned_convs():
 def test_codec_rounds_follow_the_switch(ckpt, switch, on):
     s = BatchSettings.resolve(EngineConfig(model_dir=MODEL_DIR, device="cpu", codec_rounds=switch), ckpt)
     assert s.codec_rounds is on
+
+
+@pytest.mark.parametrize("one_row, buckets, warm", [(True, (1, 2, 4, 8), (1, 2)), (False, (2, 4, 8), (2,))])
+def test_compiled_buckets_start_at_one_row_unless_off(ckpt, one_row, buckets, warm):
+    from ttsengine.compat import compile_supported
+
+    if not compile_supported():
+        pytest.skip("torch.compile is not supported by this torch")
+    s = BatchSettings.resolve(EngineConfig(model_dir=MODEL_DIR, device="cpu", max_batch=8, compile="on",
+                                           one_row_bucket=one_row), ckpt)
+    # a lone stream steps at one row (its own compiled variant); warm-up compiles it and the dynamic variant (2)
+    assert s.compile and (s.buckets, s.warm_buckets) == (buckets, warm)
+    assert s.bucket(1) == buckets[0] and s.bucket(3) == 4
+
+
+def test_one_slot_engine_has_one_bucket(ckpt):
+    s = BatchSettings.resolve(EngineConfig(model_dir=MODEL_DIR, device="cpu", max_batch=1), ckpt)
+    assert (s.buckets, s.warm_buckets) == ((1,), (1,))

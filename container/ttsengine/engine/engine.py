@@ -356,7 +356,7 @@ class Engine:
             # the steps change nothing); the graphs are captured one thread at a time afterwards
             codec_done = self.vocoder.call_async(self.vocoder.warm_up)
             try:
-                for bb in self.settings.buckets[:1] if self.graphs is not None else self.settings.buckets:
+                for bb in self.settings.warm_buckets if self.graphs is not None else self.settings.buckets:
                     self.runner.decode_step(bb)
             finally:
                 self._codec_warmed(codec_done)

@@ -117,6 +117,12 @@ class BatchSettings:
     codec_rounds: bool  # later audio chunks wait for the next codec round (engine/audio_feed.py CodecRounds)
     codec_channels_last: bool  # the streaming codec time-major, channels-last convolutions (StreamingCodec)
     buckets: tuple[int, ...]  # batch sizes a decode step is captured for
+
+    @property
+    def warm_buckets(self) -> tuple[int, ...]:
+        """The buckets compiled before ready: the first, and the first dynamic one (2) after a 1-row bucket, so no
+        compile waits for the first batch of two (the larger buckets reuse 2's dynamic variant)."""
+        return self.buckets[:2] if self.buckets[0] == 1 and self.runner.max_slots > 1 else self.buckets[:1]
     preset: Preset  # the memory preset, with the values in effect (env overrides applied)
 
     @property
@@ -176,7 +182,10 @@ class BatchSettings:
         snake_kernel = snake_kernel_usable(config, cuda) and not codec_compile
         cudnn_autotune = cudnn_autotune_mode(config.cudnn_benchmark, cuda, graphs)
         buckets = []
-        b = 2 if compile_ and max_batch > 1 else 1  # compiled graphs are dynamic from 2 (size 1 specialises)
+        # compiled units are dynamic from 2 (size 1 specialises): a 1-row bucket is a second variant of each; worth
+        # it for the lone stream (one stream 407 -> 460 frames/s with an engine sized 1 vs 64, H100, bench, call 1
+        # of stop 34): at 2 rows the GEMVs, attention, samplers and codec compute a padding row
+        b = 2 if compile_ and max_batch > 1 and not config.one_row_bucket else 1
         while b < max_batch:
             buckets.append(b)
             b *= 2

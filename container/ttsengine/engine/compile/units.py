@@ -3,7 +3,7 @@
 Compiling per unit instead of the whole step keeps cold compiles short: every slow layer shares one
 graph (regional compilation: the layer module is an argument, its weights graph inputs), every fast
 position shares one, and sampling has two (slow vocabulary, codebook). The batch dimension is
-dynamic from 2 up (size 1 always specialises, so compiled buckets start at 2). CUDA graphs then
+dynamic from 2 up (size 1 always specialises: the 1-row bucket is a variant of its own). CUDA graphs then
 capture the whole step, so the Python between units costs nothing at replay. With a `store`
 directory each unit is precompiled instead (engine/compile/precompiled.py): a warm start loads its trace.
 """
