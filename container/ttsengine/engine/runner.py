@@ -395,7 +395,7 @@ class Runner:
                         # pdl: the sampler launched while the fast head runs, the next fast layer while it samples
                         sample_embed=(functools.partial(frame.sample_embed, pdl=True)
                                       if frame.sample_embed is not None and self.pdl else frame.sample_embed))
-        return replace(self.ops, slow_layer=self._gemv_layer, frame=frame)
+        return StepOps(self._gemv_layer, frame)
 
     def decode_step(self, bb: int) -> Tensor:
         """One frame for rows [0, bb): slow step over the paged cache, the fast loop, sampling and
@@ -404,8 +404,9 @@ class Runner:
         m = self.model
         frames, pos, active, fresh = self.frames[:bb], self.pos[:bb], self.active[:bb], self.fresh[:bb]
         table = self.page_table[:bb]
+        rope = m.rope_slow[pos][:, None]  # [bb, 1, d/2, 2]
+        x = m.embed(frames[:, :, None])  # [bb, 1, D]
         ops = self.step_ops(bb)
-        x, rope = ops.inputs(m, frames, pos)  # [bb, 1, D], [bb, 1, d/2, 2]
         for i, layer in enumerate(m.layers):
             x = ops.slow_layer(layer, x, rope, self.kv[i].k, self.kv[i].v, table, pos)
         hidden = x[:, 0]
@@ -413,7 +414,7 @@ class Runner:
         params = SamplingTensors(p.temperature[:bb], p.top_p[:bb], p.repetition_penalty[:bb], p.seed_lo[:bb],
                                  p.seed_hi[:bb])
         window = self.window.view(bb)
-        frame = sample_frame(m, ops.head(m, hidden), hidden, params, self.frame_index[:bb], window, fresh, ops.frame)
+        frame = sample_frame(m, m.slow_head(hidden), hidden, params, self.frame_index[:bb], window, fresh, ops.frame)
         window.record(frame, active & ~fresh)  # upstream never records the first frame
         frame = torch.where(active[:, None], frame, frames)
         frames.copy_(frame)

@@ -96,31 +96,17 @@ class Compiled:
         return self.fn(*args)
 
 
-def step_inputs(model: nn.Module, frames: Tensor, pos: Tensor) -> tuple[Tensor, Tensor]:
-    """The slow step's inputs: frames int64 [B, n+1] (last frame), pos int64 [B] -> x [B, 1, D] (the summed
-    embeddings), rope [B, 1, d/2, 2]. One unit: eager it is ~15 small kernels (~30 us at one row, H100)."""
-    return model.embed(frames[:, :, None]), model.rope_slow[pos][:, None]
-
-
-def slow_logits(model: nn.Module, hidden: Tensor) -> Tensor:
-    """hidden [B, D] (pre-norm) -> logits [B, V]: the final norm and the head. One unit: the eager norm is 8 kernels
-    before the head's matmul."""
-    return model.slow_head(hidden)
-
-
 @dataclass(frozen=True)
 class StepOps:
     slow_layer: Callable
     frame: FrameOps
-    inputs: Callable = step_inputs  # step_inputs' signature
-    head: Callable = slow_logits  # slow_logits' signature
 
     def precompiled(self) -> dict[str, int] | None:
         """Precompiled variants loaded from disk and traced by this process (None: not precompiling)."""
         sample = self.frame.sample
         sample = sample.fallback if isinstance(sample, SixteenBit) else sample
-        units = [u for u in (self.slow_layer, sample, self.frame.fast_layer, self.frame.fast_head, self.inputs,
-                             self.head) if hasattr(u, "loaded")]
+        units = [u for u in (self.slow_layer, sample, self.frame.fast_layer, self.frame.fast_head)
+                 if hasattr(u, "loaded")]
         if not units:
             return None
         return {"loaded": sum(u.loaded for u in units), "compiled": sum(u.compiled for u in units)}
@@ -145,5 +131,4 @@ class StepOps:
             return Precompiled(fn, name, batch_args, max_batch, store, plain)
 
         return StepOps(unit(make_slow_layer(attend, use_triton), "slow_layer", (1, 2, 5, 6)),
-                       frame_ops(attend, use_triton, fused, unit), unit(step_inputs, "step_inputs", (1, 2)),
-                       unit(slow_logits, "slow_logits", (1,)))
+                       frame_ops(attend, use_triton, fused, unit))
