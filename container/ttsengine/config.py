@@ -124,7 +124,7 @@ DEVICES = Kind(lambda text: ",".join(d.strip() for d in text.lower().split(","))
                "auto or a comma-separated list of cpu, cuda, cuda:N", _devices)
 # the decode step's fused pieces (TTS_FUSED_KERNELS); engine/settings.py resolves them
 FUSED_KERNEL_NAMES = ("fast_attention", "codebook_sampler", "vocab_scan", "vocab_sampler", "merged_ffn", "layer_gemv",
-                      "fast_stack", "pdl", "split_attention")
+                      "fast_stack", "pdl", "split_attention", "step_glue")
 
 
 def _fused(value) -> str | None:
@@ -320,7 +320,8 @@ ENGINE_VARS = (
         "one matmul) and layer_gemv (at up to 16 rows each layer as five Triton kernels: norm + GEMV, attention with "
         "q/k-norm + RoPE, GEMV + residual, norm + GEMV + SwiGLU, GEMV + residual; merges W1|W3, bf16 or int8) and pdl"
         " and split_attention (opt-in: at few rows the slow attention's pages shared by up to 8 programs per head; "
-        "for long contexts): the decode step's fused kernels", dev=True),
+        "for long contexts) and step_glue (the step's input embedding + RoPE row and its end: window record, state "
+        "and counters, as two kernels instead of ~35 small ones): the decode step's fused kernels", dev=True),
     Var("TTS_CODEC_COMPILE", "codec_compile", switch(),
         "on | off (auto = off): torch.compile the streaming codec as well (~1 ms faster per small chunk on an H100; "
         "its trace adds ~18 s to every start)", dev=True),

@@ -11,6 +11,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from conftest import MODEL_DIR
 from real_block import real_block
 from test_gpu import REQUESTS, cfg, tokens
 from torch_helpers import no_tf32
@@ -284,4 +285,49 @@ def test_pdl_engine_tokens_equal_plain_engine(monkeypatch):
         _no_pdl_launch(m)
         plain = tokens(cfg(cuda_graphs="on", compile="on", fused_kernels=names))
     for a, b in zip(with_pdl, plain):
+        assert len(a) == len(b) and all(np.array_equal(x, y) for x, y in zip(a, b))
+
+
+@pytest.mark.parametrize("scale", [False, True])
+def test_step_glue_kernels_equal_the_eager_ops_bf16(scale, monkeypatch):
+    # the step's input embedding + RoPE rows and its end (kernels/step_glue.py) against the eager ops on CUDA, bit
+    # for bit: the scale as CUDA divides by a Python scalar (x * its float32 reciprocal)
+    import dataclasses
+
+    from step_glue_cases import last_frames, step_state
+
+    from ttsengine import EngineConfig
+    from ttsengine.engine.loader import load
+    from ttsengine.model.kernels import step_glue
+    from ttsengine.model.sampling import RepetitionWindow
+
+    m = load(EngineConfig(model_dir=MODEL_DIR, device="cuda", dtype="bfloat16")).model
+    monkeypatch.setattr(m, "cfg", dataclasses.replace(m.cfg, scale_codebook_embeddings=scale))
+    for B, seed in ((1, 0), (9, 1), (64, 2)):
+        frames, pos = (t.cuda() for t in last_frames(m, B, seed))
+        x, rope = step_glue.step_inputs(m, frames, pos)
+        want_x, want_rope = step_glue.step_inputs_reference(m, frames, pos)
+        assert torch.equal(x, want_x) and torch.equal(rope, want_rope)
+    args = [RepetitionWindow(a.frames.cuda(), a.count.cuda()) if isinstance(a, RepetitionWindow) else a.cuda()
+            for a in step_state(6, 11, 16, seed=3)]
+    clone = [RepetitionWindow(a.frames.clone(), a.count.clone()) if isinstance(a, RepetitionWindow) else a.clone()
+             for a in args]
+    step_glue.finish_step(*args[:3], args[3][:6], args[4][:6], args[5][:6], args[6][:6], args[7].view(6))
+    step_glue.finish_step_reference(*clone[:3], clone[3][:6], clone[4][:6], clone[5][:6], clone[6][:6],
+                                    clone[7].view(6))
+    for got, want in zip(args, clone):
+        if isinstance(got, RepetitionWindow):
+            assert torch.equal(got.frames, want.frames) and torch.equal(got.count, want.count)
+        else:
+            assert torch.equal(got, want)
+
+
+def test_step_glue_engine_tokens_equal_the_eager_glue():
+    # the whole engine (bf16, graphs, the default fused kernels) with and without the glue kernels: the same tokens
+    stats: dict = {}
+    glued = tokens(cfg(cuda_graphs="on", compile="on"), stats)
+    assert "step_glue" in stats["fused"]
+    names = ",".join(sorted(set(stats["fused"]) - {"step_glue"}))
+    plain = tokens(cfg(cuda_graphs="on", compile="on", fused_kernels=names))
+    for a, b in zip(glued, plain):
         assert len(a) == len(b) and all(np.array_equal(x, y) for x, y in zip(a, b))

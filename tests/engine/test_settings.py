@@ -47,7 +47,7 @@ def test_fused_kernels_resolve_per_device():
     assert fused_kernels("off", True, True) == frozenset()
     assert fused_kernels("auto", False, False) == frozenset()  # CPU: the reference step
     triton_ones = ({"fast_attention"} if triton_available() else set()) | \
-        ({"codebook_sampler", "vocab_sampler", "layer_gemv"} if triton_major() >= 3 else set())
+        ({"codebook_sampler", "vocab_sampler", "layer_gemv", "step_glue"} if triton_major() >= 3 else set())
     everything = {"vocab_scan", "merged_ffn"} | triton_ones
     assert fused_kernels("auto", True, True) == everything
     assert not {"fast_attention", "layer_gemv"} & fused_kernels("auto", True, False)  # fp32 cache: no 16-bit kernel
@@ -55,7 +55,7 @@ def test_fused_kernels_resolve_per_device():
     assert fused_kernels("auto", True, True, True) == everything | ({"pdl"} if "layer_gemv" in everything else set())
     assert "pdl" not in fused_kernels("auto", True, False, True)
     # a named list as asked (CPU tests run the fast attention's reference path), but never the samplers on CPU
-    assert fused_kernels("fast_attention,codebook_sampler,vocab_sampler", False, False) == {"fast_attention"}
+    assert fused_kernels("fast_attention,codebook_sampler,vocab_sampler,step_glue", False, False) == {"fast_attention"}
 
 
 def test_codec_channels_last_auto_needs_cuda_and_tuned_convs():

@@ -17,6 +17,7 @@ from torch import Tensor
 from ..model import fast_stack, fused_layer
 from ..model.dual_ar import DualAR
 from ..model.frame import sample_frame
+from ..model.kernels import step_glue
 from ..model.kernels.launch import pdl_runs
 from ..model.kernels.paged_attention import PagedKV, write_and_attend_op
 from ..model.layers import attend
@@ -136,6 +137,10 @@ class Runner:
         if "fast_stack" in cfg.fused and not self.stack_rows:
             log.warning("TTS_FUSED_KERNELS: fast_stack needs layer_gemv, Triton on CUDA (or its interpreter) and fast "
                         "layers it reads (power-of-two heads); the step runs without it")
+        # step_glue: the step's start and end as two Triton kernels (model/kernels/step_glue.py); None: the eager ops
+        glue = "step_glue" in cfg.fused and self.device.type == "cuda"
+        self._finish_step = step_glue.finish_step if glue else None
+        self._step_inputs = step_glue.step_inputs if glue and step_glue.inputs_supported(model) else None
         self.prefill_graphs = None  # a GraphSet over prefill_layers keyed by prefill_key (the engine's)
         # host side: pages held per slot (page 0 is scratch and never handed out), shared prefix pages counted.
         # A slot's device page_table row lists its pages only once it is armed (its last prefill chunk ran):
@@ -380,7 +385,7 @@ class Runner:
         it, and those that need it (pdl, split_attention) without it (what the ready log and the bench report, so a
         figure never names a kernel that did not run)."""
         off = {"layer_gemv": not self.gemv_rows, "fast_stack": not self.stack_rows, "pdl": not self.pdl,
-               "split_attention": self.splits == 1}
+               "split_attention": self.splits == 1, "step_glue": self._finish_step is None}
         return self.cfg.fused - frozenset(name for name, dropped in off.items() if dropped)
 
     def step_ops(self, bb: int) -> StepOps:
@@ -404,9 +409,8 @@ class Runner:
         m = self.model
         frames, pos, active, fresh = self.frames[:bb], self.pos[:bb], self.active[:bb], self.fresh[:bb]
         table = self.page_table[:bb]
-        rope = m.rope_slow[pos][:, None]  # [bb, 1, d/2, 2]
-        x = m.embed(frames[:, :, None])  # [bb, 1, D]
         ops = self.step_ops(bb)
+        x, rope = (self._step_inputs or step_glue.step_inputs_reference)(m, frames, pos)  # [bb, 1, D], [bb, 1, d/2, 2]
         for i, layer in enumerate(m.layers):
             x = ops.slow_layer(layer, x, rope, self.kv[i].k, self.kv[i].v, table, pos)
         hidden = x[:, 0]
@@ -415,12 +419,7 @@ class Runner:
                                  p.seed_hi[:bb])
         window = self.window.view(bb)
         frame = sample_frame(m, m.slow_head(hidden), hidden, params, self.frame_index[:bb], window, fresh, ops.frame)
-        window.record(frame, active & ~fresh)  # upstream never records the first frame
-        frame = torch.where(active[:, None], frame, frames)
-        frames.copy_(frame)
-        self.out[:bb].copy_(frame)
-        fresh.copy_(fresh & ~active)
-        step = active.to(torch.int64)
-        pos.add_(step)
-        self.frame_index[:bb].add_(step)
+        # the window record, the kept frame into the state and the output, fresh, pos and the frame counter
+        (self._finish_step or step_glue.finish_step_reference)(frame, active, fresh, frames, self.out[:bb], pos,
+                                                               self.frame_index[:bb], window)
         return self.out[:bb]

@@ -75,15 +75,18 @@ def fused_kernels(switch: str, cuda: bool, triton_attention: bool, pdl: bool = F
         # vocab_sampler (the slow token without a sort, kernels/vocab_sampler.py): 215 -> 42 us at one row, 1,412 ->
         # 291 us at 64 (scripts/device/vocab_sampler_bench.py); one stream 371 -> 399 frames/s, 64 streams 6,090 ->
         # 6,870 (bench, one device call; H100, torch 2.11, Triton 3.6)
+        # step_glue (the step's start and end as two Triton kernels, kernels/step_glue.py, instead of ~35 torch ones):
+        # bench 1,8,64, one device call: 455 -> 463, 2,420 -> 2,540, 7,260 -> 7,740 frames/s (H100, torch 2.11)
         triton3 = triton_major() >= 3
         gemv = triton_attention and triton3
-        return frozenset({"vocab_scan", "merged_ffn"} | ({"codebook_sampler", "vocab_sampler"} if triton3 else set())
+        return frozenset({"vocab_scan", "merged_ffn"} | ({"codebook_sampler", "vocab_sampler", "step_glue"} if triton3
+                                                         else set())
                          | ({"fast_attention"} if triton_attention else set())
                          | ({"layer_gemv"} if gemv else set()) | ({"pdl"} if gemv and pdl else set()))
     names = frozenset(switch.split(","))
-    for sampler in ("codebook_sampler", "vocab_sampler"):
+    for sampler in ("codebook_sampler", "vocab_sampler", "step_glue"):
         if sampler in names and not (cuda and triton_available()):
-            log.warning("TTS_FUSED_KERNELS: %s needs CUDA and Triton; sampling runs unfused", sampler)
+            log.warning("TTS_FUSED_KERNELS: %s needs CUDA and Triton; its step runs unfused", sampler)
             names -= {sampler}
     return names
 
