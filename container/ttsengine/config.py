@@ -306,7 +306,8 @@ ENGINE_VARS = (
         "off: all before ready", dev=True),
     Var("TTS_ONE_ROW_BUCKET", "one_row_bucket", toggle(auto=True),
         "auto | on: a lone stream's decode step runs at one row (a compiled unit's size-1 variant, its own CUDA graph) "
-        "before the 2-row bucket; off: it shares the 2-row bucket (one compiled variant fewer per unit)", dev=True),
+        "before the 2-row bucket; off: with compile, it shares the 2-row bucket (one compiled variant fewer per unit; "
+        "without compile buckets always start at one row)", dev=True),
     Var("TTS_PREFILL_GRAPHS", "prefill_graphs", switch(forceable=False),
         "auto (= on with CUDA graphs) | off: each new request's prefill replays a CUDA graph of its padded shape "
         "(rows 1-8, positions 64-2048) instead of ~2,000 eager kernel launches", dev=True),

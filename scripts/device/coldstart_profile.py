@@ -72,7 +72,8 @@ def main() -> None:
         profiled("codec compile (warm_up)", engine.vocoder.warm_up, args.top)
         engine.vocoder.plan_graphs(VOCODER_GRAPH_ROWS)
         profiled("codec graphs", engine.vocoder.capture, args.top)
-        big = engine.settings.buckets[-1]
+        big = engine.settings.buckets[-1]  # (the engine compiles its warm_buckets; here the largest, whose units
+        # are compiled ones: the one-row bucket's own variants then compile inside "decode graphs before ready")
         profiled("decode compile (1 step)", lambda: (engine.runner.decode_step(big), torch.cuda.synchronize()),
                  args.top)
         profiled("decode graphs before ready", lambda: engine.graphs.capture(engine._start_buckets), args.top)

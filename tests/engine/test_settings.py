@@ -85,6 +85,12 @@ def test_compiled_buckets_start_at_one_row_unless_off(ckpt, one_row, buckets, wa
     assert s.bucket(1) == buckets[0] and s.bucket(3) == 4
 
 
+def test_without_compile_buckets_start_at_one_row_and_only_it_warms_up(ckpt):
+    s = BatchSettings.resolve(EngineConfig(model_dir=MODEL_DIR, device="cpu", max_batch=8, compile="off",
+                                           one_row_bucket=False), ckpt)
+    assert (s.buckets, s.warm_buckets) == ((1, 2, 4, 8), (1,))
+
+
 def test_one_slot_engine_has_one_bucket(ckpt):
     s = BatchSettings.resolve(EngineConfig(model_dir=MODEL_DIR, device="cpu", max_batch=1), ckpt)
     assert (s.buckets, s.warm_buckets) == ((1,), (1,))

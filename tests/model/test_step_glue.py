@@ -13,6 +13,7 @@ from step_glue_cases import last_frames, step_state
 
 from ttsengine import EngineConfig
 from ttsengine.engine.loader import load
+from ttsengine.model.kernels import step_glue
 from ttsengine.model.kernels.step_glue import (
     finish_step,
     finish_step_reference,
@@ -51,8 +52,10 @@ def cuda_rule_embed(m, frames: torch.Tensor) -> torch.Tensor:
     return x[:, None]
 
 
-@pytest.mark.parametrize("scale", [False, True])
-def test_step_inputs_equal_the_embedding_and_rope_rows(model, scale, monkeypatch):
+@pytest.mark.parametrize("scale,block", [(False, 256), (True, 256), (True, 16)])
+def test_step_inputs_equal_the_embedding_and_rope_rows(model, scale, block, monkeypatch):
+    # block 16: the tiny model's 64 columns in four programs a row (the real model's 1,024 in four of 256)
+    monkeypatch.setattr(step_glue, "BLOCK_D", block)
     monkeypatch.setattr(model, "cfg", dataclasses.replace(model.cfg, scale_codebook_embeddings=scale))
     assert inputs_supported(model)
     frames, pos = last_frames(model, 9, seed=int(scale))

@@ -385,6 +385,7 @@ class Runner:
         it, and those that need it (pdl, split_attention) without it (what the ready log and the bench report, so a
         figure never names a kernel that did not run)."""
         off = {"layer_gemv": not self.gemv_rows, "fast_stack": not self.stack_rows, "pdl": not self.pdl,
+               # step_glue: its end kernel runs at every dtype, its start one for 16-bit embeddings only
                "split_attention": self.splits == 1, "step_glue": self._finish_step is None}
         return self.cfg.fused - frozenset(name for name, dropped in off.items() if dropped)
 

@@ -85,8 +85,9 @@ def fused_kernels(switch: str, cuda: bool, triton_attention: bool, pdl: bool = F
                          | ({"layer_gemv"} if gemv else set()) | ({"pdl"} if gemv and pdl else set()))
     names = frozenset(switch.split(","))
     for sampler in ("codebook_sampler", "vocab_sampler", "step_glue"):
-        if sampler in names and not (cuda and triton_available()):
-            log.warning("TTS_FUSED_KERNELS: %s needs CUDA and Triton; its step runs unfused", sampler)
+        if sampler in names and not (cuda and triton_available() and (sampler != "step_glue" or triton_major() >= 3)):
+            log.warning("TTS_FUSED_KERNELS: %s needs CUDA and Triton%s; its step runs unfused", sampler,
+                        " >= 3" if sampler == "step_glue" else "")
             names -= {sampler}
     return names
 
@@ -120,13 +121,15 @@ class BatchSettings:
     codec_rounds: bool  # later audio chunks wait for the next codec round (engine/audio_feed.py CodecRounds)
     codec_channels_last: bool  # the streaming codec time-major, channels-last convolutions (StreamingCodec)
     buckets: tuple[int, ...]  # batch sizes a decode step is captured for
+    preset: Preset  # the memory preset, with the values in effect (env overrides applied)
 
     @property
     def warm_buckets(self) -> tuple[int, ...]:
-        """The buckets compiled before ready: the first, and the first dynamic one (2) after a 1-row bucket, so no
-        compile waits for the first batch of two (the larger buckets reuse 2's dynamic variant)."""
-        return self.buckets[:2] if self.buckets[0] == 1 and self.runner.max_slots > 1 else self.buckets[:1]
-    preset: Preset  # the memory preset, with the values in effect (env overrides applied)
+        """The buckets whose step runs before ready (the compiled units they use are compiled then): the first, and
+        with compile the first dynamic one (2) after a 1-row bucket, so no compile waits for the first batch of two
+        where those buckets run compiled units. (With layer_gemv, steps of up to 16 rows run Triton kernels, not
+        compiled units: their compile comes with the first bucket above, captured while idle or at first use.)"""
+        return self.buckets[:2] if self.compile and self.buckets[0] == 1 and self.max_slots > 1 else self.buckets[:1]
 
     @property
     def max_slots(self) -> int:

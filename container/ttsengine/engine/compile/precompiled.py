@@ -6,11 +6,11 @@ an H100 host, five units). torch >= 2.10 can save the traced function itself (by
 Inductor's compiled graph); loading it takes milliseconds and traces nothing.
 
 A unit holds variants, one per shape family (sampling runs over the vocabulary and over a
-codebook): a call runs the first variant whose guards accept the arguments, else compiles a new
-one (the batch dim dynamic in [2, max_batch], as units.Compiled) and saves it as
-`<dir>/<name>.<i>.pt2`. Whatever fails here (no such API, a file torch rejects, a trace torch
-cannot serialize) logs one line and costs only speed: the file is recompiled, or the unit goes on
-as a plain torch.compile unit.
+codebook) and batch kind (size 1: the one-row bucket; 2 and up, dynamic): a call runs the first
+variant whose guards accept the arguments, else compiles a new one (the batch dim dynamic in
+[2, max_batch], as units.Compiled) and saves it as `<dir>/<name>.<i>.pt2`. Whatever fails here
+(no such API, a file torch rejects, a trace torch cannot serialize) logs one line and costs only
+speed: the file is recompiled, or the unit goes on as a plain torch.compile unit.
 """
 
 from __future__ import annotations
@@ -28,7 +28,8 @@ import torch
 from .units import dynamic_batch
 
 log = logging.getLogger(__name__)
-MAX_VARIANTS = 32  # saved per unit (a few shape families x the GPUs of a fleet: guards check the device index)
+MAX_VARIANTS = 64  # saved per unit (a few shape families x size 1 or dynamic x the GPUs of a fleet: guards check the
+#                   device index)
 _SAVING = threading.Lock()  # the engines of a fleet save into one directory: one picks an index and writes at a time
 
 

@@ -4,7 +4,7 @@ tiles, and the launch. The kernels themselves are in int8_jit.py (loaded on firs
 Two kernels, picked per call by `int8_linear_config`:
 - `tile`: a tl.dot tiling (int8 tile converted in registers, tensor cores, scale and bias in the
   epilogue). Used from 3 rows up, and for the vocabulary-sized head at any row count.
-- `gemv`: for 1-2 rows (a single stream's decode step, bucket 2). No tensor cores: each program owns
+- `gemv`: for 1-2 rows (one or two streams' decode step, buckets 1 and 2). No tensor cores: each program owns
   4 output columns and the whole K, multiplies in fp32 on CUDA cores and reduces once at the end. A
   tl.dot needs >= 16 columns per program, which on a 1,024-column layer leaves 64 programs for 132
   SMs; 4 columns give 256 programs reading the weight at full bandwidth.

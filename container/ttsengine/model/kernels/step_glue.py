@@ -19,6 +19,8 @@ fp32 (aten's div_true_kernel_cuda multiplies by the reciprocal), rounded.
 
 from __future__ import annotations
 
+import functools
+
 import torch
 from torch import Tensor
 
@@ -92,6 +94,8 @@ def step_inputs(model, frames: Tensor, pos: Tensor) -> tuple[Tensor, Tensor]:
     """frames int64 [B, n+1] (each row's last frame), pos int64 [B] -> (x [B, 1, D] = model.embed of the frames,
     rope [B, 1, d/2, 2] = model.rope_slow[pos]), in one launch (CUDA, or Triton's interpreter)."""
     B, n1 = frames.shape
+    if frames.stride(1) != 1:
+        raise ValueError("step_inputs: frames need unit stride along the frame")
     cfg = model.cfg
     emb, cb = model.embeddings.weight, model.codebook_embeddings.weight
     D = emb.shape[1]
@@ -100,8 +104,7 @@ def step_inputs(model, frames: Tensor, pos: Tensor) -> tuple[Tensor, Tensor]:
     rope = torch.empty((B, 1, *tab.shape[1:]), dtype=tab.dtype, device=tab.device)
     R = tab.shape[1] * tab.shape[2]
     scale = bool(cfg.scale_codebook_embeddings)
-    # CUDA's x / s for a Python scalar s: x * (1 / float32(s)), the reciprocal in float32
-    inv = float(torch.tensor(1.0, dtype=torch.float32) / torch.tensor(n1 ** 0.5, dtype=torch.float32))
+    inv = _inverse_scale(n1)
     _inputs_kernel[(B, -(-D // BLOCK_D))](
         frames, frames.stride(0), emb, cb, emb.stride(0), tab, tab.stride(0), pos, x, x.stride(0), rope,
         rope.stride(0), D, R, cfg.codebook_size, model.semantic_begin_id, model.semantic_end_id, inv,
@@ -116,12 +119,18 @@ def finish_step(frame: Tensor, active: Tensor, fresh: Tensor, state: Tensor, out
     in place, as finish_step_reference."""
     B, n1 = frame.shape
     win = window.frames
-    for t, name in ((frame, "frame"), (state, "state"), (out, "out")):
+    for t, name in ((frame, "frame"), (state, "state"), (out, "out"), (win.transpose(1, 2), "window")):
         if t.stride(1) != 1:
-            raise ValueError(f"finish_step: {name} needs unit stride along the frame")
+            raise ValueError(f"finish_step: {name} needs unit stride along its last dimension")
     _finish_kernel[(B,)](frame, frame.stride(0), active, fresh, state, state.stride(0), out, out.stride(0), pos,
                          frame_index, win, win.stride(0), win.stride(1), window.count, n1, win.shape[2],
                          NP=next_pow2(n1), num_warps=1)
+
+
+@functools.lru_cache(maxsize=8)
+def _inverse_scale(n1: int) -> float:
+    # CUDA's x / s for a Python scalar s = sqrt(n + 1): x * (1 / float32(s)), the reciprocal in float32
+    return float(torch.tensor(1.0, dtype=torch.float32) / torch.tensor(n1 ** 0.5, dtype=torch.float32))
 
 
 def finish_step_reference(frame: Tensor, active: Tensor, fresh: Tensor, state: Tensor, out: Tensor, pos: Tensor,
