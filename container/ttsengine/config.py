@@ -227,7 +227,6 @@ class EngineConfig:
     codec_merge: str = "auto"  # queued codec decodes join into one batched call: auto (= on) | on | off
     codec_rounds: str = "auto"  # later audio chunks of every stream go to the codec together: auto (= on) | off
     codec_channels_last: str = "auto"  # streaming codec time-major, channels-last convs: auto (CUDA + cuDNN tuning)
-    codec_sms: int = 0  # the codec's kernels on a green context of this many SMs; 0 = they share every SM
     cache_dir: Path | None = None  # torch.compile kernel cache (Inductor + Triton); None = torch's default
     precompile: str = "auto"  # keep the step's traced units in cache_dir: auto (torch >= 2.10 with a cache dir) | off
     codec_cache: str = "auto"  # keep the codec converted to its run dtype in cache_dir: auto (= on) | off
@@ -340,11 +339,6 @@ ENGINE_VARS = (
         "with every convolution a channels-last cuDNN convolution (no layout transposes around each conv) and the "
         "convs' biases folded into the Snake and residual kernels: codec-only at 64 streams 17,400 -> 27,700 "
         "frames/s on an H100", dev=True),
-    Var("TTS_CODEC_SMS", "codec_sms", integer(0),
-        "0 (default) | N: the codec's kernels run in a CUDA green context of N SMs (rounded up to the driver's "
-        "granularity, 8 on an H100); the decode step keeps every SM, so the codec's wide convolutions never hold the "
-        "SMs the step's next kernel waits for. Needs torch with green contexts (2.9+, CUDA 12.8+); ignored with a "
-        "warning elsewhere", dev=True),
     Var("TTS_CODEC_MERGE", "codec_merge", switch(),
         "auto (= on) | on | off: codec decodes queued behind a busy codec thread join into one batched call",
         dev=True),

@@ -40,9 +40,9 @@ class GraphSet:
                  capture_on_current_stream: bool = False,
                  tune: Callable[[], AbstractContextManager] = contextlib.nullcontext):
         """body(key, *inputs) -> output does the work; static_inputs(key) makes inputs that are safe to run
-        on (scratch rows) and become the graph's static inputs. capture_on_current_stream: warm up and record on
-        the caller's stream (a worker thread's own stream) instead of a side stream and torch's capture stream.
-        tune(): a context around every first run and recording, inside the lock (the codec's cuDNN autotuning)."""
+        on (scratch rows) and become the graph's static inputs. capture_on_current_stream: record on the
+        caller's stream (a worker thread's own stream) instead of torch's capture stream. tune(): a context
+        around every first run and recording, inside the lock (the codec's cuDNN autotuning)."""
         self.kind, self.lock, self.body, self.static_inputs = kind, lock, body, static_inputs
         self.tune = tune
         self.current_stream = capture_on_current_stream
@@ -72,9 +72,7 @@ class GraphSet:
             return 0
         t0 = time.perf_counter()
         with self.lock, self.tune():
-            # a worker's own stream may belong to a green context (engine/sm_partition.py), whose cuDNN handle
-            # refuses another context's streams: its warm-up runs where its capture does
-            side = torch.cuda.current_stream() if self.current_stream else torch.cuda.Stream()
+            side = torch.cuda.Stream()
             side.wait_stream(torch.cuda.current_stream())
             with torch.cuda.stream(side):
                 for key in todo:

@@ -86,7 +86,7 @@ class Engine:
         self.metrics = EngineMetrics()
         self.vocoder = Vocoder(checkpoint.codec, s.runner.max_slots, checkpoint.config.max_seq_len,
                                chunk_sizes(s.first_chunk_frames, s.stream_chunk_frames), s.buckets, self._capture_lock,
-                               self.metrics.vocoded, self.metrics.completed, s.codec_channels_last, s.codec_sms)
+                               self.metrics.vocoded, self.metrics.completed, s.codec_channels_last)
         if s.compile:
             precompile = config.precompile == "auto" and compat.precompile_supported()
             self.runner.enable_compile(self.kernel_cache.precompiled_dir if precompile else None)
@@ -257,8 +257,7 @@ class Engine:
         return {**self.metrics.snapshot(running=len(self.scheduler.running),
                                         waiting=self.scheduler.queue_depth + len(self._inbox),
                                         device=self.runner.device, prefix_cache=cache),
-                "device": str(self.runner.device), "codec_device": str(self.vocoder.device),
-                "codec_sms": self.vocoder.sms, "state": self.state,
+                "device": str(self.runner.device), "codec_device": str(self.vocoder.device), "state": self.state,
                 "error": self.error,
                 "quantization": self.ckpt.quantization, "kernel_cache": self.kernel_cache.status,
                 "precompiled": self.precompiled, "compiled": self.compiled,

@@ -120,7 +120,6 @@ class BatchSettings:
     codec_merge_rows: int  # queued codec decodes join into calls of up to this many rows (0: off)
     codec_rounds: bool  # later audio chunks wait for the next codec round (engine/audio_feed.py CodecRounds)
     codec_channels_last: bool  # the streaming codec time-major, channels-last convolutions (StreamingCodec)
-    codec_sms: int  # the codec's green context's SMs (engine/sm_partition.py); 0: the codec shares every SM
     buckets: tuple[int, ...]  # batch sizes a decode step is captured for
     preset: Preset  # the memory preset, with the values in effect (env overrides applied)
 
@@ -214,5 +213,5 @@ class BatchSettings:
                              codec_merge_rows=0 if config.codec_merge == "off" else max_batch,
                              codec_rounds=config.codec_rounds != "off",
                              codec_channels_last=codec_channels_last(config.codec_channels_last, cuda, cudnn_autotune),
-                             codec_sms=config.codec_sms if cuda else 0, buckets=tuple(buckets),
+                             buckets=tuple(buckets),
                              preset=replace(preset, max_batch=max_batch, memory_utilization=utilization))

@@ -30,7 +30,6 @@ from ..model.codec import Codec
 from ..model.codec.streaming import StreamingCodec
 from ..synthesis.stream import Stream
 from .cuda_graphs import GraphSet
-from .sm_partition import partition_stream
 
 log = logging.getLogger(__name__)
 
@@ -58,12 +57,11 @@ class Vocoder:
     def __init__(self, codec: Codec, slots: int, max_frames: int, chunk_sizes: tuple[int, ...],
                  buckets: tuple[int, ...], capture_lock: threading.RLock,
                  on_decoded: Callable[[int, float], None], on_finished: Callable[[Stream], None],
-                 time_major: bool = False, sms: int = 0):
+                 time_major: bool = False):
         """max_frames: the longest stream a slot decodes; capture_lock: held by every CUDA graph capture (reentrant:
         the codec holds it around first uses that may capture);
         on_decoded(frames, seconds) after each decode; on_finished(stream) when a stream completed; time_major:
-        the streaming codec's layout (StreamingCodec, TTS_CODEC_CHANNELS_LAST); sms: the codec's kernels on a green
-        context of this many SMs (engine/sm_partition.py; 0 or unavailable: every SM)."""
+        the streaming codec's layout (StreamingCodec, TTS_CODEC_CHANNELS_LAST)."""
         self.codec = StreamingCodec(codec, slots + 1, max_frames, time_major)
         self.device, self.frame_length = self.codec.device, self.codec.frame_length
         self.chunk_sizes, self.buckets = tuple(sorted(chunk_sizes)), tuple(sorted(buckets))
@@ -77,10 +75,7 @@ class Vocoder:
         self.on_decoded, self.on_finished = on_decoded, on_finished
         self._q: queue.SimpleQueue = queue.SimpleQueue()
         self._cuda = self.device.type == "cuda"
-        self._partition = partition_stream(self.device, sms) if self._cuda and sms else None
-        self.sms = self._partition.sms if self._partition else 0
-        self._stream = self._partition.stream if self._partition else torch.cuda.Stream(self.device) if self._cuda \
-            else None
+        self._stream = torch.cuda.Stream(self.device) if self._cuda else None
         self._thread = threading.Thread(target=self._run, name="tts-vocoder", daemon=True)
         self._thread.start()
 
@@ -237,8 +232,6 @@ class Vocoder:
     def _run(self) -> None:
         if self._cuda:
             torch.cuda.set_device(self.device)  # Triton launches on the thread's current device
-        if self._partition is not None:  # this thread's CUDA work in the green context: cuDNN and cuBLAS make their
-            self._partition.enter()  # handles in it, as they must to run on its stream
         ctx = torch.cuda.stream(self._stream) if self._cuda else contextlib.nullcontext()
         held: deque = deque()  # a command taken off the queue while merging decodes, run next
         with torch.inference_mode(), ctx:

@@ -369,7 +369,7 @@ def _codec_only(args) -> int:
     print(f"{torch.cuda.get_device_name() if torch.cuda.is_available() else 'cpu'} | torch {torch.__version__} | "
           f"codec {ckpt.codec.cfg.decoder_dim} dim, dtype {next(ckpt.codec.parameters()).dtype}", flush=True)
     codec_bench.run(ckpt.codec, [int(x) for x in args.concurrency.split(",")], args.chunk_frames, args.seconds,
-                    modes, not args.no_graphs, args.profile_mode, args.out, config.codec_sms)
+                    modes, not args.no_graphs, args.profile_mode, args.out)
     return 0
 
 

@@ -33,12 +33,12 @@ def random_codes(codec: Codec, streams: int, frames: int, device: torch.device) 
     return torch.cat([sem, res], dim=1).to(device)
 
 
-def _vocoder(codec: Codec, streams: int, chunk: int, mode: str, graphs: bool, tuned: bool, sms: int) -> Vocoder:
+def _vocoder(codec: Codec, streams: int, chunk: int, mode: str, graphs: bool, tuned: bool) -> Vocoder:
     buckets = tuple(sorted({1, 2, 4, 8, 16, 32, 64, 128, 256, 512, streams}))
     if mode == "compile":  # one compile per row count: only the two the measurement runs
         buckets = (1, streams)
     voc = Vocoder(codec, streams, 8192, (chunk,), tuple(b for b in buckets if b <= streams), threading.RLock(),
-                  lambda frames, seconds: None, lambda stream: None, time_major=mode == "time_major", sms=sms)
+                  lambda frames, seconds: None, lambda stream: None, time_major=mode == "time_major")
     if mode == "compile":
         voc.enable_compile()
     elif mode in ("snake", "time_major") and voc.device.type == "cuda":
@@ -51,20 +51,19 @@ def _vocoder(codec: Codec, streams: int, chunk: int, mode: str, graphs: bool, tu
 
 
 def measure(codec: Codec, streams: int, chunk: int, seconds: float, mode: str, graphs: bool = True,
-            profile: bool = False, sms: int = 0) -> dict:
-    """One mode: warm-up (compile, graph capture), then `seconds` of audio per stream, timed; sms: the codec on a
-    green context of that many SMs (TTS_CODEC_SMS; 0: all)."""
+            profile: bool = False) -> dict:
+    """One mode: warm-up (compile, graph capture), then `seconds` of audio per stream, timed."""
     base, _, option = mode.partition("+")
     old = torch.backends.cudnn.benchmark
     torch.backends.cudnn.benchmark = option == "cudnn"
     try:
-        return _measure(codec, streams, chunk, seconds, base, graphs, profile, option == "tuned", sms) | {"mode": mode}
+        return _measure(codec, streams, chunk, seconds, base, graphs, profile, option == "tuned") | {"mode": mode}
     finally:
         torch.backends.cudnn.benchmark = old
 
 
 def _measure(codec: Codec, streams: int, chunk: int, seconds: float, mode: str, graphs: bool,
-             profile: bool, tuned: bool, sms: int) -> dict:
+             profile: bool, tuned: bool) -> dict:
     dev = next(codec.parameters()).device
     calls = max(2, round(seconds * codec.sample_rate / codec.frame_length / chunk))
     codes = random_codes(codec, streams, chunk * calls, dev)
@@ -79,7 +78,7 @@ def _measure(codec: Codec, streams: int, chunk: int, seconds: float, mode: str, 
 
         voc = None
     else:
-        voc = _vocoder(codec, streams, chunk, mode, graphs, tuned, sms)
+        voc = _vocoder(codec, streams, chunk, mode, graphs, tuned)
 
         def step(i: int) -> torch.Tensor:
             return voc.decode_padded(slots, codes[:, :, i * chunk:(i + 1) * chunk])
@@ -117,7 +116,6 @@ def _measure(codec: Codec, streams: int, chunk: int, seconds: float, mode: str, 
     frames = streams * chunk * calls
     fps = frames / box["elapsed"]
     return {"mode": mode, "streams": streams, "chunk_frames": chunk, "calls": calls, "graphs": graphs and cuda,
-            "sms": voc.sms if voc is not None else 0,
             "frames_per_s": round(fps), "audio_s_per_s": round(fps * codec.frame_length / codec.sample_rate, 1),
             "ms_per_call": round(box["elapsed"] / calls * 1e3, 3), "warm_up_s": round(box["warm_up_s"], 2),
             "profile": box.get("profile")}
@@ -136,11 +134,11 @@ def _profile(fn) -> list[dict]:
 
 
 def run(codec: Codec, streams: list[int], chunk: int, seconds: float, modes: list[str], graphs: bool,
-        profile_mode: str | None, out: Path | None, sms: int = 0) -> list[dict]:
+        profile_mode: str | None, out: Path | None) -> list[dict]:
     rows = []
     for n in streams:
         for mode in modes:
-            row = measure(codec, n, chunk, seconds, mode, graphs, profile=(mode == profile_mode), sms=sms)
+            row = measure(codec, n, chunk, seconds, mode, graphs, profile=(mode == profile_mode))
             rows.append(row)
             prof = row.pop("profile")
             print(json.dumps(row), flush=True)
