@@ -7,6 +7,8 @@ tokens must still match exactly.
 
 from __future__ import annotations
 
+from collections import Counter
+
 import numpy as np
 import pytest
 import torch
@@ -119,9 +121,7 @@ def test_precompiled_graphs_equal_eager_tokens_fp32(tmp_path):
     saved = sorted(p.name for p in tmp_path.glob("precompiled-*/*.pt2"))
     # each unit twice: its size-1 variant (the one-row bucket, TTS_ONE_ROW_BUCKET) and its dynamic one (2 and up);
     # sampling for two shape families (the vocabulary, a codebook)
-    units: dict[str, int] = {}
-    for name in saved:
-        units[name.split(".")[0]] = units.get(name.split(".")[0], 0) + 1
+    units = Counter(name.split(".")[0] for name in saved)
     assert units == {"fast_head": 2, "fast_layer": 2, "sample": 4, "slow_layer": 2}, saved
     loaded = tokens(config, second)
     n = len(saved)

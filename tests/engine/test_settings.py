@@ -58,6 +58,20 @@ def test_fused_kernels_resolve_per_device():
     assert fused_kernels("fast_attention,codebook_sampler,vocab_sampler,step_glue", False, False) == {"fast_attention"}
 
 
+def test_named_fused_kernels_need_their_triton(monkeypatch):
+    # a CUDA machine whose Triton is 2.x (the torch 2.2 lane's): the samplers run, step_glue's aranges would not
+    from ttsengine.engine import settings
+
+    monkeypatch.setattr(settings, "triton_available", lambda: True)
+    monkeypatch.setattr(settings, "triton_major", lambda: 2)
+    assert settings.fused_kernels("codebook_sampler,vocab_sampler,step_glue", True, True) == {
+        "codebook_sampler", "vocab_sampler"}
+    monkeypatch.setattr(settings, "triton_major", lambda: 3)
+    assert "step_glue" in settings.fused_kernels("step_glue", True, True)
+    monkeypatch.setattr(settings, "triton_available", lambda: False)
+    assert settings.fused_kernels("codebook_sampler,step_glue,merged_ffn", True, True) == {"merged_ffn"}
+
+
 def test_codec_channels_last_auto_needs_cuda_and_tuned_convs():
     # auto: CUDA with cuDNN tuning the codec's convs (untuned heuristics made the time-major codec 10x slower at one
     # stream); on / off as asked

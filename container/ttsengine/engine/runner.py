@@ -137,10 +137,11 @@ class Runner:
         if "fast_stack" in cfg.fused and not self.stack_rows:
             log.warning("TTS_FUSED_KERNELS: fast_stack needs layer_gemv, Triton on CUDA (or its interpreter) and fast "
                         "layers it reads (power-of-two heads); the step runs without it")
-        # step_glue: the step's start and end as two Triton kernels (model/kernels/step_glue.py); None: the eager ops
+        # step_glue: the step's start and end as two Triton kernels (model/kernels/step_glue.py), else the eager ops
         glue = "step_glue" in cfg.fused and self.device.type == "cuda"
-        self._finish_step = step_glue.finish_step if glue else None
-        self._step_inputs = step_glue.step_inputs if glue and step_glue.inputs_supported(model) else None
+        self._finish_step = step_glue.finish_step if glue else step_glue.finish_step_reference
+        self._step_inputs = (step_glue.step_inputs if glue and step_glue.inputs_supported(model)
+                             else step_glue.step_inputs_reference)
         self.prefill_graphs = None  # a GraphSet over prefill_layers keyed by prefill_key (the engine's)
         # host side: pages held per slot (page 0 is scratch and never handed out), shared prefix pages counted.
         # A slot's device page_table row lists its pages only once it is armed (its last prefill chunk ran):
@@ -386,7 +387,7 @@ class Runner:
         figure never names a kernel that did not run)."""
         off = {"layer_gemv": not self.gemv_rows, "fast_stack": not self.stack_rows, "pdl": not self.pdl,
                # step_glue: its end kernel runs at every dtype, its start one for 16-bit embeddings only
-               "split_attention": self.splits == 1, "step_glue": self._finish_step is None}
+               "split_attention": self.splits == 1, "step_glue": self._finish_step is step_glue.finish_step_reference}
         return self.cfg.fused - frozenset(name for name, dropped in off.items() if dropped)
 
     def step_ops(self, bb: int) -> StepOps:
@@ -411,7 +412,7 @@ class Runner:
         frames, pos, active, fresh = self.frames[:bb], self.pos[:bb], self.active[:bb], self.fresh[:bb]
         table = self.page_table[:bb]
         ops = self.step_ops(bb)
-        x, rope = (self._step_inputs or step_glue.step_inputs_reference)(m, frames, pos)  # [bb, 1, D], [bb, 1, d/2, 2]
+        x, rope = self._step_inputs(m, frames, pos)  # [bb, 1, D], [bb, 1, d/2, 2]
         for i, layer in enumerate(m.layers):
             x = ops.slow_layer(layer, x, rope, self.kv[i].k, self.kv[i].v, table, pos)
         hidden = x[:, 0]
@@ -421,6 +422,5 @@ class Runner:
         window = self.window.view(bb)
         frame = sample_frame(m, m.slow_head(hidden), hidden, params, self.frame_index[:bb], window, fresh, ops.frame)
         # the window record, the kept frame into the state and the output, fresh, pos and the frame counter
-        (self._finish_step or step_glue.finish_step_reference)(frame, active, fresh, frames, self.out[:bb], pos,
-                                                               self.frame_index[:bb], window)
+        self._finish_step(frame, active, fresh, frames, self.out[:bb], pos, self.frame_index[:bb], window)
         return self.out[:bb]

@@ -19,6 +19,9 @@ from .runner import RunnerConfig
 log = logging.getLogger(__name__)
 PAGE_SIZE = 64  # KV positions per page
 CUDA_RESERVE = 3 << 30  # bytes kept free for activations, graphs and the codec
+# fused kernels with no path but Triton's, and the Triton major version each needs when named (0: any); named where
+# that is missing they are dropped with a warning (step_glue's aranges fail in Triton 2.2)
+TRITON_ONLY = {"codebook_sampler": 0, "vocab_sampler": 0, "step_glue": 3}
 
 
 def snake_kernel_usable(config: EngineConfig, cuda: bool) -> bool:
@@ -84,11 +87,11 @@ def fused_kernels(switch: str, cuda: bool, triton_attention: bool, pdl: bool = F
                          | ({"fast_attention"} if triton_attention else set())
                          | ({"layer_gemv"} if gemv else set()) | ({"pdl"} if gemv and pdl else set()))
     names = frozenset(switch.split(","))
-    for sampler in ("codebook_sampler", "vocab_sampler", "step_glue"):
-        if sampler in names and not (cuda and triton_available() and (sampler != "step_glue" or triton_major() >= 3)):
-            log.warning("TTS_FUSED_KERNELS: %s needs CUDA and Triton%s; its step runs unfused", sampler,
-                        " >= 3" if sampler == "step_glue" else "")
-            names -= {sampler}
+    for name, major in TRITON_ONLY.items():
+        if name in names and not (cuda and triton_available() and triton_major() >= major):
+            log.warning("TTS_FUSED_KERNELS: %s needs CUDA and Triton%s; its step runs unfused", name,
+                        f" >= {major}" if major else "")
+            names -= {name}
     return names
 
 
