@@ -221,6 +221,7 @@ class EngineConfig:
     prefill_graphs: str = "auto"  # the prefill as CUDA graphs per padded shape: auto (= on with graphs) | off
     compile: str = "auto"  # torch.compile of the decode step: auto (on with CUDA, torch >= 2.6) | on | off
     fused_kernels: str = "auto"  # the decode step's fused Triton kernels: auto (all, on CUDA) | off | a list of names
+    layer_gemv_rows: int = 16  # steps of up to this many rows run layer_gemv's kernels (1-64), larger ones cuBLAS
     codec_compile: str = "off"  # torch.compile the streaming codec too: on | off, auto = off (~18 s per start)
     snake_kernel: str = "auto"  # Snake as one Triton kernel in the eager codec: auto (on CUDA with Triton) | off
     cudnn_benchmark: str = "auto"  # cuDNN autotuning: auto = codec graph captures only | on | off
@@ -323,6 +324,11 @@ ENGINE_VARS = (
         " and split_attention (opt-in: at few rows the slow attention's pages shared by up to 8 programs per head; "
         "for long contexts) and step_glue (the step's input embedding + RoPE row and its end: window record, state "
         "and counters, as two kernels instead of ~35 small ones): the decode step's fused kernels", dev=True),
+    Var("TTS_LAYER_GEMV_ROWS", "layer_gemv_rows", integer(1, 64),
+        "16 (default) | 1-64: decode steps of up to this many rows run layer_gemv's fused kernels (each layer as five "
+        "Triton kernels: norm, residual and SwiGLU inside the linears); larger steps run compiled units over cuBLAS. "
+        "Above 16 rows the kernels compute 64-row tiles (untuned: slower than cuBLAS at 64 streams on an H100)",
+        dev=True),
     Var("TTS_CODEC_COMPILE", "codec_compile", switch(),
         "on | off (auto = off): torch.compile the streaming codec as well (~1 ms faster per small chunk on an H100; "
         "its trace adds ~18 s to every start)", dev=True),

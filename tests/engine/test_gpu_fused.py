@@ -132,9 +132,10 @@ def test_fused_bf16_graphs_equal_fused_bf16_eager():
 @pytest.mark.parametrize("quant", [False, True])
 @pytest.mark.parametrize("fast", [False, True])
 def test_gemv_layer_close_to_the_unfused_layer(quant, fast):
-    # layer_gemv (model/fused_layer.py) at 1, 2 and 16 rows against the unit it replaces (make_slow_layer: the
-    # same weights through norm, linears, RoPE, the paged kernel and SwiGLU as separate ops). Both round in bf16 at
-    # the same steps but sum in different orders: outputs agree to a few bf16 ulps of the residual stream
+    # layer_gemv (model/fused_layer.py) at 1, 2, 16 and 64 rows (TTS_LAYER_GEMV_ROWS) against the unit it replaces
+    # (make_slow_layer: the same weights through norm, linears, RoPE, the paged kernel and SwiGLU as separate ops).
+    # Both round in bf16 at the same steps but sum in different orders: outputs agree to a few bf16 ulps of the
+    # residual stream
     from ttsengine.engine.compile.units import make_slow_layer
     from ttsengine.model import fused_layer
     from ttsengine.model.kernels.paged_attention import write_and_attend_op
@@ -146,7 +147,7 @@ def test_gemv_layer_close_to_the_unfused_layer(quant, fast):
     unfused, fused = make_slow_layer(write_and_attend_op(), True), fused_layer.make_layer(True)
     assert fused_layer.layer_supported(layer)
     g = torch.Generator().manual_seed(5)
-    for B in (1, 2, 16):
+    for B in (1, 2, 16, 64):
         pages = 1 if fast else 4
         kv = PagedKV.empty(B * pages + 1, 8, page, d, torch.bfloat16, "cuda")
         kv.k.copy_(torch.randn(kv.k.shape, generator=g))

@@ -17,6 +17,7 @@ from ttsengine.model.kernels import small_linear as small_linear_module
 from ttsengine.model.kernels.small_linear import (
     CORE_ROWS,
     SMALL_LINEAR_MAX_ROWS,
+    TILE_ROWS,
     SmallLinearConfig,
     small_linear,
     small_linear_config,
@@ -122,9 +123,10 @@ def test_kernel_equals_reference(dtype, norm, epilogue, int8, config):
 
 @interpreted
 @cpu_only
-@pytest.mark.parametrize("M", [1, 16])
+@pytest.mark.parametrize("M", [1, 16, 40])
 @pytest.mark.parametrize("config", [None, CORES], ids=["default", "cores"])
-def test_kernel_at_one_and_sixteen_rows(M, config):
+def test_kernel_at_each_class_of_rows(M, config):
+    # 1: the CUDA-core class, 16: the 16-row tile's last, 40: the 64-row tile (TTS_LAYER_GEMV_ROWS above 16)
     for dtype in (torch.float32, torch.bfloat16):
         for int8, epilogue in ((False, "residual"), (True, "swiglu"), (True, "none")):
             x, w, kw = make(M, 128, 64, dtype, int8=int8, norm=True, epilogue=epilogue, seed=M)
@@ -191,8 +193,23 @@ def row_independence(x, w, kw, config):
 @pytest.mark.parametrize("config", [DOT, CORES], ids=["dot", "cores"])
 @pytest.mark.parametrize("int8, epilogue", [(False, "residual"), (True, "swiglu")])
 def test_kernel_rows_are_independent(config, int8, epilogue):
-    x, w, kw = make(SMALL_LINEAR_MAX_ROWS, 96, 48, torch.bfloat16, int8=int8, norm=True, epilogue=epilogue)
+    x, w, kw = make(TILE_ROWS, 96, 48, torch.bfloat16, int8=int8, norm=True, epilogue=epilogue)
     row_independence(x, w, kw, config)
+
+
+@interpreted
+@cpu_only
+@pytest.mark.parametrize("int8, epilogue", [(False, "residual"), (True, "swiglu")])
+def test_wide_tile_rows_are_independent(int8, epilogue):
+    # 17-64 rows: one 64-row tile, one default config: any 17 or more of the rows, in any order, are those rows of
+    # the 64-row call bit for bit
+    x, w, kw = make(SMALL_LINEAR_MAX_ROWS, 96, 48, torch.bfloat16, int8=int8, norm=True, epilogue=epilogue)
+    res = kw.get("residual")
+    batch = small_linear(x, w, **kw)
+    assert_close(batch, x, w, kw)
+    idx = torch.randperm(SMALL_LINEAR_MAX_ROWS, generator=torch.Generator().manual_seed(3))[:TILE_ROWS + 1]
+    part = small_linear(x[idx].contiguous(), w, **{**kw, "residual": None if res is None else res[idx].contiguous()})
+    assert torch.equal(part, batch[idx])
 
 
 @interpreted
@@ -242,7 +259,7 @@ def test_default_config_depends_on_rows_only_by_class():
 
 
 @pytest.mark.parametrize("case, message", [
-    ("rows", "at most 16 rows"), ("no rows", "M >= 1"), ("k", "weight must be"), ("odd", "even number"),
+    ("rows", "at most 64 rows"), ("no rows", "M >= 1"), ("k", "weight must be"), ("odd", "even number"),
     ("scale16", "int8 weights only"), ("noscale", "need scale"), ("dtype", "neither"), ("res", "residual must"),
     ("norm", "norm_weight must"), ("out_rows", "out_rows must"), ("both", "one epilogue"),
     ("swiglu_rows", "does not apply"), ("block", "must be >= 16"), ("pow2", "power of two"), ("3d", "[M, K]"),
@@ -251,7 +268,7 @@ def test_bad_arguments_raise(case, message):
     x, w, kw = make(3, 64, 96, torch.bfloat16)
     q = torch.zeros(96, 64, dtype=torch.int8)
     bad = {
-        "rows": lambda: small_linear(torch.zeros(17, 64, dtype=torch.bfloat16), w),
+        "rows": lambda: small_linear(torch.zeros(65, 64, dtype=torch.bfloat16), w),
         "no rows": lambda: small_linear(x[:0], w),
         "k": lambda: small_linear(x, w[:, :32]),
         "odd": lambda: small_linear(x, w[:95], swiglu=True),
@@ -305,6 +322,17 @@ def test_native_kernel_at_real_shapes(exact_reference, name, K, N, norm, epilogu
         # shapes on an H200, the rest within the bound (see test_native_kernel_other_configs)
         cores = int8 and M <= CORE_ROWS and (pdl or epilogue != "swiglu")
         assert_close(small_linear(x, w, pdl=pdl, **mkw), x, w, mkw, 0.5 if cores else None)
+    # the 64-row tile (17-64 rows, TTS_LAYER_GEMV_ROWS): within the bound at 24 and 64 rows, 24 rows of a 64-row
+    # call those rows alone bit for bit
+    x64, _, kw64 = make(64, K, N, torch.bfloat16, int8=int8, norm=norm, epilogue=epilogue, out_rows=out_rows,
+                        device="cuda", seed=7)
+    kw64 = {**kw64, "scale": kw.get("scale")}  # w's
+    wide = small_linear(x64, w, pdl=pdl, **kw64)
+    assert_close(wide, x64, w, kw64)
+    res64 = kw64.get("residual")
+    part = small_linear(x64[40:].clone(), w, pdl=pdl, **{**kw64, "residual": None if res64 is None else
+                                                          res64[40:].clone()})
+    assert torch.equal(part, wide[40:])
     n_out = N // 2 if epilogue == "swiglu" else out_rows or N
     # with pdl, pdl's 1-2-row tiles held fixed for every M
     row_independence(x16, w, kw, small_linear_config(n_out, K, torch.bfloat16, epilogue == "swiglu", 1, norm, True)

@@ -50,6 +50,7 @@ class RunnerConfig:
     penalty_window: int
     triton_attention: bool  # the Triton paged kernel (CUDA) instead of the gather + SDPA reference
     fused: frozenset[str] = frozenset()  # the step's fused kernels (settings.fused_kernels; compile/units.py)
+    gemv_rows: int = 16  # with layer_gemv, steps of up to this many rows run its kernels (TTS_LAYER_GEMV_ROWS)
 
 
 @dataclass
@@ -106,13 +107,14 @@ class Runner:
                 if gemv:
                     layer.feed_forward.merge_int8_inputs()
         self.ops = StepOps.eager(self._attend, cfg.triton_attention, cfg.fused)
-        # layer_gemv: steps of up to fused_layer.MAX_ROWS rows run each layer as five fused kernels (fused_layer.py)
+        # layer_gemv: steps of up to cfg.gemv_rows (<= fused_layer.MAX_ROWS) rows run each layer as five fused kernels
+        # (fused_layer.py)
         self.gemv_rows = 0
         self.pdl = False
         self.splits = 1
         if (gemv and all(fused_layer.layer_supported(layer) for layer in (*model.layers, *model.fast_layers))
                 and fused_layer.linear_weight(model.fast_output) is not None):
-            self.gemv_rows = fused_layer.MAX_ROWS
+            self.gemv_rows = min(cfg.gemv_rows, fused_layer.MAX_ROWS)
             # pdl: its kernels launched as programmatic dependents, each loading weights while the previous runs
             self.pdl = "pdl" in cfg.fused and pdl_runs(self.device)
             # split_attention: at few rows each row and KV head's pages shared by several programs (+ one combine)

@@ -203,7 +203,8 @@ class BatchSettings:
         triton_attention = cuda and triton_available() and model.norm.weight.element_size() == 2
         runner = RunnerConfig(max_slots=max_batch, page_size=PAGE_SIZE, num_pages=num_pages,
                               penalty_window=ckpt.family.RULES.penalty_window, triton_attention=triton_attention,
-                              fused=fused_kernels(config.fused_kernels, cuda, triton_attention, pdl_runs(device)))
+                              fused=fused_kernels(config.fused_kernels, cuda, triton_attention, pdl_runs(device)),
+                              gemv_rows=config.layer_gemv_rows)
         return BatchSettings(runner=runner, max_queue=config.max_queue or 2 * max_batch,
                              prefill_tokens=config.prefill_tokens, prefix_cache=config.prefix_cache,
                              first_chunk_frames=config.first_chunk_frames,

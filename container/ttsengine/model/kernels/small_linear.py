@@ -1,15 +1,17 @@
-"""One decode-step linear and its neighbours in one Triton kernel, for up to 16 rows.
+"""One decode-step linear and its neighbours in one Triton kernel, for up to 64 rows.
 
     out = epilogue(rms_norm(x) @ W.T)   prologue optional; epilogue: none, + residual, or SwiGLU of merged W1|W3
 
-At 1-16 rows a linear is a memory-bound GEMV whose launch and round trips cost as much as its bytes; the
-norm before it and the add or SwiGLU after it are more tiny kernels. Here each program owns BLOCK_N output
-columns (for SwiGLU: column j of both halves, so the [M, 2H] product is never written), streams their weight
-rows in BLOCK_K chunks and keeps every step's rounding where the eager ops round (`small_linear_reference`).
+At 1-16 rows a linear is a memory-bound GEMV (at 17-64 still far from compute-bound) whose launch and round trips
+cost as much as its bytes; the norm before it and the add or SwiGLU after it are more tiny kernels. Here each
+program owns BLOCK_N output columns (for SwiGLU: column j of both halves, so the [M, 2H] product is never written),
+streams their weight rows in BLOCK_K chunks and keeps every step's rounding where the eager ops round
+(`small_linear_reference`).
 
-Determinism: no atomics, no split-K. Every program computes a 16-row tile whatever M is (rows past M are
-copies of row 0, never stored) and the default config depends on M only through its class (up to CORE_ROWS, or
-more), so within a class the kernel binary, and thus each row's reduction order, is the same alone or in a batch.
+Determinism: no atomics, no split-K. Every program computes a 16-row tile up to 16 rows and a 64-row one above
+(rows past M are copies of row 0, never stored) and the default config depends on M only through its class (up to
+CORE_ROWS, up to 16, or more), so within a class the kernel binary, and thus each row's reduction order, is the same
+alone or in a batch.
 (Across classes, as across the engine's larger buckets that run cuBLAS, a row may differ in its last bits.) Two
 ways to multiply:
 - `use_dot`: tl.dot on the 16-row tile, software-pipelined (tensor cores for 16-bit; fp32 FMAs, no TF32, for fp32);
@@ -34,8 +36,9 @@ from ..layers import rms_norm
 from .launch import gdc_ops, launch_options
 from .triton_support import next_pow2, triton_available
 
-SMALL_LINEAR_MAX_ROWS = 16
-_TILE_ROWS = 16  # rows every program computes (the tl.dot minimum), whatever M is: see the module docstring
+SMALL_LINEAR_MAX_ROWS = 64
+TILE_ROWS = 16  # rows every program computes up to this many rows (the tl.dot minimum): see the module docstring
+WIDE_TILE_ROWS = 64  # and above it (one Hopper warp-group MMA's rows)
 _DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
 
@@ -56,13 +59,14 @@ CORE_MAX_K = 4096  # with pdl the CUDA-core tiles hold all of K (a power of two)
 
 
 def small_linear_config(n_out: int, k: int, dtype: torch.dtype, swiglu: bool = False,
-                        rows: int = SMALL_LINEAR_MAX_ROWS, norm: bool = True, pdl: bool = False) -> SmallLinearConfig:
-    """The default tiles for n_out output columns (SwiGLU: H) over k inputs at `rows` rows. Two classes of M, each
-    with one config per shape, so a row's bits are the same at any M of its class: up to CORE_ROWS, 16-bit and int8
-    weights take the CUDA-core path with narrow column blocks and long K steps (more programs in flight on 1-4k-column
-    layers: 1.3-1.6x faster there), otherwise the tl.dot tiles. Measured on an H200 (torch 2.11, Triton 3.6,
-    scripts/device/small_linear_bench.py over the S1-mini decode shapes); SwiGLU's two weight tiles keep the dot
-    path at every M (32 columns: 8.1-8.7 us vs 10.7-12.7 at 16).
+                        rows: int = TILE_ROWS, norm: bool = True, pdl: bool = False) -> SmallLinearConfig:
+    """The default tiles for n_out output columns (SwiGLU: H) over k inputs at `rows` rows. Three classes of M, each
+    with one config per shape, so a row's bits are the same at any M of its class: above TILE_ROWS the 64-row tile
+    (tl.dot, K steps of 128; TTS_LAYER_GEMV_ROWS lets steps of up to 64 rows run these kernels); up to CORE_ROWS,
+    16-bit and int8 weights take the CUDA-core path with narrow column blocks and long K steps (more programs in
+    flight on 1-4k-column layers: 1.3-1.6x faster there), otherwise the tl.dot tiles. Measured on an H200 (torch
+    2.11, Triton 3.6, scripts/device/small_linear_bench.py over the S1-mini decode shapes); SwiGLU's two weight
+    tiles keep the dot path at every M (32 columns: 8.1-8.7 us vs 10.7-12.7 at 16).
     pdl (the kernel loads its first K step of weights before waiting on the previous kernel, kernels/launch.py): at
     up to CORE_ROWS the CUDA-core tiles hold all of K at once, SwiGLU's two tiles included (8 columns, two steps of
     512), so all (or half) of a program's weights load while the previous kernel runs: the frame's layers at one row
@@ -76,6 +80,9 @@ def small_linear_config(n_out: int, k: int, dtype: torch.dtype, swiglu: bool = F
         block_n = 16 if n_out > 1024 else (8 if norm else 2)
         return SmallLinearConfig(block_n=block_n, block_k=max(16, next_pow2(k)), num_warps=4, num_stages=2,
                                  use_dot=False)
+    if rows > TILE_ROWS:  # the 64-row tile: x's [64, K step] tile is 4x the 16-row one's, so shorter K steps
+        return SmallLinearConfig(block_n=64 if n_out >= 16384 else 32 if swiglu or n_out >= 4096 else 16,
+                                 block_k=min(128, block_k), num_warps=4, num_stages=3)
     if swiglu:
         return SmallLinearConfig(block_n=32, block_k=block_k, num_warps=4, num_stages=3)
     if rows <= CORE_ROWS and dtype != torch.float32 and n_out < 16384:
@@ -209,8 +216,8 @@ def _launch(x: Tensor, weight: Tensor, scale: Tensor | None, norm_weight: Tensor
         x.stride(0), weight.stride(0), 0 if residual is None else residual.stride(0), y.stride(0), float(eps),
         HAS_NORM=norm_weight is not None, IS_INT8=scale is not None, HAS_RES=residual is not None, SWIGLU=swiglu,
         USE_DOT=cfg.use_dot, TF32=x.dtype != torch.float32, EMU_BF16=x.dtype == torch.bfloat16 and _interpreted(),
-        BM=_TILE_ROWS, BN=cfg.block_n, BK=bk, EVEN_K=K % bk == 0, PREFETCH=pdl, num_warps=cfg.num_warps,
-        num_stages=cfg.num_stages, **launch_options(pdl, x.device))
+        BM=TILE_ROWS if M <= TILE_ROWS else WIDE_TILE_ROWS, BN=cfg.block_n, BK=bk, EVEN_K=K % bk == 0, PREFETCH=pdl,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages, **launch_options(pdl, x.device))
     return y
 
 
