@@ -253,6 +253,23 @@ def test_fast_stack_equals_the_reference(eager_engine):
         eng.close()
 
 
+@pytest.mark.skipif(triton_major() < 3, reason="needs Triton >= 3 (its interpreter on CPU)")
+def test_layer_gemv_rows_bound_the_steps_that_run_it():
+    # TTS_LAYER_GEMV_ROWS: steps of up to that many rows run layer_gemv's kernels, larger ones the step's other ops
+    from conftest import MODEL_DIR
+
+    from ttsengine import Engine, EngineConfig
+
+    eng = Engine.load(EngineConfig(model_dir=MODEL_DIR, device="cpu", max_batch=4, layer_gemv_rows=2,
+                                   fused_kernels="fast_attention,layer_gemv"))
+    try:
+        r = eng.runner
+        assert r.gemv_rows == 2 and "layer_gemv" in r.fused_in_use
+        assert r.step_ops(2).slow_layer is r._gemv_layer and r.step_ops(3) is r.ops
+    finally:
+        eng.close()
+
+
 def test_split_attention_is_reported_only_where_it_runs():
     # split_attention shares the slow attention's pages in the 16-bit Triton kernel of layer_gemv; on CPU (fp32 cache,
     # the reference attention) a named split_attention is not among the kernels in use, and the step runs
