@@ -319,14 +319,16 @@ ENGINE_VARS = (
         "top-p, temperature and draw as one kernel) and vocab_scan (top-p's cumulative sum over the slow vocabulary "
         "in 1,024-wide blocks, in parallel) and vocab_sampler (the slow token's penalty, top-p, temperature and draw "
         "without a sort: a histogram of the 16-bit logits, five kernels) and merged_ffn (each layer's W1 and W3 as "
-        "one matmul) and layer_gemv (at up to 16 rows each layer as five Triton kernels: norm + GEMV, attention with "
-        "q/k-norm + RoPE, GEMV + residual, norm + GEMV + SwiGLU, GEMV + residual; merges W1|W3, bf16 or int8) and pdl"
+        "one matmul) and layer_gemv (at up to 16 rows, TTS_LAYER_GEMV_ROWS, each layer as five Triton kernels: norm "
+        "+ GEMV, attention with q/k-norm + RoPE, GEMV + residual, norm + GEMV + SwiGLU, GEMV + residual; merges "
+        "W1|W3, bf16 or int8) and pdl"
         " and split_attention (opt-in: at few rows the slow attention's pages shared by up to 8 programs per head; "
         "for long contexts) and step_glue (the step's input embedding + RoPE row and its end: window record, state "
         "and counters, as two kernels instead of ~35 small ones): the decode step's fused kernels", dev=True),
     Var("TTS_LAYER_GEMV_ROWS", "layer_gemv_rows", integer(1, 64),
-        "16 (default) | 1-64: decode steps of up to this many rows run layer_gemv's fused kernels (each layer as five "
-        "Triton kernels: norm, residual and SwiGLU inside the linears); larger steps run compiled units over cuBLAS. "
+        "16 (default) | 1-64: decode steps whose bucket holds up to this many rows (buckets 1, 2, 4, ...) run "
+        "layer_gemv's fused kernels (each layer as five Triton kernels: norm, residual and SwiGLU inside the linears); "
+        "larger buckets run the step's other ops (compiled units over cuBLAS, or eager). "
         "Above 16 rows the kernels compute 64-row tiles (untuned: slower than cuBLAS at 64 streams on an H100)",
         dev=True),
     Var("TTS_CODEC_COMPILE", "codec_compile", switch(),

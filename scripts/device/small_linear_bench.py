@@ -4,7 +4,7 @@ replayed in a CUDA graph (launch costs as in the engine; weights rotated through
 of weight bytes, for (a) the unfused ops (rms_norm, F.linear or the engine's int8 linear, residual add or silu *
 mul), (b) small_linear's default tiles, (c) the best of a small sweep. Each config is first checked against
 small_linear_reference (the bf16 bound of tests/model/test_small_linear.py). Per shape, last: the config fastest over
-all rows (a row's bits follow its config, so the default must be one config for every M).
+each class of rows (a row's bits follow its config, so the default must be one config for every M of a class).
 Usage: PYTHONPATH=container python3 scripts/device/small_linear_bench.py [--int8] [--budget S] [SHAPE ...]
 """
 import argparse
@@ -16,7 +16,13 @@ import torch
 import torch.nn.functional as F
 from graph_timing import graphed_us  # scripts/device/graph_timing.py
 
-from ttsengine.model.kernels.small_linear import SmallLinearConfig, small_linear, small_linear_config
+from ttsengine.model.kernels.small_linear import (
+    CORE_ROWS,
+    TILE_ROWS,
+    SmallLinearConfig,
+    small_linear,
+    small_linear_config,
+)
 from ttsengine.model.kernels.small_linear import small_linear_reference as reference
 from ttsengine.model.layers import rms_norm
 from ttsengine.model.quant import int8_linear
@@ -80,6 +86,11 @@ def timed(cfg, x, ws, kws, checked: dict) -> float:
         return math.inf
 
 
+def row_class(M: int) -> str:
+    """The rows that share one default config (a row's bits follow its config): 1-2 and 3-16 (16-row tile), 17-64."""
+    return "1-2" if M <= CORE_ROWS else "3-16" if M <= TILE_ROWS else "17-64"
+
+
 def bench_shape(name: str, int8: bool, deadline: float, g: torch.Generator) -> None:
     K, N, norm, epilogue, out_rows = SHAPES[name]
     n_out = N // 2 if epilogue == "swiglu" else (out_rows or N)
@@ -93,12 +104,13 @@ def bench_shape(name: str, int8: bool, deadline: float, g: torch.Generator) -> N
         scales.append(s.to(DEV) if int8 else None)
     nw = (1 + 0.2 * torch.randn(K, generator=g)).to(DEV, torch.bfloat16) if norm else None
     print(f"\n### {name}: K={K} N={N}{f' (first {out_rows})' if out_rows else ''} norm={norm} epilogue={epilogue}, "
-          f"{copies} weight copies, default (rows 1 / 16) "
-          f"{fmt(small_linear_config(n_out, K, torch.bfloat16, epilogue == 'swiglu', 1, norm))} / "
-          f"{fmt(small_linear_config(n_out, K, torch.bfloat16, epilogue == 'swiglu', 16, norm))}", flush=True)
+          f"{copies} weight copies, default (rows 1 / 16 / 64) "
+          + " / ".join(fmt(small_linear_config(n_out, K, torch.bfloat16, epilogue == 'swiglu', m, norm))
+                       for m in (1, 16, 64)), flush=True)
     print("| rows | torch us | GB/s | small_linear us | GB/s | best us | GB/s | best config |", flush=True)
-    totals, checked = {}, {}
+    totals, checks = {}, {}  # totals: (class of M, config) -> us at each M of the class; checks: per class
     for M in ROWS:
+        checked = checks.setdefault(row_class(M), {})  # a config's check holds for its class (the tile's rows)
         x = (torch.randn(M, K, generator=g) * 2).to(DEV, torch.bfloat16)
         default = small_linear_config(n_out, K, torch.bfloat16, epilogue == "swiglu", M, norm)
         res = torch.randn(M, n_out, generator=g).to(DEV, torch.bfloat16) if epilogue == "residual" else None
@@ -113,15 +125,17 @@ def bench_shape(name: str, int8: bool, deadline: float, g: torch.Generator) -> N
                 if time.perf_counter() > deadline:
                     break
                 us = timed(cfg, x, ws, kws, checked)
-                totals.setdefault(cfg, []).append(us)
+                totals.setdefault((row_class(M), cfg), []).append(us)
                 best = min(best, (us, cfg), key=lambda b: b[0])
         gbs = [wbytes / us / 1e3 for us in (base, mine, best[0])]
         print(f"| {M} | {base:.2f} | {gbs[0]:,.0f} | {mine:.2f} | {gbs[1]:,.0f} | {best[0]:.2f} | {gbs[2]:,.0f} "
               f"| {fmt(best[1])} |", flush=True)
-    full = {cfg: sum(t) for cfg, t in totals.items() if len(t) == len(ROWS)}  # timed at every row count
-    if full:
-        cfg = min(full, key=full.get)
-        print(f"best over all rows: {fmt(cfg)} ({full[cfg] / len(ROWS):.2f} us mean)", flush=True)
+    for cls in sorted({row_class(M) for M in ROWS}):
+        n = sum(row_class(M) == cls for M in ROWS)
+        full = {cfg: sum(t) for (c, cfg), t in totals.items() if c == cls and len(t) == n}  # timed at each M
+        if full:
+            cfg = min(full, key=full.get)
+            print(f"best over rows {cls}: {fmt(cfg)} ({full[cfg] / n:.2f} us mean)", flush=True)
 
 
 def main():

@@ -254,8 +254,9 @@ def test_fast_stack_equals_the_reference(eager_engine):
 
 
 @pytest.mark.skipif(triton_major() < 3, reason="needs Triton >= 3 (its interpreter on CPU)")
-def test_layer_gemv_rows_bound_the_steps_that_run_it():
-    # TTS_LAYER_GEMV_ROWS: steps of up to that many rows run layer_gemv's kernels, larger ones the step's other ops
+def test_layer_gemv_rows_bound_the_steps_that_run_it(eager_engine):
+    # TTS_LAYER_GEMV_ROWS: steps of up to that many rows run layer_gemv's kernels, larger ones the step's other ops;
+    # three streams step at 3-4 rows (the other ops) and, as they end, at 1-2 (the kernels): the eager engine's tokens
     from conftest import MODEL_DIR
 
     from ttsengine import Engine, EngineConfig
@@ -266,6 +267,8 @@ def test_layer_gemv_rows_bound_the_steps_that_run_it():
         r = eng.runner
         assert r.gemv_rows == 2 and "layer_gemv" in r.fused_in_use
         assert r.step_ops(2).slow_layer is r._gemv_layer and r.step_ops(3) is r.ops
+        serve_all(eng, eager_engine, [SynthesisRequest(text=f"Rows {i}.", seed=70 + i, max_new_tokens=3 + 3 * i)
+                                      for i in range(3)])
     finally:
         eng.close()
 

@@ -108,3 +108,14 @@ def test_without_compile_buckets_start_at_one_row_and_only_it_warms_up(ckpt):
 def test_one_slot_engine_has_one_bucket(ckpt):
     s = BatchSettings.resolve(EngineConfig(model_dir=MODEL_DIR, device="cpu", max_batch=1), ckpt)
     assert (s.buckets, s.warm_buckets) == ((1,), (1,))
+
+
+@pytest.mark.parametrize("rows", [0, -1, 65])
+def test_layer_gemv_rows_outside_its_range_is_a_config_error(ckpt, rows):
+    # the env var is range-checked where it is read; a Python caller's value here, with the same words
+    from ttsengine.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="layer_gemv_rows"):
+        BatchSettings.resolve(EngineConfig(model_dir=MODEL_DIR, device="cpu", layer_gemv_rows=rows), ckpt)
+    assert BatchSettings.resolve(EngineConfig(model_dir=MODEL_DIR, device="cpu", layer_gemv_rows=64),
+                                 ckpt).runner.gemv_rows == 64

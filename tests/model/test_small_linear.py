@@ -254,6 +254,11 @@ def test_default_config_depends_on_rows_only_by_class():
     for rows in (3, 16):  # above CORE_ROWS pdl keeps the tiles
         assert small_linear_config(3072, 1024, torch.bfloat16, swiglu=True, rows=rows, pdl=True) == \
             small_linear_config(3072, 1024, torch.bfloat16, swiglu=True, rows=rows)
+    # 17-64 rows: the 64-row tile's one config per shape (pdl keeps it), not the 16-row class's
+    for args in ((1024, 3072, torch.bfloat16), (3072, 1024, torch.bfloat16, True), (4096, 1024, torch.bfloat16)):
+        wide = small_linear_config(*args, rows=17)
+        assert wide == small_linear_config(*args, rows=64) == small_linear_config(*args, rows=40, pdl=True)
+        assert wide != small_linear_config(*args, rows=16) and wide.use_dot and wide.block_k <= 128
     assert small_linear_config(155776, 1024, torch.bfloat16).block_n == 64
     assert small_linear_config(100, 40, torch.float32).block_k == 64
 

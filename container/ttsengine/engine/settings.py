@@ -12,6 +12,7 @@ from ..config import EngineConfig
 from ..errors import ConfigError
 from ..model.checkpoint import Checkpoint
 from ..model.kernels.launch import pdl_runs
+from ..model.kernels.small_linear import SMALL_LINEAR_MAX_ROWS
 from ..model.kernels.triton_support import triton_available, triton_major
 from .presets import Preset, by_name, choose, kv_bytes
 from .runner import RunnerConfig
@@ -130,8 +131,9 @@ class BatchSettings:
     def warm_buckets(self) -> tuple[int, ...]:
         """The buckets whose step runs before ready (the compiled units they use are compiled then): the first, and
         with compile the first dynamic one (2) after a 1-row bucket, so no compile waits for the first batch of two
-        where those buckets run compiled units. (With layer_gemv, steps of up to 16 rows run Triton kernels, not
-        compiled units: their compile comes with the first bucket above, captured while idle or at first use.)"""
+        where those buckets run compiled units. (With layer_gemv, steps of up to runner.gemv_rows (16) rows run Triton
+        kernels, not compiled units: their compile comes with the first bucket above, captured while idle or at first
+        use.)"""
         return self.buckets[:2] if self.compile and self.buckets[0] == 1 and self.max_slots > 1 else self.buckets[:1]
 
     @property
@@ -153,6 +155,9 @@ class BatchSettings:
         device = model.norm.weight.device
         cuda = device.type == "cuda"
         preset = choose_preset(config, device)
+        if not 1 <= config.layer_gemv_rows <= SMALL_LINEAR_MAX_ROWS:  # the env's check, for Python callers too
+            raise ConfigError(f"layer_gemv_rows={config.layer_gemv_rows}: give 1-{SMALL_LINEAR_MAX_ROWS} "
+                              "(TTS_LAYER_GEMV_ROWS)")
         max_batch = config.max_batch or preset.max_batch
         utilization = config.gpu_memory_utilization or preset.memory_utilization
         mc = model.cfg

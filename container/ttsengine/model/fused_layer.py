@@ -1,7 +1,7 @@
 """A decoder layer at a few rows as five fused kernels (TTS_FUSED_KERNELS=layer_gemv).
 
-At 1-16 rows every linear is a memory-bound GEMV, and the norms, RoPE, residual adds and SwiGLU around them are
-as many kernels again, each a few microseconds of launch and round trip. Here a layer is
+At 1-16 rows (TTS_LAYER_GEMV_ROWS: up to 64) every linear is a memory-bound GEMV, and the norms, RoPE, residual
+adds and SwiGLU around them are as many kernels again, each a few microseconds of launch and round trip. Here a layer is
 
     qkv = rms_norm(x) @ Wqkv                        small_linear, norm prologue
     y   = attention(q/k-norm + RoPE of qkv, cache)  the paged kernel from the raw qkv (writes k, v)

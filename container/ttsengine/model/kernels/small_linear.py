@@ -14,7 +14,8 @@ CORE_ROWS, up to 16, or more), so within a class the kernel binary, and thus eac
 alone or in a batch.
 (Across classes, as across the engine's larger buckets that run cuBLAS, a row may differ in its last bits.) Two
 ways to multiply:
-- `use_dot`: tl.dot on the 16-row tile, software-pipelined (tensor cores for 16-bit; fp32 FMAs, no TF32, for fp32);
+- `use_dot`: tl.dot on the 16- or 64-row tile, software-pipelined (tensor cores for 16-bit; fp32 FMAs, no TF32,
+  for fp32);
 - CUDA cores: the rows in a runtime loop, each a [BLOCK_N, BLOCK_K] multiply and sum (costs grow with M, loads
   are not pipelined, BLOCK_N may go below 16: more programs on 1,024-column layers).
 The interpreter (CPU tests) truncates fp32 -> bf16 and multiplies bf16 dot operands as integers, so there the
