@@ -69,3 +69,27 @@ def test_queued_decodes_merge_in_order(eager_engine, plan):
     # a slot that comes back (0 in the second plan) starts a new call: its two chunks stay in order
     if plan[2][0] == 0:
         assert calls[0] == 8  # (0, 1) and (1, 2) merged; (0, 3) waits for the next call
+
+
+def test_a_batch_past_the_largest_graph_runs_in_pieces_in_order(eager_engine):
+    # more rows than the largest planned graph (2 here): pieces of 2, 2 and 1 rows, each row's audio where its slot's
+    # is (on CPU the pieces run uncaptured; tests/engine/test_gpu.py replays them, where they share one static output)
+    import torch
+
+    codec = eager_engine.ckpt.codec
+    batch = torch.from_numpy(np.concatenate([codes(20 + s, 4) for s in range(5)]))
+
+    def decode(graph_rows: int):
+        voc = Vocoder(codec, 5, 4096, (4,), (1, 2), threading.RLock(), lambda frames, s: None, lambda stream: None)
+        voc.plan_graphs(graph_rows)
+        box: list = []
+        try:
+            with torch.inference_mode():
+                voc.call(lambda: box.append(voc.decode_padded([4, 0, 3, 1, 2], batch)))
+            return box[0], voc._graph_rows
+        finally:
+            voc.close()
+
+    (pieces, cap), (whole, no_cap) = decode(2), decode(0)
+    assert (cap, no_cap) == (2, 0) and pieces.shape == whole.shape == (5, 4 * codec.frame_length)
+    assert np.abs(pieces.numpy() - whole.numpy()).max() <= TOL

@@ -210,7 +210,14 @@ class Vocoder:
         b, _, K = codes.shape
         cap = self._graph_rows
         if cap and b > cap:  # larger than the largest planned graph: graphed pieces
-            return torch.cat([self.decode_padded(slots[i:i + cap], codes[i:i + cap]) for i in range(0, b, cap)])
+            # each piece is a view of its graph's static output, which the next replay of the same key overwrites:
+            # copied out before that replay (a cat of the views after them gave every piece the last one's audio)
+            out = None
+            for i in range(0, b, cap):
+                piece = self.decode_padded(slots[i:i + cap], codes[i:i + cap])  # [<= cap, K * frame_length]
+                out = piece.new_empty((b, piece.shape[1])) if out is None else out
+                out[i:i + piece.shape[0]].copy_(piece)
+            return out
         size = next(s for s in self.chunk_sizes if s >= K)
         rows = next((x for x in self.buckets if x >= b), b)
         if size > K or rows > b:
