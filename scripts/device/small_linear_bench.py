@@ -1,5 +1,5 @@
 """small_linear (model/kernels/small_linear.py) against the eager ops it fuses, per S1-mini decode-step linear and 1-16
-rows (--rows up to 64: above 16 the kernel's 64-row tile, TTS_LAYER_GEMV_ROWS, whose tiles are untuned): us per call
+rows (--rows up to 64: above 16 the kernel's 64-row tile, TTS_LAYER_GEMV_ROWS, its norm a kernel first): us per call
 replayed in a CUDA graph (launch costs as in the engine; weights rotated through more copies than L2 holds) and GB/s
 of weight bytes, for (a) the unfused ops (rms_norm, F.linear or the engine's int8 linear, residual add or silu *
 mul), (b) small_linear's default tiles, (c) the best of a small sweep. Each config is first checked against

@@ -25,7 +25,7 @@ from ttsengine.model.kernels.small_linear import (
     small_linear_reference,
 )
 from ttsengine.model.kernels.triton_support import triton_available, triton_major
-from ttsengine.model.layers import FeedForward, RMSNorm, swiglu
+from ttsengine.model.layers import FeedForward, RMSNorm, rms_norm, swiglu
 from ttsengine.model.quant import Int8Linear
 
 EPS = 1e-6
@@ -135,7 +135,7 @@ def test_kernel_at_each_class_of_rows(M, config):
 
 @interpreted
 @cpu_only
-@pytest.mark.parametrize("M", [2, 3])
+@pytest.mark.parametrize("M", [2, 3, 40])
 @pytest.mark.parametrize("config", [DOT, CORES, "pdl"], ids=["dot", "cores", "pdl_tiles"])
 @pytest.mark.parametrize("epilogue", EPILOGUES)
 def test_weight_prefetch_changes_no_bit(M, config, epilogue):
@@ -214,6 +214,26 @@ def test_wide_tile_rows_are_independent(int8, epilogue):
 
 @interpreted
 @cpu_only
+@pytest.mark.parametrize("whole", [True, False], ids=["one_read", "chunks"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_wide_tile_norm_kernel_rounds_as_the_eager_norm(dtype, whole, monkeypatch):
+    # 17-64 rows: the norm runs as a kernel of its own before the linear (_normed); its output is rms_norm's (the
+    # model's, in x's dtype) but for the sum of squares' order: bf16 within an ulp, fp32 (where that order shows)
+    # within 4, and most elements equal
+    if not whole:  # K = 160 past it: the sum of squares over chunks of 64, then a second pass
+        monkeypatch.setattr(small_linear_module, "NORM_WHOLE_K", 64)
+    g = torch.Generator().manual_seed(5)
+    x = (torch.randn(40, 160, generator=g) * 3).to(dtype)
+    nw = (1 + 0.2 * torch.randn(160, generator=g)).to(dtype)
+    got, want = small_linear_module._normed(x, nw, EPS, False), rms_norm(x, nw, EPS)
+    assert got.dtype == dtype and got.shape == x.shape
+    ulp = 2.0 ** (torch.floor(torch.log2(want.float().abs().clamp(min=1e-30))) - (7 if dtype == torch.bfloat16 else 23))
+    assert ((got.float() - want.float()).abs() <= ulp * (1 if dtype == torch.bfloat16 else 4)).all()
+    assert (got == want).float().mean() > (0.9 if dtype == torch.bfloat16 else 0.5)
+
+
+@interpreted
+@cpu_only
 def test_custom_op_is_small_linear():
     op = small_linear_op()
     if op is None:
@@ -258,7 +278,8 @@ def test_default_config_depends_on_rows_only_by_class():
     for args in ((1024, 3072, torch.bfloat16), (3072, 1024, torch.bfloat16, True), (4096, 1024, torch.bfloat16)):
         wide = small_linear_config(*args, rows=17)
         assert wide == small_linear_config(*args, rows=64) == small_linear_config(*args, rows=40, pdl=True)
-        assert wide != small_linear_config(*args, rows=16) and wide.use_dot and wide.block_k <= 128
+        assert wide.use_dot  # (its binary differs from the 16-row class's by the tile's rows even where the config
+        #                      is equal)
     assert small_linear_config(155776, 1024, torch.bfloat16).block_n == 64
     assert small_linear_config(100, 40, torch.float32).block_k == 64
 

@@ -1,6 +1,6 @@
 """A decoder layer at a few rows as five fused kernels (TTS_FUSED_KERNELS=layer_gemv).
 
-At 1-16 rows (TTS_LAYER_GEMV_ROWS: up to 64) every linear is a memory-bound GEMV, and the norms, RoPE, residual
+At 1-64 rows (TTS_LAYER_GEMV_ROWS) every linear is a memory-bound GEMV, and the norms, RoPE, residual
 adds and SwiGLU around them are as many kernels again, each a few microseconds of launch and round trip. Here a layer is
 
     qkv = rms_norm(x) @ Wqkv                        small_linear, norm prologue

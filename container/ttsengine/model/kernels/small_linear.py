@@ -9,9 +9,12 @@ streams their weight rows in BLOCK_K chunks and keeps every step's rounding wher
 (`small_linear_reference`).
 
 Determinism: no atomics, no split-K. Every program computes a 16-row tile up to 16 rows and a 64-row one above
-(rows past M are copies of row 0, never stored) and the default config depends on M only through its class (up to
-CORE_ROWS, up to 16, or more), so within a class the kernel binary, and thus each row's reduction order, is the same
-alone or in a batch.
+(rows past M load as zeros and are never stored: loading them as copies of row 0, unmasked, made 24 rows 2-3x
+slower than 64 on an H100) and the default config depends on M only through its class (up to CORE_ROWS, up to 16,
+or more), so within a class the kernel binary, and thus each row's reduction order, is the same alone or in a batch.
+The 64-row tile's RMSNorm runs as a kernel of its own before the linear (`_normed`, same roundings): computed in
+every program, as the 16-row tile does, its reads of all of x cost more than the weights (slow head at 64 rows:
+187 us against 117 without the norm, wqkv 15.6 against 6.0; scripts/device/wide_tile_probe.py).
 (Across classes, as across the engine's larger buckets that run cuBLAS, a row may differ in its last bits.) Two
 ways to multiply:
 - `use_dot`: tl.dot on the 16- or 64-row tile, software-pipelined (tensor cores for 16-bit; fp32 FMAs, no TF32,
@@ -40,6 +43,8 @@ from .triton_support import next_pow2, triton_available
 SMALL_LINEAR_MAX_ROWS = 64
 TILE_ROWS = 16  # rows every program computes up to this many rows (the tl.dot minimum): see the module docstring
 WIDE_TILE_ROWS = 64  # and above it (one Hopper warp-group MMA's rows)
+NORM_ROWS = 2  # rows per program of the 64-row tile's norm kernel (32 programs at 64 rows: latency, not bytes)
+NORM_WHOLE_K = 4096  # up to this K it holds its rows whole (one read of x)
 _DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
 
@@ -63,7 +68,9 @@ def small_linear_config(n_out: int, k: int, dtype: torch.dtype, swiglu: bool = F
                         rows: int = TILE_ROWS, norm: bool = True, pdl: bool = False) -> SmallLinearConfig:
     """The default tiles for n_out output columns (SwiGLU: H) over k inputs at `rows` rows. Three classes of M, each
     with one config per shape, so a row's bits are the same at any M of its class: above TILE_ROWS the 64-row tile
-    (tl.dot, K steps of 128; TTS_LAYER_GEMV_ROWS lets steps of up to 64 rows run these kernels); up to CORE_ROWS,
+    (tl.dot, steps of up to 64 rows: TTS_LAYER_GEMV_ROWS; 32 columns and K steps of 128 from 2,048 columns or with
+    SwiGLU, 16 and 256 on 1,024; 4 stages: the best per class of rows at 24 and 64 on an H100, small_linear_bench.py
+    --rows 24,64); up to CORE_ROWS,
     16-bit and int8 weights take the CUDA-core path with narrow column blocks and long K steps (more programs in
     flight on 1-4k-column layers: 1.3-1.6x faster there), otherwise the tl.dot tiles. Measured on an H200 (torch
     2.11, Triton 3.6, scripts/device/small_linear_bench.py over the S1-mini decode shapes); SwiGLU's two weight
@@ -81,9 +88,12 @@ def small_linear_config(n_out: int, k: int, dtype: torch.dtype, swiglu: bool = F
         block_n = 16 if n_out > 1024 else (8 if norm else 2)
         return SmallLinearConfig(block_n=block_n, block_k=max(16, next_pow2(k)), num_warps=4, num_stages=2,
                                  use_dot=False)
-    if rows > TILE_ROWS:  # the 64-row tile: x's [64, K step] tile is 4x the 16-row one's, so shorter K steps
-        return SmallLinearConfig(block_n=64 if n_out >= 16384 else 32 if swiglu or n_out >= 4096 else 16,
-                                 block_k=min(128, block_k), num_warps=4, num_stages=3)
+    if rows > TILE_ROWS:  # the 64-row tile (its norm a kernel of its own: _normed)
+        if n_out >= 16384:
+            return SmallLinearConfig(block_n=64, block_k=min(128, block_k), num_warps=4, num_stages=3)
+        if swiglu or n_out >= 2048:
+            return SmallLinearConfig(block_n=32, block_k=min(128, block_k), num_warps=4, num_stages=4)
+        return SmallLinearConfig(block_n=16, block_k=block_k, num_warps=4, num_stages=4)
     if swiglu:
         return SmallLinearConfig(block_n=32, block_k=block_k, num_warps=4, num_stages=3)
     if rows <= CORE_ROWS and dtype != torch.float32 and n_out < 16384:
@@ -209,6 +219,9 @@ def _launch(x: Tensor, weight: Tensor, scale: Tensor | None, norm_weight: Tensor
     x = x if x.stride(1) == 1 else x.contiguous()
     if residual is not None and residual.stride(1) != 1:
         residual = residual.contiguous()
+    if norm_weight is not None and M > TILE_ROWS:  # the 64-row tile: the norm as a kernel of its own
+        x = _normed(x, norm_weight, eps, pdl)
+        norm_weight = None
     y = torch.empty((M, n_out), dtype=x.dtype, device=x.device)
     dummy = y  # pointer arguments a variant does not read
     _kernel()[(-(-n_out // cfg.block_n),)](
@@ -222,6 +235,17 @@ def _launch(x: Tensor, weight: Tensor, scale: Tensor | None, norm_weight: Tensor
     return y
 
 
+def _normed(x: Tensor, norm_weight: Tensor, eps: float, pdl: bool) -> Tensor:
+    """x [M, K] -> rms_norm(x) * norm_weight [M, K] as the kernel's prologue rounds it (_norm_rows_kernel)."""
+    M, K = x.shape
+    bk = max(16, next_pow2(K)) if K <= NORM_WHOLE_K else 256
+    xn = torch.empty((M, K), dtype=x.dtype, device=x.device)
+    _norm_kernel()[(-(-M // NORM_ROWS),)](
+        x, norm_weight, xn, M, K, x.stride(0), float(eps), BM=NORM_ROWS, BK=bk, EVEN_K=K % bk == 0,
+        EMU_BF16=x.dtype == torch.bfloat16 and _interpreted(), num_warps=4, **launch_options(pdl, x.device))
+    return xn
+
+
 # ---- the kernel: plain functions jitted on first use (importing this module needs no Triton) --------------------
 tl = None  # triton.language, bound by _kernel(): a kernel's names resolve in its module's globals (the interpreter
 #            re-executes the source there and sees no closure), so the helpers and `tl` live here, not in a closure
@@ -230,16 +254,26 @@ _gdc_wait = _gdc_launch_dependents = None  # Triton's grid dependency control (l
 
 @functools.lru_cache(maxsize=1)
 def _kernel():
-    global tl, _rounded, _weights, _mac, _gdc_wait, _gdc_launch_dependents
+    global tl, _rounded, _x_tile, _norm_store, _weights, _mac, _gdc_wait, _gdc_launch_dependents
     import triton
     import triton.language as tl
 
     _gdc_wait, _gdc_launch_dependents = gdc_ops()
 
     _rounded = triton.jit(_rounded)
+    _x_tile = triton.jit(_x_tile)
+    _norm_store = triton.jit(_norm_store)
     _weights = triton.jit(_weights)
     _mac = triton.jit(_mac)
     return triton.jit(do_not_specialize=["M"])(_small_linear_kernel)
+
+
+@functools.lru_cache(maxsize=1)
+def _norm_kernel():
+    import triton
+
+    _kernel()  # binds tl and the helpers
+    return triton.jit(do_not_specialize=["M"])(_norm_rows_kernel)
 
 
 def _rounded(v, DT: tl.constexpr, EMU_BF16: tl.constexpr):
@@ -267,7 +301,7 @@ def _small_linear_kernel(X, W, S, NW, R, Y, M, N, K, H, s_xm, s_wn, s_rm, s_ym, 
     rn = tl.where(n_ok, cols, 0).to(tl.int64)  # columns past N read row 0 (never stored): unmasked loads
     rk = tl.arange(0, BK)
     wp = W + rn[:, None] * s_wn + rk[None, :]  # [BN, BK]
-    xp = X + tl.where(m_ok, rm, 0).to(tl.int64)[:, None] * s_xm + rk[None, :]  # [BM, BK]; rows past M: row 0
+    xp = X + rm.to(tl.int64)[:, None] * s_xm + rk[None, :]  # [BM, BK]; rows past M are masked: zeros
     acc = tl.zeros([BM, BN], dtype=tl.float32)
     acc3 = tl.zeros([BM, BN], dtype=tl.float32)  # SwiGLU's W3 half
 
@@ -288,10 +322,7 @@ def _small_linear_kernel(X, W, S, NW, R, Y, M, N, K, H, s_xm, s_wn, s_rm, s_ym, 
     if HAS_NORM:
         ss = tl.zeros([BM], dtype=tl.float32)
         for k0 in range(0, K, BK):
-            if EVEN_K:
-                xk = tl.load(xp + k0).to(tl.float32)
-            else:
-                xk = tl.load(xp + k0, mask=(k0 + rk < K)[None, :], other=0.0).to(tl.float32)
+            xk = _x_tile(xp, k0, K, rk, m_ok, EVEN_K).to(tl.float32)
             ss += tl.sum(xk * xk, axis=1)
         rstd = tl.math.rsqrt(ss / K + eps)
 
@@ -320,6 +351,49 @@ def _small_linear_kernel(X, W, S, NW, R, Y, M, N, K, H, s_xm, s_wn, s_rm, s_ym, 
     tl.store(Y + rm[:, None] * s_ym + cols[None, :], y.to(DT), mask=out_mask)
 
 
+def _x_tile(xp, k0, K, rk, m_ok, EVEN_K: tl.constexpr):
+    # the [BM, BK] tile of x at k0: rows past M (m_ok False) and columns past K read as zeros, never stored
+    if EVEN_K:
+        return tl.load(xp + k0, mask=m_ok[:, None], other=0.0)
+    return tl.load(xp + k0, mask=m_ok[:, None] & (k0 + rk < K)[None, :], other=0.0)
+
+
+def _norm_rows_kernel(X, NW, XN, M, K, s_xm, eps, BM: tl.constexpr, BK: tl.constexpr, EVEN_K: tl.constexpr,
+                      EMU_BF16: tl.constexpr, PDL: tl.constexpr = False):
+    # XN [M, K] = rms_norm(X) * NW with the prologue's and _mac's roundings, BM rows a program: the 64-row tile's
+    # norm, once for all programs of the linear after it (each computing every row's 1 / rms itself cost more than
+    # the linear's weights at 64 rows)
+    DT = XN.dtype.element_ty
+    rm = tl.program_id(0) * BM + tl.arange(0, BM)
+    m_ok = rm < M
+    rk = tl.arange(0, BK)
+    xp = X + rm.to(tl.int64)[:, None] * s_xm + rk[None, :]
+    if PDL:
+        _gdc_wait()  # x is the previous kernel's output
+        _gdc_launch_dependents()  # the linear may load its weights meanwhile
+    if BK >= K:  # the rows whole in registers: one read
+        xk = _x_tile(xp, 0, K, rk, m_ok, EVEN_K).to(tl.float32)
+        rstd = tl.math.rsqrt(tl.sum(xk * xk, axis=1) / K + eps)
+        _norm_store(XN, NW, xk, rstd, rm, m_ok, rk, 0, K, DT, EMU_BF16)
+    else:
+        ss = tl.zeros([BM], dtype=tl.float32)
+        for k0 in range(0, K, BK):
+            xk = _x_tile(xp, k0, K, rk, m_ok, EVEN_K).to(tl.float32)
+            ss += tl.sum(xk * xk, axis=1)
+        rstd = tl.math.rsqrt(ss / K + eps)
+        for k0 in range(0, K, BK):
+            xk = _x_tile(xp, k0, K, rk, m_ok, EVEN_K).to(tl.float32)
+            _norm_store(XN, NW, xk, rstd, rm, m_ok, rk, k0, K, DT, EMU_BF16)
+
+
+def _norm_store(XN, NW, xk, rstd, rm, m_ok, rk, k0, K, DT: tl.constexpr, EMU_BF16: tl.constexpr):
+    # XN's [BM, BK] tile at k0 = x * rstd, rounded, * the norm weight, rounded (the eager rms_norm's two roundings)
+    k_ok = k0 + rk < K
+    nw = tl.load(NW + k0 + rk, mask=k_ok, other=0.0).to(tl.float32)
+    xn = _rounded(_rounded(xk * rstd[:, None], DT, EMU_BF16) * nw[None, :], DT, EMU_BF16)
+    tl.store(XN + rm.to(tl.int64)[:, None] * K + k0 + rk[None, :], xn.to(DT), mask=m_ok[:, None] & k_ok[None, :])
+
+
 def _weights(wp, w3_offset, k0, K, rk, SWIGLU: tl.constexpr, EVEN_K: tl.constexpr):
     # the [BN, BK] weight tile at k0 and (SwiGLU) its W3 twin w3_offset further; without SwiGLU the twin is w
     if EVEN_K:
@@ -343,10 +417,7 @@ def _mac(acc, acc3, w, w3, X, xp, NW, rstd, rm, rk, k0, M, K, s_xm, HAS_NORM: tl
     if HAS_NORM:
         nw = tl.load(NW + k0 + rk, mask=k_ok, other=0.0).to(tl.float32)
     if USE_DOT:
-        if EVEN_K:
-            xt = tl.load(xp + k0)
-        else:
-            xt = tl.load(xp + k0, mask=k_ok[None, :], other=0.0)
+        xt = _x_tile(xp, k0, K, rk, rm < M, EVEN_K)
         if HAS_NORM:  # upstream's order: normalise in fp32, round, scale in x's dtype, round
             xf = _rounded(xt.to(tl.float32) * rstd[:, None], DT, EMU_BF16)
             xt = _rounded(xf * nw[None, :], DT, EMU_BF16)
