@@ -8,6 +8,8 @@ the draws on bf16 logits must agree on >= 99% of rows.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 import torch
@@ -16,6 +18,7 @@ from real_block import real_block
 from test_gpu import REQUESTS, cfg, tokens
 from torch_helpers import no_tf32
 
+from ttsengine import SynthesisRequest
 from ttsengine.model.frame import sample_token
 from ttsengine.model.kernels.codebook_sampler import sample_codebook_triton
 from ttsengine.model.kernels.paged_attention import PagedKV, paged_decode_reference, paged_write_decode_triton
@@ -189,14 +192,23 @@ def test_split_attention_graphs_equal_eager_and_splits_run():
         assert len(g) == len(e) and all(np.array_equal(a, b) for a, b in zip(g, e))
 
 
-def test_layer_gemv_fp32_tokens_equal_unfused():
+WIDE_WAVE = [SynthesisRequest(text=f"Stream {i} of a wide batch.", seed=40 + i, max_new_tokens=12 + i % 5)
+             for i in range(20)]
+
+
+@pytest.mark.parametrize("wide", [False, True], ids=["8", "wide"])
+def test_layer_gemv_fp32_tokens_equal_unfused(wide):
     # fp32 (the attention's reference path; the GEMVs' fp32 dot products without TF32): the tiny model's tokens equal
-    # the unfused engine's exactly, compiled units + graphs for the other pieces
+    # the unfused engine's exactly, compiled units + graphs for the other pieces. wide: 20 streams at once in an
+    # engine of 32, so the steps run the 64-row tiles and their norm kernel (layer_gemv's default up to 64 rows)
+    kw = {"max_batch": 32} if wide else {}
+    waves = (WIDE_WAVE,) if wide else (REQUESTS,)
     with no_tf32():
-        fused = tokens(cfg(cuda_graphs="on", compile="on", dtype="float32", codec_dtype="float32",
-                           fused_kernels="fast_attention,codebook_sampler,vocab_scan,merged_ffn,layer_gemv"))
-        plain = tokens(cfg(cuda_graphs="off", compile="off", dtype="float32", codec_dtype="float32",
-                           fused_kernels="off"))
+        fused = tokens(replace(cfg(cuda_graphs="on", compile="on", dtype="float32", codec_dtype="float32",
+                                   fused_kernels="fast_attention,codebook_sampler,vocab_scan,merged_ffn,layer_gemv"),
+                               **kw), waves=waves)
+        plain = tokens(replace(cfg(cuda_graphs="off", compile="off", dtype="float32", codec_dtype="float32",
+                                   fused_kernels="off"), **kw), waves=waves)
     for f, e in zip(fused, plain):
         assert len(f) == len(e) and all(np.array_equal(a, b) for a, b in zip(f, e))
 
