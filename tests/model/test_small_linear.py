@@ -284,6 +284,30 @@ def test_default_config_depends_on_rows_only_by_class():
     assert small_linear_config(100, 40, torch.float32).block_k == 64
 
 
+@pytest.mark.parametrize("limit, stages", [(232_448, None), (166_912, 3), (101_376, 2)], ids=["h100", "a100", "l40s"])
+def test_stages_fit_the_devices_shared_memory(limit, stages, monkeypatch):
+    # the tiles were tuned on H100s (227 KB a program): there every default keeps its stages; an A100 (163 KB) or an
+    # L40S / A10 (99 KB) gets fewer where the 64-row tile's 4 stages of 40 KB (or SwiGLU's 3 at 16 rows) would not fit
+    monkeypatch.setattr(small_linear_module, "_max_shared", lambda index: limit)
+    cuda = torch.device("cuda", 0)
+    for n_out, k, glu, norm in ((4096, 1024, False, True), (1024, 2048, False, False), (3072, 1024, True, True),
+                                (1024, 3072, False, False), (2048, 1024, False, True), (155776, 1024, False, True)):
+        for rows, pdl in ((1, False), (1, True), (3, False), (16, False), (64, False)):
+            cfg = small_linear_config(n_out, k, torch.bfloat16, glu, rows, norm, pdl)
+            bm = TILE_ROWS if rows <= TILE_ROWS else 64
+            bk = min(cfg.block_k, k)
+            got = small_linear_module.fitted_stages(cfg, bm, bk, 2, 2, glu, cuda)
+            tiles = bm * bk * 2 + cfg.block_n * bk * 2 * (2 if glu else 1)
+            assert 1 <= got <= cfg.num_stages
+            if cfg.use_dot:
+                assert got * tiles + small_linear_module.SMEM_SLACK <= max(limit, tiles)
+            if stages is None or not cfg.use_dot:  # an H100 keeps every tuned count; the CUDA-core tiles theirs
+                assert got == cfg.num_stages
+    wide = small_linear_config(1024, 3072, torch.bfloat16, rows=64, norm=False)  # 16 x 256, 4 stages of 40 KB
+    assert small_linear_module.fitted_stages(wide, 64, 256, 2, 2, False, cuda) == (stages or 4)
+    assert small_linear_module.fitted_stages(wide, 64, 256, 2, 2, False, torch.device("cpu")) == 4
+
+
 @pytest.mark.parametrize("case, message", [
     ("rows", "at most 64 rows"), ("no rows", "M >= 1"), ("k", "weight must be"), ("odd", "even number"),
     ("scale16", "int8 weights only"), ("noscale", "need scale"), ("dtype", "neither"), ("res", "residual must"),

@@ -224,15 +224,45 @@ def _launch(x: Tensor, weight: Tensor, scale: Tensor | None, norm_weight: Tensor
         norm_weight = None
     y = torch.empty((M, n_out), dtype=x.dtype, device=x.device)
     dummy = y  # pointer arguments a variant does not read
+    bm = TILE_ROWS if M <= TILE_ROWS else WIDE_TILE_ROWS
     _kernel()[(-(-n_out // cfg.block_n),)](
         x, weight, dummy if scale is None else scale, dummy if norm_weight is None else norm_weight,
         dummy if residual is None else residual, y, M, n_out, K, n_out if swiglu else 0,
         x.stride(0), weight.stride(0), 0 if residual is None else residual.stride(0), y.stride(0), float(eps),
         HAS_NORM=norm_weight is not None, IS_INT8=scale is not None, HAS_RES=residual is not None, SWIGLU=swiglu,
         USE_DOT=cfg.use_dot, TF32=x.dtype != torch.float32, EMU_BF16=x.dtype == torch.bfloat16 and _interpreted(),
-        BM=TILE_ROWS if M <= TILE_ROWS else WIDE_TILE_ROWS, BN=cfg.block_n, BK=bk, EVEN_K=K % bk == 0, PREFETCH=pdl,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages, **launch_options(pdl, x.device))
+        BM=bm, BN=cfg.block_n, BK=bk, EVEN_K=K % bk == 0, PREFETCH=pdl, num_warps=cfg.num_warps,
+        num_stages=fitted_stages(cfg, bm, bk, x.element_size(), weight.element_size(), swiglu, x.device),
+        **launch_options(pdl, x.device))
     return y
+
+
+SMEM_SLACK = 16 * 1024  # shared memory a launch keeps beside its pipelined tiles (layout conversions, barriers)
+SMEM_FALLBACK = 101_376  # where the device's limit cannot be read: the smallest of the GPUs the presets name (sm_86/89)
+
+
+@functools.lru_cache(maxsize=8)
+def _max_shared(index: int) -> int:
+    """Bytes of shared memory one program may use on CUDA device `index` (Triton's own limit)."""
+    try:
+        import triton
+
+        return int(triton.runtime.driver.active.utils.get_device_properties(index)["max_shared_mem"])
+    except Exception:  # noqa: BLE001 - an older Triton's driver API: the conservative limit
+        return SMEM_FALLBACK
+
+
+def fitted_stages(cfg: SmallLinearConfig, bm: int, bk: int, x_bytes: int, w_bytes: int, swiglu: bool,
+                  device: torch.device) -> int:
+    """cfg's pipeline stages, fewer where that many stages of the tl.dot operands (x and weight tiles) would not fit
+    the device's shared memory (the tiles were tuned on H100s with 227 KB; an A100 has 163, an L40S or A10 99,
+    where Triton would refuse the launch). Stages move when loads are issued, not the order of the sums; a device
+    keeps one count per config, so a row's bits still do not depend on the batch."""
+    if device.type != "cuda" or not cfg.use_dot:  # the CUDA-core tiles stay in registers
+        return cfg.num_stages
+    per_stage = bm * bk * x_bytes + cfg.block_n * bk * w_bytes * (2 if swiglu else 1)
+    limit = _max_shared(device.index if device.index is not None else torch.cuda.current_device())
+    return max(1, min(cfg.num_stages, (limit - SMEM_SLACK) // per_stage))
 
 
 def _normed(x: Tensor, norm_weight: Tensor, eps: float, pdl: bool) -> Tensor:
