@@ -28,6 +28,7 @@ kernel keeps bf16 values in fp32 and rounds them to nearest even by hand (EMU_BF
 from __future__ import annotations
 
 import functools
+import logging
 from dataclasses import dataclass
 from typing import Optional
 
@@ -39,6 +40,8 @@ from ...compat import custom_ops_available
 from ..layers import rms_norm
 from .launch import gdc_ops, launch_options
 from .triton_support import next_pow2, triton_available
+
+log = logging.getLogger(__name__)
 
 SMALL_LINEAR_MAX_ROWS = 64
 TILE_ROWS = 16  # rows every program computes up to this many rows (the tl.dot minimum): see the module docstring
@@ -248,7 +251,9 @@ def _max_shared(index: int) -> int:
         import triton
 
         return int(triton.runtime.driver.active.utils.get_device_properties(index)["max_shared_mem"])
-    except Exception:  # noqa: BLE001 - an older Triton's driver API: the conservative limit
+    except Exception as e:  # noqa: BLE001 - an older Triton's driver API: the conservative limit
+        log.warning("small_linear: this Triton does not report the GPU's shared memory (%s); tiles are fitted to %d "
+                    "bytes, which may cost speed on GPUs with more", e, SMEM_FALLBACK)
         return SMEM_FALLBACK
 
 
