@@ -114,6 +114,9 @@ def test_bench_with_a_stored_voice_and_poisson_arrivals(tmp_path):
         assert level["arrival_rate"] == 40 and level["rejected"] == 0
         assert level["prefill_tokens_per_request"] > 44  # the voice's codes, then the transcript and text
         assert 0 <= level["stall_p95_ms"] <= level["stall_max_ms"]
+        # --check-audio (default 4 a level): the sampled streams' audio is their codes' whole decode (fp32 here)
+        assert level["audio_checked"] == min(4, level["concurrency"]) and level["audio_failures"] == 0
+        assert level["audio_snr_min_db"] > 60
     assert [lv["concurrency"] for lv in report["levels"]] == [1, 3]
     assert "memory preset" in proc.stdout and "poisson:40" in proc.stdout
     names = [row["name"] for row in report["profile"]]  # --profile: the GPU's streams first (none on a CPU)

@@ -598,13 +598,14 @@ class Engine:
         kept = task.kept if reason != "cancelled" else task.decoded
         plan.reports.append(ChunkReport(plan.texts[task.index], kept, reason, task.context_dropped,
                                         task.prompt.shape[1]))
+        if plan.keep_codes:
+            plan.codes.append(self._kept_codes(task, kept).numpy())
         if reason == "cancelled" or stream.cancelled:
             self.metrics.cancelled += 1
             self._end(stream)
             return
         if task.index + 1 < len(plan.texts):
-            codes = torch.from_numpy(np.stack(task.frames[:kept], axis=1)[1:]) if kept else \
-                torch.zeros(self.ckpt.config.num_codebooks, 0, dtype=torch.int64)
+            codes = self._kept_codes(task, kept)
             prompt, dropped = self.planner.chunk_prompt(plan, task.index + 1, (plan.texts[task.index], codes))
             nxt = Task(stream, plan, task.index + 1, prompt, dropped, task.frame_offset + len(task.frames),
                        audio_offset=task.audio_offset + kept)
@@ -614,6 +615,12 @@ class Engine:
             self._end(stream, no_audio())  # a failed request: not counted as completed
             return
         self._end(stream, completed=True)
+
+    def _kept_codes(self, task: Task, kept: int) -> torch.Tensor:
+        """A finished text chunk's codebook codes of its first `kept` frames: int64 [num_codebooks, kept]."""
+        if not kept:
+            return torch.zeros(self.ckpt.config.num_codebooks, 0, dtype=torch.int64)
+        return torch.from_numpy(np.stack(task.frames[:kept], axis=1)[1:])
 
     def _end(self, stream: Stream, error: BaseException | None = None, completed: bool = False) -> None:
         self.vocoder.finish(stream, error, completed)  # after its last audio chunk

@@ -70,6 +70,7 @@ class Vocoder:
         self.compiled = False
         self.graphs = GraphSet("codec", capture_lock, self._graph_body, self._scratch_inputs,
                                capture_on_current_stream=True)
+        self._capture_lock = capture_lock
         self._graph_rows = 0  # the planned graphs' largest batch
         self.merge_rows = 0  # queued decodes merge into calls of up to this many rows (0: off; set_merge)
         self.on_decoded, self.on_finished = on_decoded, on_finished
@@ -113,6 +114,18 @@ class Vocoder:
     def set_merge(self, rows: int) -> None:
         """Queued decodes join into one call of up to `rows` rows while the worker is behind (0: off)."""
         self.merge_rows = rows
+
+    def whole(self, codes: list[np.ndarray]) -> np.ndarray:
+        """The codec's plain decode of each text chunk's codes (int [n, F] each) in one call, joined: no streaming
+        state, CUDA graph or batch with other streams, so what a stream of those codes should have delivered (to
+        the dtype's rounding). On the caller's thread, under the capture lock (no capture sees its kernels)."""
+        parts = []
+        with self._capture_lock, torch.inference_mode():
+            for c in codes:
+                if c.shape[1]:
+                    rows = torch.from_numpy(np.asarray(c, dtype=np.int64))[None].to(self.device)  # [1, n, F]
+                    parts.append(self.codec.codec.decode(rows)[0, 0].float().cpu().numpy())
+        return np.concatenate(parts) if parts else np.zeros(0, dtype=np.float32)
 
     @property
     def pending_rows(self) -> list[int]:

@@ -46,6 +46,8 @@ class Plan:
     prompt_lengths: list[int]  # each text chunk's prompt without the previous chunk as context
     reports: list[ChunkReport] = field(default_factory=list)
     ignore_stop: bool = False  # benchmarks only: generate exactly max_new_tokens frames
+    keep_codes: bool = False  # checks only (bench --check-audio): each text chunk's kept codes land in `codes`
+    codes: list[np.ndarray] = field(default_factory=list)  # int64 [num_codebooks, kept frames] per text chunk
     # the first columns every chunk's prompt shares with other requests using the same references (the
     # references' turns: everything before the previous chunk and the text); the engine caches their KV
     prefix_length: int = 0

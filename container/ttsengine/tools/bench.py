@@ -28,6 +28,7 @@ from ..model.quant import weight_bytes
 from ..synthesis.request import Reference, SynthesisRequest
 from . import codec_bench
 from . import report as report_page
+from .audio_check import MIN_SNR_DB, AudioCheck, compare, sampled
 from .checkpoint_flag import add_write_checkpoint, write_if_asked
 from .timeline import Timeline, timeline
 
@@ -63,6 +64,9 @@ class Level:
     arrival_rate: float | None  # requests per second (Poisson), None: all submitted at once
     rejected: int  # requests refused as busy (queue full)
     per_engine: list[dict]  # each engine's device(s), streams completed and frames/s decoded to audio
+    audio_checked: int = 0  # streams whose audio was compared with a whole decode of their codes (--check-audio)
+    audio_snr_min_db: float | None = None  # the lowest of their SNRs (tools/audio_check.py)
+    audio_failures: int = 0  # checked streams below MIN_SNR_DB or of the wrong length
 
 
 class NvmlSampler(threading.Thread):
@@ -108,6 +112,7 @@ class Load:
     text: str
     reference: Reference | None = None  # --voice: the same stored voice on every stream
     arrival_rate: float | None = None  # --arrivals poisson:RATE: requests per second (None: all at once)
+    check_audio: int = 0  # --check-audio: streams per level that keep their codes for the audio check
 
     def request(self, i: int) -> SynthesisRequest:
         refs = (self.reference,) if self.reference is not None else ()
@@ -157,12 +162,17 @@ def run_level(fleet: Fleet, concurrency: int, load: Load, progress) -> Level:
     sampler.start()
     t0 = time.perf_counter()
     streams, rejected = [], 0
+    checked = set(sampled(concurrency, load.check_audio))
     for i, at in enumerate(load.arrival_times(concurrency)):
         delay = t0 + at - time.perf_counter()
         if delay > 0:
             time.sleep(delay)
         try:
-            streams.append(fleet.submit(load.request(i), ignore_stop=True))
+            request = load.request(i)
+            if i in checked:  # planned here so the plan keeps its codes (the engine plans a request otherwise)
+                request = fleet.engines[0].planner.plan(request)
+                request.keep_codes = True
+            streams.append(fleet.submit(request, ignore_stop=True))
         except BusyError:
             rejected += 1
             progress.update(1)
@@ -172,6 +182,7 @@ def run_level(fleet: Fleet, concurrency: int, load: Load, progress) -> Level:
         progress.update(1)
     wall = time.perf_counter() - t0
     util, power = sampler.stop()
+    checks = [check_stream(fleet, s, r.audio) for s, r in zip(streams, results) if s.plan.keep_codes]
     kept = [r.frames for r in results]
     spans = [s.finished_at - s.submitted_at for s in streams]
     fps = [k / sp for k, sp in zip(kept, spans)]
@@ -194,8 +205,16 @@ def run_level(fleet: Fleet, concurrency: int, load: Load, progress) -> Level:
         gpu_util_pct=util, power_w=power, audio_hours_per_gpu_hour=audio_s / wall / max(1, len(devices)),
         time_step_s=total[0], time_prefill_s=total[1], time_vocoder_s=total[2], steps=total[3],
         prefill_tokens_per_request=total[4] / max(1, len(streams)), arrival_rate=load.arrival_rate,
-        rejected=rejected, per_engine=per_engine,
+        rejected=rejected, per_engine=per_engine, audio_checked=len(checks),
+        audio_snr_min_db=min((c.snr_db for c in checks), default=None),
+        audio_failures=sum(not c.ok for c in checks),
     )
+
+
+def check_stream(fleet: Fleet, stream, audio: np.ndarray) -> AudioCheck:
+    """A finished stream's delivered audio against the whole decode of its kept codes, by the engine that ran it."""
+    engine = next((e for e in fleet.engines if str(e.runner.device) == stream.device), fleet.engines[0])
+    return compare(audio, engine.vocoder.whole(stream.plan.codes))
 
 
 def render_html(report: dict) -> str:
@@ -263,6 +282,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="every stream uses one stored voice of this many seconds of random audio")
     ap.add_argument("--arrivals", metavar="poisson:RATE",
                     help="open-loop arrivals: each level's requests sent at RATE per second (Poisson), not all at once")
+    ap.add_argument("--check-audio", type=int, default=4, metavar="N",
+                    help="per level, N streams' delivered audio is compared with a whole decode of the codes they "
+                         f"generated (below {MIN_SNR_DB:g} dB SNR: exit 1); 0: off")
     ap.add_argument("--devices", help="one engine per entry, e.g. cuda:0,cuda:1 (default: $TTS_DEVICES); levels count "
                                       "streams over all engines, each engine gets a share of the largest as slots")
     ap.add_argument("--topology", choices=("replicas", "split"), help="default: $TTS_TOPOLOGY")
@@ -278,6 +300,8 @@ def main(argv: list[str] | None = None) -> int:
     rate = _arrival_rate(args.arrivals) if args.arrivals else None
     if args.voice is not None and not 0 < args.voice <= 60:
         raise TTSError(f"--voice {args.voice:g}: give seconds in (0, 60]")
+    if args.check_audio < 0:
+        raise TTSError(f"--check-audio {args.check_audio}: give a number of streams >= 0")
     if args.codec_only:
         return _codec_only(args)
     if args.render:
@@ -306,7 +330,7 @@ def main(argv: list[str] | None = None) -> int:
     ckpt = engine.ckpt
     try:
         reference = random_voice(engine, args.voice) if args.voice else None
-        load_ = Load(args.frames, args.text, reference, rate)
+        load_ = Load(args.frames, args.text, reference, rate, args.check_audio)
         warm = [fleet.submit(Load(24, args.text, reference).request(i), ignore_stop=True) for i in range(engines)]
         for s in warm:
             s.result()
@@ -345,7 +369,12 @@ def main(argv: list[str] | None = None) -> int:
     (args.out / "bench.html").write_text(render_html(report))
     print_table(report)
     print(f"wrote {args.out / 'bench.json'} and {args.out / 'bench.html'}")
-    return 0
+    bad = [lv for lv in results if lv.audio_failures]
+    for lv in bad:
+        print(f"audio check FAILED at {lv.concurrency} streams: {lv.audio_failures} of {lv.audio_checked} checked "
+              f"streams delivered audio that is not their codes' (lowest SNR {lv.audio_snr_min_db:.1f} dB, "
+              f"need {MIN_SNR_DB:g})")
+    return 1 if bad else 0
 
 
 def _arrival_rate(spec: str) -> float:
@@ -384,7 +413,7 @@ def print_table(report: dict) -> None:
     cols = ("concurrency", "aggregate_fps", "stream_fps_min", "realtime_x_min", "ttfa_p50_ms", "ttfa_p95_ms",
             "stall_p95_ms", "stall_max_ms",
             "vram_peak_gb", "gpu_util_pct", "power_w", "audio_hours_per_gpu_hour", "time_step_s", "time_prefill_s",
-            "time_vocoder_s", "prefill_tokens_per_request", "rejected")
+            "time_vocoder_s", "prefill_tokens_per_request", "rejected", "audio_snr_min_db")
     print(" | ".join(cols))
     for lv in report["levels"]:
         print(" | ".join(report_page.fmt(lv.get(c)) for c in cols))
