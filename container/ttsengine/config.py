@@ -221,7 +221,7 @@ class EngineConfig:
     prefill_graphs: str = "auto"  # the prefill as CUDA graphs per padded shape: auto (= on with graphs) | off
     compile: str = "auto"  # torch.compile of the decode step: auto (on with CUDA, torch >= 2.6) | on | off
     fused_kernels: str = "auto"  # the decode step's fused Triton kernels: auto (all, on CUDA) | off | a list of names
-    layer_gemv_rows: int = 64  # steps of up to this many rows run layer_gemv's kernels (1-64), larger ones cuBLAS
+    layer_gemv_rows: int = 0  # steps of up to this many rows run layer_gemv's kernels (1-64; 0 = auto), larger cuBLAS
     codec_compile: str = "off"  # torch.compile the streaming codec too: on | off, auto = off (~18 s per start)
     snake_kernel: str = "auto"  # Snake as one Triton kernel in the eager codec: auto (on CUDA with Triton) | off
     cudnn_benchmark: str = "auto"  # cuDNN autotuning: auto = codec graph captures only | on | off
@@ -325,12 +325,13 @@ ENGINE_VARS = (
         " and split_attention (opt-in: at few rows the slow attention's pages shared by up to 8 programs per head; "
         "for long contexts) and step_glue (the step's input embedding + RoPE row and its end: window record, state "
         "and counters, as two kernels instead of ~35 small ones): the decode step's fused kernels", dev=True),
-    Var("TTS_LAYER_GEMV_ROWS", "layer_gemv_rows", integer(1, 64),
-        "64 (default) | 1-64: decode steps whose bucket holds up to this many rows (buckets 1, 2, 4, ...) run "
-        "layer_gemv's fused kernels (each layer as five Triton kernels: norm, residual and SwiGLU inside the linears); "
-        "larger buckets run the step's other ops (compiled units over cuBLAS, or eager). "
-        "Above 16 rows the kernels compute 64-row tiles, the norms as kernels of their own (H100, 64 streams: "
-        "8,730 frames/s against 7,700 with 16, which restores the cuBLAS step above 16 rows)",
+    Var("TTS_LAYER_GEMV_ROWS", "layer_gemv_rows", integer(0, 64, note=" (0 = auto)"),
+        "0 = auto (default: 64 with PDL, i.e. H100/H200, and 16-bit weights; else 16) | 1-64: decode steps whose "
+        "bucket holds up to this many rows (buckets 1, 2, 4, ...) run layer_gemv's fused kernels (each layer as "
+        "five Triton kernels: norm, residual and SwiGLU inside the linears); larger buckets run the step's other ops "
+        "(compiled units over cuBLAS, or eager). Above 16 rows the kernels compute 64-row tiles, the norms as "
+        "kernels of their own (H100, 64 streams: 8,730 frames/s against 7,700 with 16, which restores the cuBLAS "
+        "step above 16 rows)",
         dev=True),
     Var("TTS_CODEC_COMPILE", "codec_compile", switch(),
         "on | off (auto = off): torch.compile the streaming codec as well (~1 ms faster per small chunk on an H100; "

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import pytest
+import torch
 from conftest import MODEL_DIR
 
 from ttsengine import EngineConfig
 from ttsengine.engine.loader import load
 from ttsengine.engine.settings import BatchSettings, codec_channels_last, cudnn_autotune_mode
+from ttsengine.model.quant import Int8Linear
 
 
 @pytest.fixture(scope="module")
@@ -110,7 +112,7 @@ def test_one_slot_engine_has_one_bucket(ckpt):
     assert (s.buckets, s.warm_buckets) == ((1,), (1,))
 
 
-@pytest.mark.parametrize("rows", [0, -1, 65])
+@pytest.mark.parametrize("rows", [-1, 65])
 def test_layer_gemv_rows_outside_its_range_is_a_config_error(ckpt, rows):
     # the env var is range-checked where it is read; a Python caller's value here, with the same words
     from ttsengine.errors import ConfigError
@@ -119,3 +121,23 @@ def test_layer_gemv_rows_outside_its_range_is_a_config_error(ckpt, rows):
         BatchSettings.resolve(EngineConfig(model_dir=MODEL_DIR, device="cpu", layer_gemv_rows=rows), ckpt)
     assert BatchSettings.resolve(EngineConfig(model_dir=MODEL_DIR, device="cpu", layer_gemv_rows=64),
                                  ckpt).runner.gemv_rows == 64
+
+
+def test_layer_gemv_rows_auto_is_64_only_with_pdl_and_16_bit_weights(ckpt, monkeypatch):
+    # 0 (the default): the 64-row tiles where they were measured faster (H100 with PDL, bf16), else 16
+    import copy
+
+    from ttsengine.engine import settings
+
+    assert BatchSettings.resolve(EngineConfig(model_dir=MODEL_DIR, device="cpu"), ckpt).runner.gemv_rows == 16
+    bf16 = copy.deepcopy(ckpt.model).to(torch.bfloat16)
+    cpu = torch.device("cpu")
+    assert settings.auto_gemv_rows(bf16, cpu) == 16  # no PDL here
+    monkeypatch.setattr(settings, "pdl_runs", lambda device: True)
+    assert settings.auto_gemv_rows(bf16, cpu) == 64
+    assert settings.auto_gemv_rows(ckpt.model, cpu) == 16  # fp32 weights
+    int8 = copy.deepcopy(bf16)
+    int8.layers[0].attention.wqkv = Int8Linear(int8.layers[0].attention.wqkv, "legacy")
+    assert settings.auto_gemv_rows(int8, cpu) == 16
+    assert BatchSettings.resolve(EngineConfig(model_dir=MODEL_DIR, device="cpu", layer_gemv_rows=8),
+                                 ckpt).runner.gemv_rows == 8  # a value given wins

@@ -219,16 +219,17 @@ def test_wide_tile_rows_are_independent(int8, epilogue):
 def test_wide_tile_norm_kernel_rounds_as_the_eager_norm(dtype, whole, monkeypatch):
     # 17-64 rows: the norm runs as a kernel of its own before the linear (_normed); its output is rms_norm's (the
     # model's, in x's dtype) but for the sum of squares' order: bf16 within an ulp, fp32 (where that order shows)
-    # within 4, and most elements equal
-    if not whole:  # K = 160 past it: the sum of squares over chunks of 64, then a second pass
-        monkeypatch.setattr(small_linear_module, "NORM_WHOLE_K", 64)
+    # within 8 (~6 at K = 600), and most elements equal
+    K = 160 if whole else 600
+    if not whole:  # K = 600 past it: the sum of squares over chunks of 256 (the last one masked), then a second pass
+        monkeypatch.setattr(small_linear_module, "NORM_WHOLE_K", 512)
     g = torch.Generator().manual_seed(5)
-    x = (torch.randn(40, 160, generator=g) * 3).to(dtype)
-    nw = (1 + 0.2 * torch.randn(160, generator=g)).to(dtype)
+    x = (torch.randn(40, K, generator=g) * 3).to(dtype)
+    nw = (1 + 0.2 * torch.randn(K, generator=g)).to(dtype)
     got, want = small_linear_module._normed(x, nw, EPS, False), rms_norm(x, nw, EPS)
     assert got.dtype == dtype and got.shape == x.shape
     ulp = 2.0 ** (torch.floor(torch.log2(want.float().abs().clamp(min=1e-30))) - (7 if dtype == torch.bfloat16 else 23))
-    assert ((got.float() - want.float()).abs() <= ulp * (1 if dtype == torch.bfloat16 else 4)).all()
+    assert ((got.float() - want.float()).abs() <= ulp * (1 if dtype == torch.bfloat16 else 8)).all()
     assert (got == want).float().mean() > (0.9 if dtype == torch.bfloat16 else 0.5)
 
 
@@ -284,28 +285,36 @@ def test_default_config_depends_on_rows_only_by_class():
     assert small_linear_config(100, 40, torch.float32).block_k == 64
 
 
-@pytest.mark.parametrize("limit, stages", [(232_448, None), (166_912, 3), (101_376, 2)], ids=["h100", "a100", "l40s"])
-def test_stages_fit_the_devices_shared_memory(limit, stages, monkeypatch):
-    # the tiles were tuned on H100s (227 KB a program): there every default keeps its stages; an A100 (163 KB) or an
-    # L40S / A10 (99 KB) gets fewer where the 64-row tile's 4 stages of 40 KB (or SwiGLU's 3 at 16 rows) would not fit
-    monkeypatch.setattr(small_linear_module, "_max_shared", lambda index: limit)
-    cuda = torch.device("cuda", 0)
-    for n_out, k, glu, norm in ((4096, 1024, False, True), (1024, 2048, False, False), (3072, 1024, True, True),
-                                (1024, 3072, False, False), (2048, 1024, False, True), (155776, 1024, False, True)):
-        for rows, pdl in ((1, False), (1, True), (3, False), (16, False), (64, False)):
-            cfg = small_linear_config(n_out, k, torch.bfloat16, glu, rows, norm, pdl)
-            bm = TILE_ROWS if rows <= TILE_ROWS else 64
-            bk = min(cfg.block_k, k)
-            got = small_linear_module.fitted_stages(cfg, bm, bk, 2, 2, glu, cuda)
-            tiles = bm * bk * 2 + cfg.block_n * bk * 2 * (2 if glu else 1)
-            assert 1 <= got <= cfg.num_stages
-            if cfg.use_dot:
-                assert got * tiles + small_linear_module.SMEM_SLACK <= max(limit, tiles)
-            if stages is None or not cfg.use_dot:  # an H100 keeps every tuned count; the CUDA-core tiles theirs
-                assert got == cfg.num_stages
-    wide = small_linear_config(1024, 3072, torch.bfloat16, rows=64, norm=False)  # 16 x 256, 4 stages of 40 KB
-    assert small_linear_module.fitted_stages(wide, 64, 256, 2, 2, False, cuda) == (stages or 4)
-    assert small_linear_module.fitted_stages(wide, 64, 256, 2, 2, False, torch.device("cpu")) == 4
+def test_a_launch_the_gpu_refuses_retries_with_fewer_stages():
+    # the tiles were tuned with an H100's 227 KB of shared memory a program; where a GPU has less, Triton refuses the
+    # launch (OutOfResources, before anything runs) and small_linear retries with fewer pipeline stages, then keeps
+    # that count for the key (its variant on that GPU)
+    from triton.runtime.errors import OutOfResources
+
+    tried = []
+
+    def launch(stages):  # a GPU whose shared memory holds 2 stages of these tiles
+        tried.append(stages)
+        if stages > 2:
+            raise OutOfResources(stages * 40960, 101376, "shared memory")
+
+    key = ("test-gpu", "wide-tile")
+    small_linear_module._STAGES.pop(key, None)
+    try:
+        assert small_linear_module.launch_fitting(launch, key, 4) == 2 and tried == [4, 3, 2]
+        tried.clear()
+        assert small_linear_module.launch_fitting(launch, key, 4) == 2 and tried == [2]  # kept: no refusal again
+        other = ("test-gpu", "16-row")
+        assert small_linear_module.launch_fitting(launch, other, 2) == 2  # a config that fits keeps its stages
+
+        def never(stages):
+            raise OutOfResources(1 << 20, 101376, "shared memory")
+
+        with pytest.raises(OutOfResources):  # not even one stage fits: the refusal itself, not a loop
+            small_linear_module.launch_fitting(never, ("test-gpu", "huge"), 3)
+    finally:
+        for k in (key, ("test-gpu", "16-row"), ("test-gpu", "huge")):
+            small_linear_module._STAGES.pop(k, None)
 
 
 @pytest.mark.parametrize("case, message", [

@@ -50,7 +50,7 @@ class RunnerConfig:
     penalty_window: int
     triton_attention: bool  # the Triton paged kernel (CUDA) instead of the gather + SDPA reference
     fused: frozenset[str] = frozenset()  # the step's fused kernels (settings.fused_kernels; compile/units.py)
-    gemv_rows: int = 64  # with layer_gemv, steps of up to this many rows run its kernels (TTS_LAYER_GEMV_ROWS)
+    gemv_rows: int = 16  # with layer_gemv, steps of up to this many rows run its kernels (TTS_LAYER_GEMV_ROWS)
 
 
 @dataclass

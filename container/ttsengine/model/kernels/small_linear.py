@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import functools
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Optional
 
@@ -71,9 +72,9 @@ def small_linear_config(n_out: int, k: int, dtype: torch.dtype, swiglu: bool = F
                         rows: int = TILE_ROWS, norm: bool = True, pdl: bool = False) -> SmallLinearConfig:
     """The default tiles for n_out output columns (SwiGLU: H) over k inputs at `rows` rows. Three classes of M, each
     with one config per shape, so a row's bits are the same at any M of its class: above TILE_ROWS the 64-row tile
-    (tl.dot, steps of up to 64 rows: TTS_LAYER_GEMV_ROWS; 32 columns and K steps of 128 from 2,048 columns or with
-    SwiGLU, 16 and 256 on 1,024; 4 stages: the best per class of rows at 24 and 64 on an H100, small_linear_bench.py
-    --rows 24,64); up to CORE_ROWS,
+    (tl.dot, steps of up to 64 rows: TTS_LAYER_GEMV_ROWS; 32 columns, K steps of 128 and 4 stages from 2,048
+    columns or with SwiGLU, 16, 256 and 4 on 1,024, the vocabulary head's 64, 128 and 3: the best per class of rows
+    at 24 and 64 on an H100, small_linear_bench.py --rows 24,64); up to CORE_ROWS,
     16-bit and int8 weights take the CUDA-core path with narrow column blocks and long K steps (more programs in
     flight on 1-4k-column layers: 1.3-1.6x faster there), otherwise the tl.dot tiles. Measured on an H200 (torch
     2.11, Triton 3.6, scripts/device/small_linear_bench.py over the S1-mini decode shapes); SwiGLU's two weight
@@ -228,46 +229,54 @@ def _launch(x: Tensor, weight: Tensor, scale: Tensor | None, norm_weight: Tensor
     y = torch.empty((M, n_out), dtype=x.dtype, device=x.device)
     dummy = y  # pointer arguments a variant does not read
     bm = TILE_ROWS if M <= TILE_ROWS else WIDE_TILE_ROWS
-    _kernel()[(-(-n_out // cfg.block_n),)](
-        x, weight, dummy if scale is None else scale, dummy if norm_weight is None else norm_weight,
-        dummy if residual is None else residual, y, M, n_out, K, n_out if swiglu else 0,
-        x.stride(0), weight.stride(0), 0 if residual is None else residual.stride(0), y.stride(0), float(eps),
-        HAS_NORM=norm_weight is not None, IS_INT8=scale is not None, HAS_RES=residual is not None, SWIGLU=swiglu,
-        USE_DOT=cfg.use_dot, TF32=x.dtype != torch.float32, EMU_BF16=x.dtype == torch.bfloat16 and _interpreted(),
-        BM=bm, BN=cfg.block_n, BK=bk, EVEN_K=K % bk == 0, PREFETCH=pdl, num_warps=cfg.num_warps,
-        num_stages=fitted_stages(cfg, bm, bk, x.element_size(), weight.element_size(), swiglu, x.device),
-        **launch_options(pdl, x.device))
+    args = (x, weight, dummy if scale is None else scale, dummy if norm_weight is None else norm_weight,
+            dummy if residual is None else residual, y, M, n_out, K, n_out if swiglu else 0,
+            x.stride(0), weight.stride(0), 0 if residual is None else residual.stride(0), y.stride(0), float(eps))
+    flags = dict(HAS_NORM=norm_weight is not None, IS_INT8=scale is not None, HAS_RES=residual is not None,
+                 SWIGLU=swiglu, USE_DOT=cfg.use_dot, TF32=x.dtype != torch.float32,
+                 EMU_BF16=x.dtype == torch.bfloat16 and _interpreted(), BM=bm, BN=cfg.block_n, BK=bk,
+                 EVEN_K=K % bk == 0, PREFETCH=pdl, num_warps=cfg.num_warps, **launch_options(pdl, x.device))
+    grid = (-(-n_out // cfg.block_n),)
+    key = (str(x.device), x.dtype, weight.dtype, tuple(sorted(flags.items())))
+    launch_fitting(lambda stages: _kernel()[grid](*args, num_stages=stages, **flags), key, cfg.num_stages)
     return y
 
 
-SMEM_SLACK = 16 * 1024  # shared memory a launch keeps beside its pipelined tiles (layout conversions, barriers)
-SMEM_FALLBACK = 101_376  # where the device's limit cannot be read: the smallest of the GPUs the presets name (sm_86/89)
+_STAGES: dict[tuple, int] = {}  # a launch's key -> the pipeline stages this GPU's shared memory holds for it
 
 
-@functools.lru_cache(maxsize=8)
-def _max_shared(index: int) -> int:
-    """Bytes of shared memory one program may use on CUDA device `index` (Triton's own limit)."""
+def launch_fitting(launch: Callable[[int], object], key: tuple, stages: int) -> int:
+    """launch(stages), or with the most stages below that the GPU takes: the tiles were tuned on H100s (227 KB of
+    shared memory a program); on GPUs with less (99 KB: L40S, A10, L4, RTX) Triton refuses some, e.g. the 64-row
+    tile's 4 stages of 40 KB, with OutOfResources before anything runs. A key keeps the count that launched (one
+    per GPU and variant, so a row's bits still do not depend on the batch; stages move when loads are issued, not
+    the order of the sums). -> the stages used."""
+    n = _STAGES.get(key, stages)
+    while True:
+        try:
+            launch(n)
+        except _out_of_resources() as e:
+            if n <= 1:
+                raise
+            n -= 1
+            log.info("small_linear: %s; retrying with %d pipeline stages", e, n)
+            continue
+        _STAGES[key] = n
+        return n
+
+
+@functools.lru_cache(maxsize=1)
+def _out_of_resources() -> type[Exception]:
+    """Triton's launch-time refusal (OutOfResources), or an exception nothing raises where Triton has none."""
     try:
-        import triton
-
-        return int(triton.runtime.driver.active.utils.get_device_properties(index)["max_shared_mem"])
-    except Exception as e:  # noqa: BLE001 - an older Triton's driver API: the conservative limit
-        log.warning("small_linear: this Triton does not report the GPU's shared memory (%s); tiles are fitted to %d "
-                    "bytes, which may cost speed on GPUs with more", e, SMEM_FALLBACK)
-        return SMEM_FALLBACK
+        from triton.runtime.errors import OutOfResources
+    except ImportError:
+        return _NeverRaised
+    return OutOfResources
 
 
-def fitted_stages(cfg: SmallLinearConfig, bm: int, bk: int, x_bytes: int, w_bytes: int, swiglu: bool,
-                  device: torch.device) -> int:
-    """cfg's pipeline stages, fewer where that many stages of the tl.dot operands (x and weight tiles) would not fit
-    the device's shared memory (the tiles were tuned on H100s with 227 KB; an A100 has 163, an L40S or A10 99,
-    where Triton would refuse the launch). Stages move when loads are issued, not the order of the sums; a device
-    keeps one count per config, so a row's bits still do not depend on the batch."""
-    if device.type != "cuda" or not cfg.use_dot:  # the CUDA-core tiles stay in registers
-        return cfg.num_stages
-    per_stage = bm * bk * x_bytes + cfg.block_n * bk * w_bytes * (2 if swiglu else 1)
-    limit = _max_shared(device.index if device.index is not None else torch.cuda.current_device())
-    return max(1, min(cfg.num_stages, (limit - SMEM_SLACK) // per_stage))
+class _NeverRaised(Exception):
+    pass
 
 
 def _normed(x: Tensor, norm_weight: Tensor, eps: float, pdl: bool) -> Tensor:
