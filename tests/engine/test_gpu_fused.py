@@ -200,8 +200,8 @@ WIDE_WAVE = [SynthesisRequest(text=f"Stream {i} of a wide batch.", seed=40 + i, 
 def test_layer_gemv_fp32_tokens_equal_unfused(wide):
     # fp32 (the attention's reference path; the GEMVs' fp32 dot products without TF32): the tiny model's tokens equal
     # the unfused engine's exactly, compiled units + graphs for the other pieces. wide: 20 streams at once in an
-    # engine of 32, so the steps run the 64-row tiles and their norm kernel (layer_gemv's default up to 64 rows)
-    kw = {"max_batch": 32} if wide else {}
+    # engine of 32 with layer_gemv up to 64 rows, so the steps run the 64-row tiles and their norm kernel
+    kw = {"max_batch": 32, "layer_gemv_rows": 64} if wide else {}  # fp32: auto would give 16
     waves = (WIDE_WAVE,) if wide else (REQUESTS,)
     with no_tf32():
         fused = tokens(replace(cfg(cuda_graphs="on", compile="on", dtype="float32", codec_dtype="float32",

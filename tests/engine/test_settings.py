@@ -123,7 +123,7 @@ def test_layer_gemv_rows_outside_its_range_is_a_config_error(ckpt, rows):
                                  ckpt).runner.gemv_rows == 64
 
 
-def test_layer_gemv_rows_auto_is_64_only_with_pdl_and_16_bit_weights(ckpt, monkeypatch):
+def test_layer_gemv_rows_auto_is_64_only_with_pdl_and_16_bit_weights(ckpt):
     # 0 (the default): the 64-row tiles where they were measured faster (H100 with PDL, bf16), else 16
     import copy
 
@@ -131,13 +131,12 @@ def test_layer_gemv_rows_auto_is_64_only_with_pdl_and_16_bit_weights(ckpt, monke
 
     assert BatchSettings.resolve(EngineConfig(model_dir=MODEL_DIR, device="cpu"), ckpt).runner.gemv_rows == 16
     bf16 = copy.deepcopy(ckpt.model).to(torch.bfloat16)
-    cpu = torch.device("cpu")
-    assert settings.auto_gemv_rows(bf16, cpu) == 16  # no PDL here
-    monkeypatch.setattr(settings, "pdl_runs", lambda device: True)
-    assert settings.auto_gemv_rows(bf16, cpu) == 64
-    assert settings.auto_gemv_rows(ckpt.model, cpu) == 16  # fp32 weights
+    pdl = frozenset({"layer_gemv", "pdl"})
+    assert settings.auto_gemv_rows(bf16, frozenset({"layer_gemv"})) == 16  # no PDL
+    assert settings.auto_gemv_rows(bf16, pdl) == 64
+    assert settings.auto_gemv_rows(ckpt.model, pdl) == 16  # fp32 weights
     int8 = copy.deepcopy(bf16)
     int8.layers[0].attention.wqkv = Int8Linear(int8.layers[0].attention.wqkv, "legacy")
-    assert settings.auto_gemv_rows(int8, cpu) == 16
+    assert settings.auto_gemv_rows(int8, pdl) == 16
     assert BatchSettings.resolve(EngineConfig(model_dir=MODEL_DIR, device="cpu", layer_gemv_rows=8),
                                  ckpt).runner.gemv_rows == 8  # a value given wins

@@ -74,3 +74,21 @@ def test_bench_rejects_a_negative_check(bad):
 
     proc = run_cli("ttsengine", "bench", "--model", str(MODEL_DIR), "--check-audio", bad)
     assert proc.returncode != 0 and "--check-audio -1" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_bench_fails_loudly_when_a_stream_is_not_its_codes(tmp_path, monkeypatch, capsys):
+    # the failure path: a check below the bound makes the bench say so and exit 1, after writing its report (here
+    # the comparison is made to fail: streams of a correct engine pass, test_streams_deliver_...)
+    import json
+
+    from conftest import MODEL_DIR
+
+    from ttsengine.tools import bench
+    from ttsengine.tools.audio_check import AudioCheck
+
+    monkeypatch.setattr(bench, "compare", lambda got, want: AudioCheck(-3.0, len(got), len(got)))
+    code = bench.main(["--model", str(MODEL_DIR), "--concurrency", "2", "--frames", "6", "--out", str(tmp_path)])
+    out = capsys.readouterr().out
+    assert code == 1 and "audio check FAILED at 2 streams: 2 of 2 checked streams" in out and "-3.0 dB" in out
+    level = json.loads((tmp_path / "bench.json").read_text())["levels"][0]
+    assert (level["audio_checked"], level["audio_failures"], level["audio_wrong_length"]) == (2, 2, 0)

@@ -53,12 +53,15 @@ def codec_channels_last(switch: str, cuda: bool, cudnn_autotune: str) -> bool:
     return cuda and cudnn_autotune != "off"
 
 
-def auto_gemv_rows(model, device: torch.device) -> int:
-    """TTS_LAYER_GEMV_ROWS=0: 64 where it was measured faster than cuBLAS (H100 with PDL, 16-bit weights: 64 streams
-    7,700 -> 8,730 frames/s), else 16 (the 64-row tiles' speed on other GPUs and with int8 weights is unmeasured)."""
-    weight = getattr(model.layers[0].attention.wqkv, "weight", None)
-    sixteen_bit = weight is not None and weight.dtype in (torch.bfloat16, torch.float16)
-    return SMALL_LINEAR_MAX_ROWS if sixteen_bit and pdl_runs(device) else 16
+def auto_gemv_rows(model, fused: frozenset[str]) -> int:
+    """TTS_LAYER_GEMV_ROWS=0: 64 where it was measured faster than cuBLAS (an H100's step with pdl in the fused
+    kernels, 16-bit weights: 64 streams 7,700 -> 8,730 frames/s), else 16 (the 64-row tiles' speed on other GPUs,
+    without PDL or with int8 weights is unmeasured)."""
+    from ..model.fused_layer import linear_weight
+
+    lw = linear_weight(model.layers[0].attention.wqkv)  # (weight, int8 scale or None), None: no plain weight
+    sixteen_bit = lw is not None and lw[1] is None and lw[0].dtype in (torch.bfloat16, torch.float16)
+    return SMALL_LINEAR_MAX_ROWS if sixteen_bit and "pdl" in fused else 16
 
 
 def fused_kernels(switch: str, cuda: bool, triton_attention: bool, pdl: bool = False) -> frozenset[str]:
@@ -139,9 +142,9 @@ class BatchSettings:
     def warm_buckets(self) -> tuple[int, ...]:
         """The buckets whose step runs before ready (the compiled units they use are compiled then): the first, and
         with compile the first dynamic one (2) after a 1-row bucket, so no compile waits for the first batch of two
-        where those buckets run compiled units. (With layer_gemv, steps of up to runner.gemv_rows (64) rows run Triton
-        kernels, not compiled units: their compile comes with the first bucket above, captured while idle or at first
-        use.)"""
+        where those buckets run compiled units. (With layer_gemv, steps of up to runner.gemv_rows (16; 64 on an H100)
+        rows run Triton kernels, not compiled units: their compile comes with the first bucket above, captured while
+        idle or at first use.)"""
         return self.buckets[:2] if self.compile and self.buckets[0] == 1 and self.max_slots > 1 else self.buckets[:1]
 
     @property
@@ -214,10 +217,10 @@ class BatchSettings:
         buckets.append(max_batch)
         # the kernel's dot products are 16-bit; an fp32 cache keeps the exact path
         triton_attention = cuda and triton_available() and model.norm.weight.element_size() == 2
+        fused = fused_kernels(config.fused_kernels, cuda, triton_attention, pdl_runs(device))
         runner = RunnerConfig(max_slots=max_batch, page_size=PAGE_SIZE, num_pages=num_pages,
                               penalty_window=ckpt.family.RULES.penalty_window, triton_attention=triton_attention,
-                              fused=fused_kernels(config.fused_kernels, cuda, triton_attention, pdl_runs(device)),
-                              gemv_rows=config.layer_gemv_rows or auto_gemv_rows(model, device))
+                              fused=fused, gemv_rows=config.layer_gemv_rows or auto_gemv_rows(model, fused))
         return BatchSettings(runner=runner, max_queue=config.max_queue or 2 * max_batch,
                              prefill_tokens=config.prefill_tokens, prefix_cache=config.prefix_cache,
                              first_chunk_frames=config.first_chunk_frames,

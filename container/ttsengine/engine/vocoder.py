@@ -120,7 +120,8 @@ class Vocoder:
         state, CUDA graph or batch with other streams, so what a stream of those codes should have delivered (to
         the dtype's rounding). On the caller's thread, under the capture lock (no capture sees its kernels)."""
         parts = []
-        with self._capture_lock, torch.inference_mode():
+        on_device = torch.cuda.device(self.device) if self._cuda else contextlib.nullcontext()
+        with self._capture_lock, torch.inference_mode(), on_device:  # the codec's Triton kernels (int8) launch there
             for c in codes:
                 if c.shape[1]:
                     rows = torch.from_numpy(np.asarray(c, dtype=np.int64))[None].to(self.device)  # [1, n, F]
