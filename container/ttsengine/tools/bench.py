@@ -210,7 +210,7 @@ def run_level(fleet: Fleet, concurrency: int, load: Load, progress) -> Level:
     # after the level's figures (its VRAM peak included): the checks' whole decodes are not the engine's work
     try:
         checks = [check_stream(fleet, s, r.audio) for s, r in zip(streams, results) if s.plan.keep_codes]
-    except torch.OutOfMemoryError:
+    except torch.cuda.OutOfMemoryError:  # (torch.OutOfMemoryError from 2.5; this name on 2.2 too)
         print(f"audio check skipped at {concurrency} streams: no GPU memory left for a whole decode of "
               f"{load.frames} frames (use fewer --frames, or --check-audio 0)", flush=True)
         return level
