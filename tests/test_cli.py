@@ -124,6 +124,21 @@ def test_bench_with_a_stored_voice_and_poisson_arrivals(tmp_path):
                          "GPU busy on two or more streams at once"] and any(n.startswith("CPU ") for n in names)
 
 
+def test_bench_codec_only_measures_the_engines_codec_by_default(tmp_path):
+    # the default mode is the codec as the engine would run it here (a CPU: eager); named modes still run
+    import json
+
+    proc = run_cli("ttsengine", "bench", "--codec-only", "--model", str(MODEL_DIR), "--concurrency", "2",
+                   "--chunk-frames", "4", "--seconds", "0.4", "--codec-modes", "engine,whole", "--out", str(tmp_path))
+    assert proc.returncode == 0, proc.stderr
+    assert "engine mode eager" in proc.stdout
+    rows = json.loads((tmp_path / "codec_bench.json").read_text())
+    assert [(r["mode"], r["streams"], r["chunk_frames"]) for r in rows] == [("eager", 2, 4), ("whole", 2, 4)]
+    assert all(r["frames_per_s"] > 0 for r in rows)
+    assert "--codec-modes" in _one_line_error(
+        run_cli("ttsengine", "bench", "--codec-only", "--model", str(MODEL_DIR), "--codec-modes", "fast"))
+
+
 def test_bench_rejects_a_bad_arrival_spec():
     for spec in ("uniform:3", "poisson:", "poisson:-1"):
         proc = run_cli("ttsengine", "bench", "--model", str(MODEL_DIR), "--arrivals", spec)

@@ -8,7 +8,13 @@ from conftest import MODEL_DIR
 
 from ttsengine import EngineConfig
 from ttsengine.engine.loader import load
-from ttsengine.engine.settings import BatchSettings, codec_channels_last, cudnn_autotune_mode
+from ttsengine.engine.settings import (
+    BatchSettings,
+    CodecSwitches,
+    codec_channels_last,
+    codec_switches,
+    cudnn_autotune_mode,
+)
 from ttsengine.model.quant import Int8Linear
 
 
@@ -80,6 +86,31 @@ def test_codec_channels_last_auto_needs_cuda_and_tuned_convs():
     assert codec_channels_last("auto", True, "graphs") and codec_channels_last("auto", True, "process")
     assert not codec_channels_last("auto", True, "off") and not codec_channels_last("auto", False, "off")
     assert codec_channels_last("on", False, "off") and not codec_channels_last("off", True, "graphs")
+
+
+def test_codec_bench_mode_names_the_engines_codec(monkeypatch):
+    # bench --codec-only's default `engine` mode: the switches the engine resolves, as the bench's mode names
+    from ttsengine.engine import settings
+
+    monkeypatch.setattr(settings, "triton_available", lambda: True)
+    cfg = EngineConfig(model_dir=MODEL_DIR)
+    assert codec_switches(cfg, True, True, True).bench_mode() == "time_major+tuned"  # a GPU with graphs: tuned
+    assert codec_switches(cfg, True, False, True).bench_mode() == "snake"  # no graphs: no tuning, channel-major
+    assert codec_switches(cfg, False, False, False).bench_mode() == "eager"  # CPU: no Snake kernel
+    assert codec_switches(EngineConfig(model_dir=MODEL_DIR, cudnn_benchmark="on"), True, True, True
+                          ).bench_mode() == "time_major+cudnn"
+    assert codec_switches(EngineConfig(model_dir=MODEL_DIR, codec_compile="on"), True, True, True
+                          ).bench_mode() == "compile+tuned"
+    assert codec_switches(EngineConfig(model_dir=MODEL_DIR, codec_compile="on"), True, True, False
+                          ).bench_mode() == "time_major+tuned"  # codec compile needs the step's compile
+    assert CodecSwitches(False, False, "off", True).bench_mode() == "time_major"
+
+
+def test_batch_settings_hold_the_codec_switches(ckpt):
+    s = BatchSettings.resolve(EngineConfig(model_dir=MODEL_DIR, device="cpu"), ckpt)
+    sw = codec_switches(EngineConfig(model_dir=MODEL_DIR, device="cpu"), False, s.cuda_graphs, s.compile)
+    assert (s.codec_compile, s.snake_kernel, s.cudnn_autotune, s.codec_channels_last) == (
+        sw.compile, sw.snake_kernel, sw.cudnn_autotune, sw.channels_last)
 
 
 @pytest.mark.parametrize("switch, on", [("auto", True), ("on", True), ("off", False)])

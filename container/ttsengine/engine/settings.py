@@ -53,6 +53,43 @@ def codec_channels_last(switch: str, cuda: bool, cudnn_autotune: str) -> bool:
     return cuda and cudnn_autotune != "off"
 
 
+@dataclass(frozen=True)
+class CodecSwitches:
+    """How the engine runs its streaming codec, resolved from EngineConfig (BatchSettings holds these; bench
+    --codec-only's default `engine` mode measures the same)."""
+
+    compile: bool  # torch.compile the streaming codec
+    snake_kernel: bool  # Snake as one Triton kernel
+    cudnn_autotune: str  # cudnn_autotune_mode
+    channels_last: bool  # time-major, channels-last convolutions
+
+    def bench_mode(self) -> str:
+        """-> the `bench --codec-only` mode of these switches (tools/codec_bench.py MODES, + its cuDNN option). Its
+        compile mode is channel-major and its time_major mode has the Snake kernel: the engine's rarer mixes (a
+        compiled time-major codec; time-major without Triton) are measured as the nearest of those."""
+        base = ("compile" if self.compile else "time_major" if self.channels_last
+                else "snake" if self.snake_kernel else "eager")
+        return base + {"off": "", "graphs": "+tuned", "process": "+cudnn"}[self.cudnn_autotune]
+
+
+def graphs_and_compile(config: EngineConfig, cuda: bool) -> tuple[bool, bool]:
+    """TTS_CUDA_GRAPHS and TTS_COMPILE -> (CUDA graphs, torch.compile) in effect."""
+    graphs = {"on": True, "off": False}.get(config.cuda_graphs, cuda)
+    if graphs and not cuda:
+        log.warning("TTS_CUDA_GRAPHS=on ignored: no CUDA device")
+        graphs = False
+    compile_ = {"on": True, "off": False}.get(config.compile, cuda)
+    return graphs, compile_ and compile_supported()
+
+
+def codec_switches(config: EngineConfig, cuda: bool, graphs: bool, compile_: bool) -> CodecSwitches:
+    """The codec's switches from the config, given graphs and compile in effect (graphs_and_compile)."""
+    codec_compile = compile_ and config.codec_compile == "on"
+    tune = cudnn_autotune_mode(config.cudnn_benchmark, cuda, graphs)
+    return CodecSwitches(compile=codec_compile, snake_kernel=snake_kernel_usable(config, cuda) and not codec_compile,
+                         cudnn_autotune=tune, channels_last=codec_channels_last(config.codec_channels_last, cuda, tune))
+
+
 def auto_gemv_rows(model, fused: frozenset[str]) -> int:
     """TTS_LAYER_GEMV_ROWS=0: 64 where it was measured faster than cuBLAS (an H100's step with pdl in the fused
     kernels, 16-bit weights: 64 streams 7,700 -> 8,730 frames/s), else 16 (the 64-row tiles' speed on other GPUs,
@@ -197,15 +234,8 @@ class BatchSettings:
         log.info("memory preset %s: %d streams, KV cache %d positions in %d pages, %.2f GB (memory share %g)",
                  preset.name, max_batch, (num_pages - 1) * PAGE_SIZE, num_pages,
                  num_pages * PAGE_SIZE * bytes_per_token / 1e9, utilization)
-        graphs = {"on": True, "off": False}.get(config.cuda_graphs, cuda)
-        if graphs and not cuda:
-            log.warning("TTS_CUDA_GRAPHS=on ignored: no CUDA device")
-            graphs = False
-        compile_ = {"on": True, "off": False}.get(config.compile, cuda)
-        compile_ = compile_ and compile_supported()
-        codec_compile = compile_ and config.codec_compile == "on"
-        snake_kernel = snake_kernel_usable(config, cuda) and not codec_compile
-        cudnn_autotune = cudnn_autotune_mode(config.cudnn_benchmark, cuda, graphs)
+        graphs, compile_ = graphs_and_compile(config, cuda)
+        codec = codec_switches(config, cuda, graphs, compile_)
         buckets = []
         # compiled units are dynamic from 2 (size 1 specialises): a 1-row bucket is a second variant of each; worth
         # it for the lone stream (one stream 407 -> 460 frames/s with an engine sized 1 vs 64, H100, bench, call 1
@@ -228,10 +258,10 @@ class BatchSettings:
                              overlap_step={"on": True, "off": False}.get(config.overlap_step, cuda),
                              step_priority=config.step_priority and cuda,
                              lazy_graphs=config.lazy_graphs, prefill_graphs=graphs and config.prefill_graphs != "off",
-                             compile=compile_, codec_compile=codec_compile,
-                             snake_kernel=snake_kernel, cudnn_autotune=cudnn_autotune,
+                             compile=compile_, codec_compile=codec.compile,
+                             snake_kernel=codec.snake_kernel, cudnn_autotune=codec.cudnn_autotune,
                              codec_merge_rows=0 if config.codec_merge == "off" else max_batch,
                              codec_rounds=config.codec_rounds != "off",
-                             codec_channels_last=codec_channels_last(config.codec_channels_last, cuda, cudnn_autotune),
+                             codec_channels_last=codec.channels_last,
                              buckets=tuple(buckets),
                              preset=replace(preset, max_batch=max_batch, memory_utilization=utilization))

@@ -23,6 +23,7 @@ from ..config import from_env
 from ..engine.fleet import Fleet
 from ..engine.loader import load
 from ..engine.placement import engine_configs
+from ..engine.settings import codec_switches, graphs_and_compile
 from ..errors import BusyError, TTSError
 from ..model.quant import weight_bytes
 from ..synthesis.request import Reference, SynthesisRequest
@@ -301,7 +302,10 @@ def main(argv: list[str] | None = None) -> int:
     codec.add_argument("--codec-only", action="store_true")
     codec.add_argument("--chunk-frames", type=int, default=8, help="frames per stream per codec call")
     codec.add_argument("--seconds", type=float, default=4.0, help="audio seconds per stream")
-    codec.add_argument("--codec-modes", default="snake", help=f"comma-separated: {', '.join(codec_bench.MODES)}")
+    codec.add_argument("--codec-modes", default="engine",
+                       help=f"comma-separated: engine (default: the codec as the engine runs it with this "
+                            f"environment's TTS_* settings, e.g. time_major+tuned on an H100), "
+                            f"{', '.join(codec_bench.MODES)}; each may end in +cudnn or +tuned")
     codec.add_argument("--no-graphs", action="store_true", help="codec without CUDA graphs")
     codec.add_argument("--profile-mode", help="top GPU kernels of this mode")
     args = ap.parse_args(argv)
@@ -399,12 +403,15 @@ def _arrival_rate(spec: str) -> float:
 def _codec_only(args) -> int:
     config, random_weights, _ = write_if_asked(args, from_env(model_dir=args.model))
     ckpt = load(config, random_weights)
-    modes = args.codec_modes.split(",")
+    cuda = torch.cuda.is_available()
+    engine_mode = codec_switches(config, cuda, *graphs_and_compile(config, cuda)).bench_mode()
+    modes = [engine_mode if m == "engine" else m for m in args.codec_modes.split(",")]
     unknown = sorted({m.partition("+")[0] for m in modes} - set(codec_bench.MODES))
     if unknown:
         raise TTSError(f"--codec-modes: unknown {', '.join(unknown)} (known: {', '.join(codec_bench.MODES)})")
     print(f"{torch.cuda.get_device_name() if torch.cuda.is_available() else 'cpu'} | torch {torch.__version__} | "
-          f"codec {ckpt.codec.cfg.decoder_dim} dim, dtype {next(ckpt.codec.parameters()).dtype}", flush=True)
+          f"codec {ckpt.codec.cfg.decoder_dim} dim, dtype {next(ckpt.codec.parameters()).dtype} | engine mode "
+          f"{engine_mode}", flush=True)
     codec_bench.run(ckpt.codec, [int(x) for x in args.concurrency.split(",")], args.chunk_frames, args.seconds,
                     modes, not args.no_graphs, args.profile_mode, args.out)
     return 0
