@@ -13,6 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ttsengine.model.kernels import launch as launch_module
 from ttsengine.model.kernels import small_linear as small_linear_module
 from ttsengine.model.kernels.small_linear import (
     CORE_ROWS,
@@ -301,22 +302,22 @@ def test_a_launch_the_gpu_refuses_retries_with_fewer_stages():
             raise OutOfResources(stages * 40960, 101376, "shared memory")
 
     key = ("test-gpu", "wide-tile")
-    small_linear_module._STAGES.pop(key, None)
+    launch_module._STAGES.pop(key, None)
     try:
-        assert small_linear_module.launch_fitting(launch, key, 4) == 2 and tried == [4, 3, 2]
+        assert launch_module.launch_fitting(launch, key, 4) == 2 and tried == [4, 3, 2]
         tried.clear()
-        assert small_linear_module.launch_fitting(launch, key, 4) == 2 and tried == [2]  # kept: no refusal again
+        assert launch_module.launch_fitting(launch, key, 4) == 2 and tried == [2]  # kept: no refusal again
         other = ("test-gpu", "16-row")
-        assert small_linear_module.launch_fitting(launch, other, 2) == 2  # a config that fits keeps its stages
+        assert launch_module.launch_fitting(launch, other, 2) == 2  # a config that fits keeps its stages
 
         def never(stages):
             raise OutOfResources(1 << 20, 101376, "shared memory")
 
         with pytest.raises(OutOfResources):  # not even one stage fits: the refusal itself, not a loop
-            small_linear_module.launch_fitting(never, ("test-gpu", "huge"), 3)
+            launch_module.launch_fitting(never, ("test-gpu", "huge"), 3)
     finally:
         for k in (key, ("test-gpu", "16-row"), ("test-gpu", "huge")):
-            small_linear_module._STAGES.pop(k, None)
+            launch_module._STAGES.pop(k, None)
 
 
 @pytest.mark.parametrize("case, message", [

@@ -11,6 +11,7 @@ from ..compat import compile_supported
 from ..config import EngineConfig
 from ..errors import ConfigError
 from ..model.checkpoint import Checkpoint
+from ..model.fused_layer import linear_weight
 from ..model.kernels.launch import pdl_runs
 from ..model.kernels.small_linear import SMALL_LINEAR_MAX_ROWS
 from ..model.kernels.triton_support import triton_available, triton_major
@@ -94,8 +95,6 @@ def auto_gemv_rows(model, fused: frozenset[str]) -> int:
     """TTS_LAYER_GEMV_ROWS=0: 64 where it was measured faster than cuBLAS (an H100's step with pdl in the fused
     kernels, 16-bit weights: 64 streams 7,700 -> 8,730 frames/s), else 16 (the 64-row tiles' speed on other GPUs,
     without PDL or with int8 weights is unmeasured)."""
-    from ..model.fused_layer import linear_weight
-
     lw = linear_weight(model.layers[0].attention.wqkv)  # (weight, int8 scale or None), None: no plain weight
     sixteen_bit = lw is not None and lw[1] is None and lw[0].dtype in (torch.bfloat16, torch.float16)
     return SMALL_LINEAR_MAX_ROWS if sixteen_bit and "pdl" in fused else 16

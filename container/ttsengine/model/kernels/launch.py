@@ -6,15 +6,21 @@ previous one still runs; it loads what no kernel writes (its weights), then wait
 kernel has finished and its writes are visible, and only then reads activations and writes anything. A kernel
 launched this way must wait before every dependent read and every write, on every path: the contract of every
 kernel that takes a PDL flag here.
+
+Also here: a launch the GPU refuses for want of shared memory retried with fewer pipeline stages (launch_fitting).
 """
 
 from __future__ import annotations
 
 import functools
+import logging
+from collections.abc import Callable
 
 import torch
 
 from .triton_support import triton_available
+
+log = logging.getLogger(__name__)
 
 
 @functools.lru_cache(maxsize=1)
@@ -71,3 +77,40 @@ def launch_options(pdl: bool, device: torch.device) -> dict:
     if pdl and pdl_runs(device):
         return {"PDL": True, "launch_pdl": True}
     return {"PDL": False}
+
+
+_STAGES: dict[tuple, int] = {}  # a launch's key -> the pipeline stages this GPU's shared memory holds for it
+
+
+def launch_fitting(launch: Callable[[int], object], key: tuple, stages: int) -> int:
+    """launch(stages), or with the most stages below that the GPU takes: tiles tuned on H100s (227 KB of shared
+    memory a program) may not fit GPUs with less (99 KB: L40S, A10, L4, RTX), where Triton refuses them with
+    OutOfResources before anything runs (e.g. small_linear's 64-row tile, 4 stages of 40 KB). A key keeps the
+    count that launched (one per GPU and variant, so a row's bits still do not depend on the batch; stages move
+    when loads are issued, not the order of the sums). -> the stages used."""
+    n = _STAGES.get(key, stages)
+    while True:
+        try:
+            launch(n)
+        except _out_of_resources() as e:
+            if n <= 1:
+                raise
+            n -= 1
+            log.info("Triton launch refused: %s; retrying with %d pipeline stages", e, n)
+            continue
+        _STAGES[key] = n
+        return n
+
+
+@functools.lru_cache(maxsize=1)
+def _out_of_resources() -> type[Exception]:
+    """Triton's launch-time refusal (OutOfResources), or an exception nothing raises where Triton has none."""
+    try:
+        from triton.runtime.errors import OutOfResources
+    except ImportError:
+        return _NeverRaised
+    return OutOfResources
+
+
+class _NeverRaised(Exception):
+    pass

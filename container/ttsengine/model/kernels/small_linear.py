@@ -28,8 +28,6 @@ kernel keeps bf16 values in fp32 and rounds them to nearest even by hand (EMU_BF
 from __future__ import annotations
 
 import functools
-import logging
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Optional
 
@@ -39,10 +37,8 @@ from torch import Tensor
 
 from ...compat import custom_ops_available
 from ..layers import rms_norm
-from .launch import gdc_ops, launch_options
+from .launch import gdc_ops, launch_fitting, launch_options
 from .triton_support import next_pow2, triton_available
-
-log = logging.getLogger(__name__)
 
 SMALL_LINEAR_MAX_ROWS = 64
 TILE_ROWS = 16  # rows every program computes up to this many rows (the tl.dot minimum): see the module docstring
@@ -240,43 +236,6 @@ def _launch(x: Tensor, weight: Tensor, scale: Tensor | None, norm_weight: Tensor
     key = (str(x.device), x.dtype, weight.dtype, tuple(sorted(flags.items())))
     launch_fitting(lambda stages: _kernel()[grid](*args, num_stages=stages, **flags), key, cfg.num_stages)
     return y
-
-
-_STAGES: dict[tuple, int] = {}  # a launch's key -> the pipeline stages this GPU's shared memory holds for it
-
-
-def launch_fitting(launch: Callable[[int], object], key: tuple, stages: int) -> int:
-    """launch(stages), or with the most stages below that the GPU takes: the tiles were tuned on H100s (227 KB of
-    shared memory a program); on GPUs with less (99 KB: L40S, A10, L4, RTX) Triton refuses some, e.g. the 64-row
-    tile's 4 stages of 40 KB, with OutOfResources before anything runs. A key keeps the count that launched (one
-    per GPU and variant, so a row's bits still do not depend on the batch; stages move when loads are issued, not
-    the order of the sums). -> the stages used."""
-    n = _STAGES.get(key, stages)
-    while True:
-        try:
-            launch(n)
-        except _out_of_resources() as e:
-            if n <= 1:
-                raise
-            n -= 1
-            log.info("small_linear: %s; retrying with %d pipeline stages", e, n)
-            continue
-        _STAGES[key] = n
-        return n
-
-
-@functools.lru_cache(maxsize=1)
-def _out_of_resources() -> type[Exception]:
-    """Triton's launch-time refusal (OutOfResources), or an exception nothing raises where Triton has none."""
-    try:
-        from triton.runtime.errors import OutOfResources
-    except ImportError:
-        return _NeverRaised
-    return OutOfResources
-
-
-class _NeverRaised(Exception):
-    pass
 
 
 def _normed(x: Tensor, norm_weight: Tensor, eps: float, pdl: bool) -> Tensor:
