@@ -114,6 +114,9 @@ def test_bench_with_a_stored_voice_and_poisson_arrivals(tmp_path):
         assert level["arrival_rate"] == 40 and level["rejected"] == 0
         assert level["prefill_tokens_per_request"] > 44  # the voice's codes, then the transcript and text
         assert 0 <= level["stall_p95_ms"] <= level["stall_max_ms"]
+        # the engine loop's own host time (its iterations less step waits; on a CPU nothing is waited for): within
+        # the level's wall time, but for an iteration that began before the level
+        assert 0 < level["time_host_s"] <= level["wall_s"] + 1.0
         # --check-audio (default 4 a level): the sampled streams' audio is their codes' whole decode (fp32 here)
         assert level["audio_checked"] == min(4, level["concurrency"]) and level["audio_failures"] == 0
         assert level["audio_snr_min_db"] > 60

@@ -226,6 +226,8 @@ def test_overlapped_and_serial_steps_equal_the_reference_and_free_every_page(eag
         while eng._in_flight is not None and time.monotonic() < deadline:  # noqa: SLF001
             time.sleep(0.01)
         assert eng._in_flight is None  # noqa: SLF001 - an idle engine has no step in flight
+        m = eng.metrics  # the loop's time (bench's time_host_s); on a CPU the step is done when launched: no waits
+        assert m.loop_seconds > 0 and m.step_wait_seconds == 0
         pool = eng.runner.pages
         assert len(pool.free) == len(pool.refs) - 1 and not any(pool.refs[1:])
     finally:

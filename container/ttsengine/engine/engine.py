@@ -314,7 +314,9 @@ class Engine:
                     if idle:  # every slot is free: capture one more bucket's graphs (lazy start-up)
                         self._capture_next()
                         continue
+                    t0 = time.perf_counter()
                     self._iteration()
+                    self.metrics.iteration(time.perf_counter() - t0)
                     self._faults.succeeded()
                 except Exception as e:  # noqa: BLE001 - keep serving; the affected streams get the error
                     why = self._faults.failed(e)
@@ -569,7 +571,7 @@ class Engine:
         for job, frame in zip(makers, frames):
             if job is not None:
                 job.owner.frames.append(frame)
-        self.metrics.step(sum(j is not None for j in makers), seconds)
+        self.metrics.step(sum(j is not None for j in makers), seconds, step.waited)
         self.budget.observe(step.bucket, step.prefill_tokens, seconds)
         if finished:
             self._release(finished)

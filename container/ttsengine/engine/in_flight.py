@@ -9,6 +9,7 @@ own (it is dropped; its KV position is inside the job's reservation, scheduler.J
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 import numpy as np
@@ -27,11 +28,14 @@ class InFlight:
     prefill_tokens: int  # prompt tokens prefilled in the same iteration (the prefill budget's observation)
     started: float  # perf_counter at the start of its iteration
     begun: torch.cuda.Event | None = None  # timing event recorded before the iteration's prefill (overlapped steps)
+    waited: float = 0.0  # seconds frames() waited for the step (host clock)
 
     def frames(self) -> np.ndarray:
         """Waits for the step (the host's only per-step wait) -> int64 [B, n+1]."""
         if self.event is not None:
+            t0 = time.perf_counter()
             self.event.synchronize()
+            self.waited = time.perf_counter() - t0
         return self.host.numpy().copy()
 
     def gpu_seconds(self) -> float | None:

@@ -20,6 +20,8 @@ class EngineMetrics:
     prefill_seconds: float = 0.0
     vocoded_frames: int = 0
     vocoder_seconds: float = 0.0
+    loop_seconds: float = 0.0  # the engine loop's iterations (host clock), waits included
+    step_wait_seconds: float = 0.0  # of those, the loop waiting for launched steps to finish (InFlight.frames)
     requests_done: int = 0
     cancelled: int = 0
     rejected: int = 0
@@ -29,14 +31,20 @@ class EngineMetrics:
     ttfa_sum: float = 0.0
     recent: list[tuple[float, int]] = field(default_factory=list)  # (time, frames) of recent steps
 
-    def step(self, batch: int, seconds: float) -> None:
+    def step(self, batch: int, seconds: float, waited: float = 0.0) -> None:
         self.steps += 1
         self.frames += batch
         self.step_seconds += seconds
+        self.step_wait_seconds += waited
         now = time.perf_counter()
         self.recent.append((now, batch))
         while self.recent and now - self.recent[0][0] > 10.0:
             self.recent.pop(0)
+
+    def iteration(self, seconds: float) -> None:
+        """One engine loop iteration took `seconds`: less the step waits, the host's own time (Python, launches, the
+        GIL): when that nears the wall time the loop, not the GPU, sets the pace."""
+        self.loop_seconds += seconds
 
     def prefill(self, tokens: int, seconds: float) -> None:
         self.prefill_tokens += tokens

@@ -60,6 +60,7 @@ class Level:
     time_step_s: float
     time_prefill_s: float
     time_vocoder_s: float
+    time_host_s: float  # the engine loops' own host time: iterations less their waits for steps (EngineMetrics)
     steps: int
     prefill_tokens_per_request: float
     arrival_rate: float | None  # requests per second (Poisson), None: all submitted at once
@@ -150,7 +151,7 @@ def random_voice(engine, seconds: float) -> Reference:
 
 def _counters(fleet: Fleet) -> list[tuple]:
     return [(m.step_seconds, m.prefill_seconds, m.vocoder_seconds, m.steps, m.prefill_tokens, m.vocoded_frames,
-             m.requests_done) for m in (e.metrics for e in fleet.engines)]
+             m.requests_done, m.loop_seconds, m.step_wait_seconds) for m in (e.metrics for e in fleet.engines)]
 
 
 def run_level(fleet: Fleet, concurrency: int, load: Load, progress) -> Level:
@@ -204,7 +205,8 @@ def run_level(fleet: Fleet, concurrency: int, load: Load, progress) -> Level:
         vram_baseline_gb=base / 1e9,
         vram_peak_gb=max((torch.cuda.max_memory_allocated(d) for d in devices), default=0) / 1e9,
         gpu_util_pct=util, power_w=power, audio_hours_per_gpu_hour=audio_s / wall / max(1, len(devices)),
-        time_step_s=total[0], time_prefill_s=total[1], time_vocoder_s=total[2], steps=total[3],
+        time_step_s=total[0], time_prefill_s=total[1], time_vocoder_s=total[2],
+        time_host_s=total[7] - total[8], steps=total[3],
         prefill_tokens_per_request=total[4] / max(1, len(streams)), arrival_rate=load.arrival_rate,
         rejected=rejected, per_engine=per_engine,
     )
@@ -428,7 +430,7 @@ def print_table(report: dict) -> None:
     cols = ("concurrency", "aggregate_fps", "stream_fps_min", "realtime_x_min", "ttfa_p50_ms", "ttfa_p95_ms",
             "stall_p95_ms", "stall_max_ms",
             "vram_peak_gb", "gpu_util_pct", "power_w", "audio_hours_per_gpu_hour", "time_step_s", "time_prefill_s",
-            "time_vocoder_s", "prefill_tokens_per_request", "rejected", "audio_snr_min_db")
+            "time_vocoder_s", "time_host_s", "prefill_tokens_per_request", "rejected", "audio_snr_min_db")
     print(" | ".join(cols))
     for lv in report["levels"]:
         print(" | ".join(report_page.fmt(lv.get(c)) for c in cols))
