@@ -38,7 +38,7 @@ def _integer(text: str) -> int:
 def integer(lo: int, hi: int | None = None, note: str = "") -> Kind:
     def check(value) -> str | None:
         if hi is not None and not lo <= value <= hi:
-            return f"{value} is outside {lo}..{hi}"
+            return f"{value} is outside {lo}..{hi}{note}"
         return f"must be >= {lo}{note}" if value < lo else None
 
     return Kind(_integer, "an integer", check)

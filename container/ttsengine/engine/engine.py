@@ -71,7 +71,8 @@ class Engine:
             "dtype": str(checkpoint.model.norm.weight.dtype), "quant": checkpoint.quantization,
             "buckets": s.buckets, "chunks": (s.first_chunk_frames, s.stream_chunk_frames),
             "codec_compile": s.codec_compile, "snake_kernel": s.snake_kernel,
-            "codec_channels_last": s.codec_channels_last, "fused": sorted(s.runner.fused)})
+            "codec_channels_last": s.codec_channels_last, "fused": sorted(s.runner.fused),
+            "layer_gemv_rows": s.runner.gemv_rows})  # which buckets run compiled units
         if s.compile or s.cuda_graphs:
             self.kernel_cache.setup()
         self.runner = runner(checkpoint.model, s.runner)

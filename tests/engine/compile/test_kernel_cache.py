@@ -238,3 +238,23 @@ def test_warm_command_reports_json(tmp_path):
 def test_warm_without_cache_dir_is_one_line():
     proc = run_cli("ttsengine", "warm", "--model", str(MODEL_DIR), env={"TTS_CACHE_DIR": ""})
     assert proc.returncode == 2 and "TTS_CACHE_DIR" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_the_engines_cache_key_holds_the_layer_gemv_rows():
+    # which buckets run compiled units (the rest run layer_gemv's kernels) is part of what a cache holds: a cache built
+    # with one TTS_LAYER_GEMV_ROWS is reported as built for other settings under another
+    from conftest import MODEL_DIR
+
+    from ttsengine import Engine, EngineConfig
+    from ttsengine.engine.loader import load
+
+    ckpt = load(EngineConfig(model_dir=MODEL_DIR, device="cpu"))
+    keys = []
+    for rows in (8, 16):
+        eng = Engine(ckpt, EngineConfig(model_dir=MODEL_DIR, device="cpu", layer_gemv_rows=rows))
+        try:
+            assert eng.kernel_cache.describe["layer_gemv_rows"] == rows
+            keys.append(eng.kernel_cache.key)
+        finally:
+            eng.close()
+    assert keys[0] != keys[1]
