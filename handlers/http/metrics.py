@@ -234,6 +234,11 @@ PER_ENGINE = (  # name, stats key, type, help: one series per engine, labelled w
     ("tts_engine_prefix_evictions_total", "prefix_evictions", "counter",
      "cached prefixes evicted (least recently used) to make room"),
     ("tts_engine_prefix_cached_pages", "prefix_cached_pages", "gauge", "KV pages the prefix cache holds"),
+    ("tts_engine_loop_seconds_total", "loop_seconds", "counter",
+     "seconds the engine loop spent in iterations, waits for the GPU included"),
+    ("tts_engine_step_wait_seconds_total", "step_wait_seconds", "counter",
+     "of those, seconds the loop waited for launched decode steps to finish; the rest is host work (Python, "
+     "launches): near the wall time the host, not the GPU, sets the pace"),
 )
 
 

@@ -154,6 +154,20 @@ def test_a_stored_voices_prefix_is_prefilled_once_and_counted(server):
     assert total(scrape(server), "tts_engine_prefix_cached_pages") >= saved // 64
 
 
+def test_the_engine_loops_time_is_counted(server):
+    # a real server: a request runs the engine loop, whose time /metrics counts; on a CPU a step is done when it is
+    # launched, so the loop never waits for one (on a GPU the wait is the part the host is idle)
+    def total(name: str) -> float:
+        return sum(s.value for s in scrape(server) if s.name == name)
+
+    before = total("tts_engine_loop_seconds_total")
+    resp = httpx.post(server + SPEECH, json={"input": "Count the loop.", "seed": 3, "stream": False,
+                                             "response_format": "wav", "max_new_tokens": 8}, timeout=120)
+    assert resp.status_code == 200, resp.text
+    assert total("tts_engine_loop_seconds_total") > before
+    assert total("tts_engine_step_wait_seconds_total") == 0
+
+
 def test_each_app_counts_on_its_own_registry(tmp_path):
     (tmp_path / "a").mkdir()
     (tmp_path / "b").mkdir()

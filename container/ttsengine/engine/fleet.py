@@ -32,7 +32,7 @@ log = logging.getLogger(__name__)
 SUMMED = ("running", "waiting", "steps", "frames", "frames_per_second", "prefill_tokens", "vocoded_frames",
           "requests_done", "cancelled", "failed_streams", "ttfa_sum", "gpu_memory_allocated_bytes",
           "gpu_memory_reserved_bytes", "max_streams", "kv_positions", "prefix_hits", "prefix_misses",
-          "prefix_cached_pages", "prefix_tokens_saved", "prefix_evictions")
+          "prefix_cached_pages", "prefix_tokens_saved", "prefix_evictions", "loop_seconds", "step_wait_seconds")
 
 
 class Fleet:

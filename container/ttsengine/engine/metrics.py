@@ -78,6 +78,7 @@ class EngineMetrics:
             "running": running, "waiting": waiting, "steps": self.steps, "frames": self.frames,
             "frames_per_second": self.frames_per_second(), "prefill_tokens": self.prefill_tokens,
             "vocoded_frames": self.vocoded_frames, "requests_done": self.requests_done,
+            "loop_seconds": self.loop_seconds, "step_wait_seconds": self.step_wait_seconds,
             "cancelled": self.cancelled, "rejected": self.rejected,
             "failed_streams": self.failed_streams, "warmup_seconds": self.warmup_seconds,
             "ttfa_buckets": list(TTFA_BUCKETS), "ttfa_counts": list(self.ttfa_counts), "ttfa_sum": self.ttfa_sum,
