@@ -115,8 +115,9 @@ def test_bench_with_a_stored_voice_and_poisson_arrivals(tmp_path):
         assert level["prefill_tokens_per_request"] > 44  # the voice's codes, then the transcript and text
         assert 0 <= level["stall_p95_ms"] <= level["stall_max_ms"]
         # the engine loop's own host time (its iterations less step waits; on a CPU nothing is waited for): within
-        # the level's wall time, but for an iteration that began before the level
+        # the level's wall time, give or take an iteration at each end of it
         assert 0 < level["time_host_s"] <= level["wall_s"] + 1.0
+        assert abs(level["per_engine"][0]["time_host_s"] - level["time_host_s"]) <= 1e-3
         # --check-audio (default 4 a level): the sampled streams' audio is their codes' whole decode (fp32 here)
         assert level["audio_checked"] == min(4, level["concurrency"]) and level["audio_failures"] == 0
         assert level["audio_snr_min_db"] > 60
@@ -128,18 +129,22 @@ def test_bench_with_a_stored_voice_and_poisson_arrivals(tmp_path):
 
 
 def test_bench_codec_only_measures_the_engines_codec_by_default(tmp_path):
-    # the default mode is the codec as the engine would run it here (a CPU: eager); named modes still run
+    # the default mode is the codec built as the engine would build it here (a CPU: channel-major, no Snake kernel,
+    # no tuning, no graphs; TTS_CODEC_CHANNELS_LAST=on: time-major); named modes still run
     import json
 
     proc = run_cli("ttsengine", "bench", "--codec-only", "--model", str(MODEL_DIR), "--concurrency", "2",
-                   "--chunk-frames", "4", "--seconds", "0.4", "--codec-modes", "engine,whole", "--out", str(tmp_path))
+                   "--chunk-frames", "4", "--seconds", "0.4", "--codec-modes", "engine,whole", "--out", str(tmp_path),
+                   env={"TTS_CODEC_CHANNELS_LAST": "on"})
     assert proc.returncode == 0, proc.stderr
-    assert "engine mode eager" in proc.stdout
+    assert "engine: time-major, cuDNN untuned, graphs off" in proc.stdout
     rows = json.loads((tmp_path / "codec_bench.json").read_text())
-    assert [(r["mode"], r["streams"], r["chunk_frames"]) for r in rows] == [("eager", 2, 4), ("whole", 2, 4)]
-    assert all(r["frames_per_s"] > 0 for r in rows)
-    assert "--codec-modes" in _one_line_error(
-        run_cli("ttsengine", "bench", "--codec-only", "--model", str(MODEL_DIR), "--codec-modes", "fast"))
+    assert [(r["mode"], r["streams"], r["chunk_frames"]) for r in rows] == [("engine", 2, 4), ("whole", 2, 4)]
+    assert rows[0]["engine"] == "time-major, cuDNN untuned" and all(r["frames_per_s"] > 0 for r in rows)
+    for modes, what in (("fast", "unknown fast"), ("engine+cudnn", "engine takes no +option")):
+        line = _one_line_error(run_cli("ttsengine", "bench", "--codec-only", "--model", str(MODEL_DIR),
+                                       "--codec-modes", modes))
+        assert "--codec-modes" in line and what in line
 
 
 def test_bench_rejects_a_bad_arrival_spec():

@@ -238,7 +238,7 @@ PER_ENGINE = (  # name, stats key, type, help: one series per engine, labelled w
      "seconds the engine loop spent in iterations, waits for the GPU included"),
     ("tts_engine_step_wait_seconds_total", "step_wait_seconds", "counter",
      "of those, seconds the loop waited for launched decode steps to finish; the rest is host work (Python, "
-     "launches): near the wall time the host, not the GPU, sets the pace"),
+     "launches, graphs captured at first use): near the wall time the host, not the GPU, sets the pace"),
 )
 
 

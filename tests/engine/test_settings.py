@@ -88,27 +88,31 @@ def test_codec_channels_last_auto_needs_cuda_and_tuned_convs():
     assert codec_channels_last("on", False, "off") and not codec_channels_last("off", True, "graphs")
 
 
-def test_codec_bench_mode_names_the_engines_codec(monkeypatch):
-    # bench --codec-only's default `engine` mode: the switches the engine resolves, as the bench's mode names
+def test_codec_switches_follow_the_engines_rules(monkeypatch):
+    # what bench --codec-only's engine mode builds its codec from: the switches the engine resolves
     from ttsengine.engine import settings
 
     monkeypatch.setattr(settings, "triton_available", lambda: True)
     cfg = EngineConfig(model_dir=MODEL_DIR)
-    assert codec_switches(cfg, True, True, True).bench_mode() == "time_major+tuned"  # a GPU with graphs: tuned
-    assert codec_switches(cfg, True, False, True).bench_mode() == "snake"  # no graphs: no tuning, channel-major
-    assert codec_switches(cfg, False, False, False).bench_mode() == "eager"  # CPU: no Snake kernel
+    gpu = codec_switches(cfg, True, True, True)  # a GPU with graphs and compile: tuned in captures, time-major
+    assert gpu == CodecSwitches(compile=False, snake_kernel=True, cudnn_autotune="graphs", channels_last=True)
+    assert gpu.describe() == "time-major, Snake kernel, cuDNN tuned in graph captures"
+    assert codec_switches(cfg, True, False, True).describe() == "channel-major, Snake kernel, cuDNN untuned"
+    assert codec_switches(cfg, False, False, False).describe() == "channel-major, cuDNN untuned"  # CPU
+    no_snake = codec_switches(EngineConfig(model_dir=MODEL_DIR, snake_kernel="off"), True, True, True)
+    assert not no_snake.snake_kernel and no_snake.channels_last
     assert codec_switches(EngineConfig(model_dir=MODEL_DIR, cudnn_benchmark="on"), True, True, True
-                          ).bench_mode() == "time_major+cudnn"
-    assert codec_switches(EngineConfig(model_dir=MODEL_DIR, codec_compile="on"), True, True, True
-                          ).bench_mode() == "compile+tuned"
-    assert codec_switches(EngineConfig(model_dir=MODEL_DIR, codec_compile="on"), True, True, False
-                          ).bench_mode() == "time_major+tuned"  # codec compile needs the step's compile
-    assert CodecSwitches(False, False, "off", True).bench_mode() == "time_major"
+                          ).cudnn_autotune == "process"
+    compiled = codec_switches(EngineConfig(model_dir=MODEL_DIR, codec_compile="on"), True, True, True)
+    assert compiled.compile and not compiled.snake_kernel  # the compiled codec fuses Snake itself
+    assert not codec_switches(EngineConfig(model_dir=MODEL_DIR, codec_compile="on"), True, True, False).compile
 
 
 def test_batch_settings_hold_the_codec_switches(ckpt):
-    s = BatchSettings.resolve(EngineConfig(model_dir=MODEL_DIR, device="cpu"), ckpt)
-    sw = codec_switches(EngineConfig(model_dir=MODEL_DIR, device="cpu"), False, s.cuda_graphs, s.compile)
+    cfg = EngineConfig(model_dir=MODEL_DIR, device="cpu", codec_channels_last="on")
+    s = BatchSettings.resolve(cfg, ckpt)
+    sw = codec_switches(cfg, False, s.cuda_graphs, s.compile)
+    assert sw.channels_last and s.codec_channels_last  # the switch asked for, in both
     assert (s.codec_compile, s.snake_kernel, s.cudnn_autotune, s.codec_channels_last) == (
         sw.compile, sw.snake_kernel, sw.cudnn_autotune, sw.channels_last)
 

@@ -160,6 +160,8 @@ def test_the_engine_loops_time_is_counted(server):
     def total(name: str) -> float:
         return sum(s.value for s in scrape(server) if s.name == name)
 
+    names = {s.name for s in scrape(server)}
+    assert {"tts_engine_loop_seconds_total", "tts_engine_step_wait_seconds_total"} <= names  # the series exist
     before = total("tts_engine_loop_seconds_total")
     resp = httpx.post(server + SPEECH, json={"input": "Count the loop.", "seed": 3, "stream": False,
                                              "response_format": "wav", "max_new_tokens": 8}, timeout=120)

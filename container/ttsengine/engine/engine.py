@@ -41,10 +41,9 @@ from .prefix_cache import PrefixCache, prefix_key
 from .runner import PrefillItem, Runner, RunnerConfig
 from .scheduler import Chunk, Job, Scheduler
 from .settings import BatchSettings, snake_kernel_usable
-from .vocoder import Delivery, Vocoder
+from .vocoder import VOCODER_GRAPH_ROWS, Delivery, Vocoder
 
 IDLE_BEFORE_CAPTURE = 0.25  # s the loop waits idle before capturing a lazy graph (~0.25 s each on an H100)
-VOCODER_GRAPH_ROWS = 64  # largest codec batch captured as a CUDA graph (bounds the graph pool)
 
 log = logging.getLogger(__name__)
 
@@ -72,7 +71,8 @@ class Engine:
             "buckets": s.buckets, "chunks": (s.first_chunk_frames, s.stream_chunk_frames),
             "codec_compile": s.codec_compile, "snake_kernel": s.snake_kernel,
             "codec_channels_last": s.codec_channels_last, "fused": sorted(s.runner.fused),
-            "layer_gemv_rows": s.runner.gemv_rows})  # which buckets run compiled units
+            # which buckets run compiled units (those above layer_gemv's rows)
+            "layer_gemv_rows": s.runner.gemv_rows if "layer_gemv" in s.runner.fused else 0})
         if s.compile or s.cuda_graphs:
             self.kernel_cache.setup()
         self.runner = runner(checkpoint.model, s.runner)
@@ -316,8 +316,10 @@ class Engine:
                         self._capture_next()
                         continue
                     t0 = time.perf_counter()
-                    self._iteration()
-                    self.metrics.iteration(time.perf_counter() - t0)
+                    try:
+                        self._iteration()
+                    finally:  # a failed iteration's time too (its step wait may be counted already)
+                        self.metrics.iteration(time.perf_counter() - t0)
                     self._faults.succeeded()
                 except Exception as e:  # noqa: BLE001 - keep serving; the affected streams get the error
                     why = self._faults.failed(e)

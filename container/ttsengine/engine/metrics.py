@@ -43,7 +43,8 @@ class EngineMetrics:
 
     def iteration(self, seconds: float) -> None:
         """One engine loop iteration took `seconds`: less the step waits, the host's own time (Python, launches, the
-        GIL): when that nears the wall time the loop, not the GPU, sets the pace."""
+        GIL; also a CUDA graph captured at first use, or a wait for the codec thread's capture): when that nears the
+        wall time the loop, not the GPU, sets the pace."""
         self.loop_seconds += seconds
 
     def prefill(self, tokens: int, seconds: float) -> None:

@@ -57,20 +57,20 @@ def codec_channels_last(switch: str, cuda: bool, cudnn_autotune: str) -> bool:
 @dataclass(frozen=True)
 class CodecSwitches:
     """How the engine runs its streaming codec, resolved from EngineConfig (BatchSettings holds these; bench
-    --codec-only's default `engine` mode measures the same)."""
+    --codec-only's default `engine` mode builds its codec from them as the engine does)."""
 
     compile: bool  # torch.compile the streaming codec
     snake_kernel: bool  # Snake as one Triton kernel
     cudnn_autotune: str  # cudnn_autotune_mode
     channels_last: bool  # time-major, channels-last convolutions
 
-    def bench_mode(self) -> str:
-        """-> the `bench --codec-only` mode of these switches (tools/codec_bench.py MODES, + its cuDNN option). Its
-        compile mode is channel-major and its time_major mode has the Snake kernel: the engine's rarer mixes (a
-        compiled time-major codec; time-major without Triton) are measured as the nearest of those."""
-        base = ("compile" if self.compile else "time_major" if self.channels_last
-                else "snake" if self.snake_kernel else "eager")
-        return base + {"off": "", "graphs": "+tuned", "process": "+cudnn"}[self.cudnn_autotune]
+    def describe(self) -> str:
+        """-> e.g. "time-major, Snake kernel, cuDNN tuned in graph captures" (bench --codec-only's engine mode)."""
+        parts = ["time-major" if self.channels_last else "channel-major"]
+        parts += ["compiled"] * self.compile + ["Snake kernel"] * self.snake_kernel
+        parts.append({"off": "cuDNN untuned", "graphs": "cuDNN tuned in graph captures",
+                      "process": "cuDNN tuned everywhere"}[self.cudnn_autotune])
+        return ", ".join(parts)
 
 
 def graphs_and_compile(config: EngineConfig, cuda: bool) -> tuple[bool, bool]:

@@ -32,6 +32,7 @@ from ..synthesis.stream import Stream
 from .cuda_graphs import GraphSet
 
 log = logging.getLogger(__name__)
+VOCODER_GRAPH_ROWS = 64  # the engine's largest codec batch captured as a CUDA graph (bounds the graph pool)
 
 
 @contextlib.contextmanager

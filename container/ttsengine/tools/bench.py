@@ -60,7 +60,8 @@ class Level:
     time_step_s: float
     time_prefill_s: float
     time_vocoder_s: float
-    time_host_s: float  # the engine loops' own host time: iterations less their waits for steps (EngineMetrics)
+    time_host_s: float  # the engine loops' own host time: iterations less their waits for steps (EngineMetrics),
+    #                     summed over the engines (per_engine has each engine's)
     steps: int
     prefill_tokens_per_request: float
     arrival_rate: float | None  # requests per second (Poisson), None: all submitted at once
@@ -194,7 +195,8 @@ def run_level(fleet: Fleet, concurrency: int, load: Load, progress) -> Level:
     after = _counters(fleet)
     delta = [[a - b for a, b in zip(x, y)] for x, y in zip(after, before)]
     per_engine = [{"device": str(e.runner.device), "codec_device": str(e.vocoder.device), "streams": d[6],
-                   "frames_per_second": round(d[5] / wall, 1)} for e, d in zip(fleet.engines, delta)]
+                   "frames_per_second": round(d[5] / wall, 1), "time_host_s": round(d[7] - d[8], 3)}
+                  for e, d in zip(fleet.engines, delta)]
     total = [sum(col) for col in zip(*delta)]
     level = Level(
         concurrency=concurrency, frames_per_stream=load.frames - 1, wall_s=wall, aggregate_fps=sum(kept) / wall,
@@ -305,10 +307,11 @@ def main(argv: list[str] | None = None) -> int:
     codec.add_argument("--chunk-frames", type=int, default=8, help="frames per stream per codec call")
     codec.add_argument("--seconds", type=float, default=4.0, help="audio seconds per stream")
     codec.add_argument("--codec-modes", default="engine",
-                       help=f"comma-separated: engine (default: the codec as the engine runs it with this "
-                            f"environment's TTS_* settings, e.g. time_major+tuned on an H100), "
-                            f"{', '.join(codec_bench.MODES)}; each may end in +cudnn or +tuned")
-    codec.add_argument("--no-graphs", action="store_true", help="codec without CUDA graphs")
+                       help=f"comma-separated: engine (default: the codec built as the engine builds it from this "
+                            f"environment's TTS_* settings: layout, Snake kernel, compile, cuDNN tuning, graphs of up "
+                            f"to 64 rows), {', '.join(codec_bench.MODES)} (each of these may end in +cudnn or +tuned)")
+    codec.add_argument("--no-graphs", action="store_true",
+                       help="codec without CUDA graphs (as with TTS_CUDA_GRAPHS=off)")
     codec.add_argument("--profile-mode", help="top GPU kernels of this mode")
     args = ap.parse_args(argv)
     rate = _arrival_rate(args.arrivals) if args.arrivals else None
@@ -405,17 +408,21 @@ def _arrival_rate(spec: str) -> float:
 def _codec_only(args) -> int:
     config, random_weights, _ = write_if_asked(args, from_env(model_dir=args.model))
     ckpt = load(config, random_weights)
-    cuda = torch.cuda.is_available()
-    engine_mode = codec_switches(config, cuda, *graphs_and_compile(config, cuda)).bench_mode()
-    modes = [engine_mode if m == "engine" else m for m in args.codec_modes.split(",")]
-    unknown = sorted({m.partition("+")[0] for m in modes} - set(codec_bench.MODES))
+    cuda = next(ckpt.codec.parameters()).device.type == "cuda"  # TTS_DEVICE=cpu on a GPU host: the CPU's codec
+    graphs, compile_ = graphs_and_compile(config, cuda)
+    switches = codec_switches(config, cuda, graphs, compile_)
+    modes = args.codec_modes.split(",")
+    known = (codec_bench.ENGINE, *codec_bench.MODES)
+    unknown = sorted({m.partition("+")[0] for m in modes} - set(known))
     if unknown:
-        raise TTSError(f"--codec-modes: unknown {', '.join(unknown)} (known: {', '.join(codec_bench.MODES)})")
-    print(f"{torch.cuda.get_device_name() if torch.cuda.is_available() else 'cpu'} | torch {torch.__version__} | "
-          f"codec {ckpt.codec.cfg.decoder_dim} dim, dtype {next(ckpt.codec.parameters()).dtype} | engine mode "
-          f"{engine_mode}", flush=True)
+        raise TTSError(f"--codec-modes: unknown {', '.join(unknown)} (known: {', '.join(known)})")
+    if any(m.startswith(codec_bench.ENGINE + "+") for m in modes):
+        raise TTSError("--codec-modes: engine takes no +option (its cuDNN tuning is the engine's: TTS_CUDNN_BENCHMARK)")
+    print(f"{torch.cuda.get_device_name() if cuda else 'cpu'} | torch {torch.__version__} | "
+          f"codec {ckpt.codec.cfg.decoder_dim} dim, dtype {next(ckpt.codec.parameters()).dtype} | engine: "
+          f"{switches.describe()}, graphs {'on' if graphs and not args.no_graphs else 'off'}", flush=True)
     codec_bench.run(ckpt.codec, [int(x) for x in args.concurrency.split(",")], args.chunk_frames, args.seconds,
-                    modes, not args.no_graphs, args.profile_mode, args.out)
+                    modes, graphs and not args.no_graphs, args.profile_mode, args.out, switches)
     return 0
 
 

@@ -16,12 +16,16 @@ from pathlib import Path
 
 import torch
 
-from ..engine.vocoder import Vocoder
+from ..engine.settings import CodecSwitches
+from ..engine.vocoder import VOCODER_GRAPH_ROWS, Vocoder
 from ..model.codec import Codec
 
 # each mode may end in "+cudnn" (cudnn.benchmark on for the whole run) or "+tuned" (on only while the codec's
 # graphs are first run and recorded: the engine's default, TTS_CUDNN_BENCHMARK=auto)
 MODES = ("eager", "snake", "time_major", "compile", "whole")  # time_major: snake + [b, T, C] channels-last convs
+# `engine` (no option): the codec as Engine builds it from CodecSwitches: its layout, Snake kernel, compile and cuDNN
+# tuning, graphs of at most VOCODER_GRAPH_ROWS rows (more streams decode in pieces of that many)
+ENGINE = "engine"
 
 
 def random_codes(codec: Codec, streams: int, frames: int, device: torch.device) -> torch.Tensor:
@@ -33,37 +37,53 @@ def random_codes(codec: Codec, streams: int, frames: int, device: torch.device) 
     return torch.cat([sem, res], dim=1).to(device)
 
 
-def _vocoder(codec: Codec, streams: int, chunk: int, mode: str, graphs: bool, tuned: bool) -> Vocoder:
+def _vocoder(codec: Codec, streams: int, chunk: int, mode: str, graphs: bool, tuned: bool,
+             switches: CodecSwitches | None = None) -> Vocoder:
+    cuda = next(codec.parameters()).device.type == "cuda"
+    engine = mode == ENGINE
+    if engine:  # what Engine.__init__ and _capture do with these switches
+        compiled, snake_kernel, time_major = switches.compile, switches.snake_kernel, switches.channels_last
+        tuned, graph_rows = switches.cudnn_autotune == "graphs", min(streams, VOCODER_GRAPH_ROWS)
+    else:
+        compiled, snake_kernel, time_major = mode == "compile", mode in ("snake", "time_major") and cuda, \
+            mode == "time_major"
+        graph_rows = streams
+    graphs = graphs and cuda
     buckets = tuple(sorted({1, 2, 4, 8, 16, 32, 64, 128, 256, 512, streams}))
-    if mode == "compile":  # one compile per row count: only the two the measurement runs
-        buckets = (1, streams)
+    if compiled:  # one compile per row count: only the two the measurement runs
+        buckets = (1, graph_rows if graphs else streams)
     voc = Vocoder(codec, streams, 8192, (chunk,), tuple(b for b in buckets if b <= streams), threading.RLock(),
-                  lambda frames, seconds: None, lambda stream: None, time_major=mode == "time_major")
-    if mode == "compile":
+                  lambda frames, seconds: None, lambda stream: None, time_major=time_major)
+    if compiled:
         voc.enable_compile()
-    elif mode in ("snake", "time_major") and voc.device.type == "cuda":
+    elif snake_kernel:
         voc.use_snake_kernel()
-    if graphs and voc.device.type == "cuda":
-        voc.plan_graphs(streams)
+    if graphs:
+        voc.plan_graphs(graph_rows)
         if tuned:
             voc.autotune_captures()
     return voc
 
 
 def measure(codec: Codec, streams: int, chunk: int, seconds: float, mode: str, graphs: bool = True,
-            profile: bool = False) -> dict:
-    """One mode: warm-up (compile, graph capture), then `seconds` of audio per stream, timed."""
+            profile: bool = False, switches: CodecSwitches | None = None) -> dict:
+    """One mode: warm-up (compile, graph capture), then `seconds` of audio per stream, timed. switches: the engine's
+    (mode ENGINE)."""
     base, _, option = mode.partition("+")
+    if base == ENGINE and (option or switches is None):
+        raise ValueError("codec_bench: the engine mode takes the engine's switches and no +option")
     old = torch.backends.cudnn.benchmark
-    torch.backends.cudnn.benchmark = option == "cudnn"
+    torch.backends.cudnn.benchmark = option == "cudnn" or (switches is not None and base == ENGINE
+                                                           and switches.cudnn_autotune == "process")
     try:
-        return _measure(codec, streams, chunk, seconds, base, graphs, profile, option == "tuned") | {"mode": mode}
+        row = _measure(codec, streams, chunk, seconds, base, graphs, profile, option == "tuned", switches)
+        return row | {"mode": mode} | ({"engine": switches.describe()} if base == ENGINE else {})
     finally:
         torch.backends.cudnn.benchmark = old
 
 
 def _measure(codec: Codec, streams: int, chunk: int, seconds: float, mode: str, graphs: bool,
-             profile: bool, tuned: bool) -> dict:
+             profile: bool, tuned: bool, switches: CodecSwitches | None) -> dict:
     dev = next(codec.parameters()).device
     calls = max(2, round(seconds * codec.sample_rate / codec.frame_length / chunk))
     codes = random_codes(codec, streams, chunk * calls, dev)
@@ -78,7 +98,7 @@ def _measure(codec: Codec, streams: int, chunk: int, seconds: float, mode: str, 
 
         voc = None
     else:
-        voc = _vocoder(codec, streams, chunk, mode, graphs, tuned)
+        voc = _vocoder(codec, streams, chunk, mode, graphs, tuned, switches)
 
         def step(i: int) -> torch.Tensor:
             return voc.decode_padded(slots, codes[:, :, i * chunk:(i + 1) * chunk])
@@ -134,11 +154,11 @@ def _profile(fn) -> list[dict]:
 
 
 def run(codec: Codec, streams: list[int], chunk: int, seconds: float, modes: list[str], graphs: bool,
-        profile_mode: str | None, out: Path | None) -> list[dict]:
+        profile_mode: str | None, out: Path | None, switches: CodecSwitches | None = None) -> list[dict]:
     rows = []
     for n in streams:
         for mode in modes:
-            row = measure(codec, n, chunk, seconds, mode, graphs, profile=(mode == profile_mode))
+            row = measure(codec, n, chunk, seconds, mode, graphs, profile=(mode == profile_mode), switches=switches)
             rows.append(row)
             prof = row.pop("profile")
             print(json.dumps(row), flush=True)
