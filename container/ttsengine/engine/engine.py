@@ -91,18 +91,13 @@ class Engine:
         if s.compile:
             precompile = config.precompile == "auto" and compat.precompile_supported()
             self.runner.enable_compile(self.kernel_cache.precompiled_dir if precompile else None)
-        if s.codec_compile:
-            self.vocoder.enable_compile()
-        if s.snake_kernel:
-            self.vocoder.use_snake_kernel()
+        self.vocoder.apply(s.codec)
         self.vocoder.set_merge(s.codec_merge_rows)
         self.rounds = CodecRounds(s.first_chunk_frames, s.stream_chunk_frames,
                                   checkpoint.codec.frame_length / checkpoint.codec.sample_rate, s.codec_rounds,
                                   VOCODER_GRAPH_ROWS)
         if s.cudnn_autotune == "process":  # cuDNN picks each conv shape's fastest algorithm at its first call
             torch.backends.cudnn.benchmark = True
-        elif s.cudnn_autotune == "graphs":
-            self.vocoder.autotune_captures()
         self.graphs = self._step_graphs() if s.cuda_graphs else None
         self.eos = checkpoint.tokenizer.im_end_id
         self._free_voc = list(range(s.runner.max_slots - 1, -1, -1))

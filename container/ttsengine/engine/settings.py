@@ -17,6 +17,7 @@ from ..model.kernels.small_linear import SMALL_LINEAR_MAX_ROWS
 from ..model.kernels.triton_support import triton_available, triton_major
 from .presets import Preset, by_name, choose, kv_bytes
 from .runner import RunnerConfig
+from .vocoder import CodecSwitches
 
 log = logging.getLogger(__name__)
 PAGE_SIZE = 64  # KV positions per page
@@ -52,25 +53,6 @@ def codec_channels_last(switch: str, cuda: bool, cudnn_autotune: str) -> bool:
     if switch in ("on", "off"):
         return switch == "on"
     return cuda and cudnn_autotune != "off"
-
-
-@dataclass(frozen=True)
-class CodecSwitches:
-    """How the engine runs its streaming codec, resolved from EngineConfig (BatchSettings holds these; bench
-    --codec-only's default `engine` mode builds its codec from them as the engine does)."""
-
-    compile: bool  # torch.compile the streaming codec
-    snake_kernel: bool  # Snake as one Triton kernel
-    cudnn_autotune: str  # cudnn_autotune_mode
-    channels_last: bool  # time-major, channels-last convolutions
-
-    def describe(self) -> str:
-        """-> e.g. "time-major, Snake kernel, cuDNN tuned in graph captures" (bench --codec-only's engine mode)."""
-        parts = ["time-major" if self.channels_last else "channel-major"]
-        parts += ["compiled"] * self.compile + ["Snake kernel"] * self.snake_kernel
-        parts.append({"off": "cuDNN untuned", "graphs": "cuDNN tuned in graph captures",
-                      "process": "cuDNN tuned everywhere"}[self.cudnn_autotune])
-        return ", ".join(parts)
 
 
 def graphs_and_compile(config: EngineConfig, cuda: bool) -> tuple[bool, bool]:
@@ -165,14 +147,27 @@ class BatchSettings:
     lazy_graphs: bool  # capture the smallest bucket before ready, the rest later (cuda_graphs.py)
     prefill_graphs: bool  # the prefill as CUDA graphs per padded shape (with cuda_graphs)
     compile: bool  # torch.compile the decode step's units
-    codec_compile: bool  # torch.compile the streaming codec
-    snake_kernel: bool  # the eager codec's Snake as one Triton kernel
-    cudnn_autotune: str  # "off" | "graphs": while the codec's graphs are captured | "process": everywhere
+    codec: CodecSwitches  # how the codec runs: compile, Snake kernel, cuDNN tuning, layout (codec_switches)
     codec_merge_rows: int  # queued codec decodes join into calls of up to this many rows (0: off)
     codec_rounds: bool  # later audio chunks wait for the next codec round (engine/audio_feed.py CodecRounds)
-    codec_channels_last: bool  # the streaming codec time-major, channels-last convolutions (StreamingCodec)
     buckets: tuple[int, ...]  # batch sizes a decode step is captured for
     preset: Preset  # the memory preset, with the values in effect (env overrides applied)
+
+    @property
+    def codec_compile(self) -> bool:  # torch.compile the streaming codec
+        return self.codec.compile
+
+    @property
+    def snake_kernel(self) -> bool:  # the eager codec's Snake as one Triton kernel
+        return self.codec.snake_kernel
+
+    @property
+    def cudnn_autotune(self) -> str:  # "off" | "graphs": while the codec's graphs are captured | "process": everywhere
+        return self.codec.cudnn_autotune
+
+    @property
+    def codec_channels_last(self) -> bool:  # the streaming codec time-major, channels-last convolutions
+        return self.codec.channels_last
 
     @property
     def warm_buckets(self) -> tuple[int, ...]:
@@ -257,10 +252,8 @@ class BatchSettings:
                              overlap_step={"on": True, "off": False}.get(config.overlap_step, cuda),
                              step_priority=config.step_priority and cuda,
                              lazy_graphs=config.lazy_graphs, prefill_graphs=graphs and config.prefill_graphs != "off",
-                             compile=compile_, codec_compile=codec.compile,
-                             snake_kernel=codec.snake_kernel, cudnn_autotune=codec.cudnn_autotune,
+                             compile=compile_, codec=codec,
                              codec_merge_rows=0 if config.codec_merge == "off" else max_batch,
                              codec_rounds=config.codec_rounds != "off",
-                             codec_channels_last=codec.channels_last,
                              buckets=tuple(buckets),
                              preset=replace(preset, max_batch=max_batch, memory_utilization=utilization))

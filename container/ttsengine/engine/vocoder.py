@@ -35,6 +35,25 @@ log = logging.getLogger(__name__)
 VOCODER_GRAPH_ROWS = 64  # the engine's largest codec batch captured as a CUDA graph (bounds the graph pool)
 
 
+@dataclass(frozen=True)
+class CodecSwitches:
+    """How the engine runs its streaming codec, resolved from EngineConfig (settings.codec_switches; BatchSettings
+    holds them, Vocoder.apply sets them; bench --codec-only's default `engine` mode builds its codec the same way)."""
+
+    compile: bool  # torch.compile the streaming codec
+    snake_kernel: bool  # Snake as one Triton kernel
+    cudnn_autotune: str  # cudnn_autotune_mode
+    channels_last: bool  # time-major, channels-last convolutions
+
+    def describe(self) -> str:
+        """-> e.g. "time-major, Snake kernel, cuDNN tuned in graph captures" (bench --codec-only's engine mode)."""
+        parts = ["time-major" if self.channels_last else "channel-major"]
+        parts += ["compiled"] * self.compile + ["Snake kernel"] * self.snake_kernel
+        parts.append({"off": "cuDNN untuned", "graphs": "cuDNN tuned in graph captures",
+                      "process": "cuDNN tuned everywhere"}[self.cudnn_autotune])
+        return ", ".join(parts)
+
+
 @contextlib.contextmanager
 def cudnn_autotuned():
     """cuDNN autotuning on inside the block. The flag is process-wide: the caller holds the capture lock, which
@@ -82,6 +101,17 @@ class Vocoder:
         self._thread.start()
 
     # ---- settings (before start, or on the worker thread) ------------------------------------------
+    def apply(self, switches: CodecSwitches) -> None:
+        """The engine's codec switches, but the layout (a constructor argument: time_major) and process-wide cuDNN
+        tuning ("process": the caller's torch.backends.cudnn.benchmark): compile or the Snake kernel, and cuDNN
+        tuned in the graphs' captures ("graphs")."""
+        if switches.compile:
+            self.enable_compile()
+        if switches.snake_kernel:
+            self.use_snake_kernel()
+        if switches.cudnn_autotune == "graphs":
+            self.autotune_captures()
+
     def enable_compile(self) -> None:
         """torch.compile the chunk decode, one static-shape compile per (rows, chunk) key (a dynamic batch
         fails in Inductor on torch 2.11): fuses Snake and the other elementwise chains between convolutions."""

@@ -12,12 +12,12 @@ from __future__ import annotations
 import json
 import threading
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import torch
 
-from ..engine.settings import CodecSwitches
-from ..engine.vocoder import VOCODER_GRAPH_ROWS, Vocoder
+from ..engine.vocoder import VOCODER_GRAPH_ROWS, CodecSwitches, Vocoder
 from ..model.codec import Codec
 
 # each mode may end in "+cudnn" (cudnn.benchmark on for the whole run) or "+tuned" (on only while the codec's
@@ -40,28 +40,21 @@ def random_codes(codec: Codec, streams: int, frames: int, device: torch.device) 
 def _vocoder(codec: Codec, streams: int, chunk: int, mode: str, graphs: bool, tuned: bool,
              switches: CodecSwitches | None = None) -> Vocoder:
     cuda = next(codec.parameters()).device.type == "cuda"
-    engine = mode == ENGINE
-    if engine:  # what Engine.__init__ and _capture do with these switches
-        compiled, snake_kernel, time_major = switches.compile, switches.snake_kernel, switches.channels_last
-        tuned, graph_rows = switches.cudnn_autotune == "graphs", min(streams, VOCODER_GRAPH_ROWS)
-    else:
-        compiled, snake_kernel, time_major = mode == "compile", mode in ("snake", "time_major") and cuda, \
-            mode == "time_major"
-        graph_rows = streams
     graphs = graphs and cuda
+    if mode != ENGINE:  # a named mode as switches (its tuning: `tuned`)
+        switches = CodecSwitches(compile=mode == "compile", snake_kernel=mode in ("snake", "time_major") and cuda,
+                                 cudnn_autotune="graphs" if tuned else "off", channels_last=mode == "time_major")
+    if not graphs and switches.cudnn_autotune == "graphs":  # tuned in graph captures: none to tune in
+        switches = replace(switches, cudnn_autotune="off")
+    graph_rows = min(streams, VOCODER_GRAPH_ROWS) if mode == ENGINE else streams  # the engine's largest graph
     buckets = tuple(sorted({1, 2, 4, 8, 16, 32, 64, 128, 256, 512, streams}))
-    if compiled:  # one compile per row count: only the two the measurement runs
+    if switches.compile:  # one compile per row count: only the two the measurement runs
         buckets = (1, graph_rows if graphs else streams)
     voc = Vocoder(codec, streams, 8192, (chunk,), tuple(b for b in buckets if b <= streams), threading.RLock(),
-                  lambda frames, seconds: None, lambda stream: None, time_major=time_major)
-    if compiled:
-        voc.enable_compile()
-    elif snake_kernel:
-        voc.use_snake_kernel()
+                  lambda frames, seconds: None, lambda stream: None, time_major=switches.channels_last)
+    voc.apply(switches)  # as Engine.__init__ does
     if graphs:
         voc.plan_graphs(graph_rows)
-        if tuned:
-            voc.autotune_captures()
     return voc
 
 
