@@ -410,6 +410,7 @@ def _codec_only(args) -> int:
     ckpt = load(config, random_weights)
     cuda = next(ckpt.codec.parameters()).device.type == "cuda"  # TTS_DEVICE=cpu on a GPU host: the CPU's codec
     graphs, compile_ = graphs_and_compile(config, cuda)
+    graphs = graphs and not args.no_graphs  # --no-graphs: as with TTS_CUDA_GRAPHS=off, for the engine's switches too
     switches = codec_switches(config, cuda, graphs, compile_)
     modes = args.codec_modes.split(",")
     known = (codec_bench.ENGINE, *codec_bench.MODES)
@@ -420,9 +421,9 @@ def _codec_only(args) -> int:
         raise TTSError("--codec-modes: engine takes no +option (its cuDNN tuning is the engine's: TTS_CUDNN_BENCHMARK)")
     print(f"{torch.cuda.get_device_name() if cuda else 'cpu'} | torch {torch.__version__} | "
           f"codec {ckpt.codec.cfg.decoder_dim} dim, dtype {next(ckpt.codec.parameters()).dtype} | engine: "
-          f"{switches.describe()}, graphs {'on' if graphs and not args.no_graphs else 'off'}", flush=True)
+          f"{switches.describe()}, graphs {'on' if graphs else 'off'}", flush=True)
     codec_bench.run(ckpt.codec, [int(x) for x in args.concurrency.split(",")], args.chunk_frames, args.seconds,
-                    modes, graphs and not args.no_graphs, args.profile_mode, args.out, switches)
+                    modes, graphs, args.profile_mode, args.out, switches)
     return 0
 
 
