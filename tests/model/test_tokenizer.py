@@ -80,3 +80,27 @@ def test_semantic_tokens_must_be_contiguous():
         Tokenizer(ranks, ["<|im_end|>", "<|interleave|>"])
     with pytest.raises(CheckpointError, match="<|im_end|> is missing"):
         Tokenizer(ranks, ["<|interleave|>", "<|semantic:0|>"])
+
+
+@pytest.mark.parametrize("text", [
+    "Hello world!", "", "<|im_end|>", "<|speaker:0|>", "<|interleave|>", "x<|im_end|>y<|semantic:3|>z",
+    "< | not special |>", "<|", "|>", "a <|semantic:31|> b", "<|im_end|" + "x" * 70, "<" * 80, "é<|im_end|>é",
+])
+def test_shortcuts_give_the_plain_encoding(tok, text):
+    # encode skips tiktoken's allowed-set conversion where no special token can occur and memoises short texts
+    # that may hold one: both must give the ids of the unshortened call, every time (the memo's copies too)
+    direct = tok._enc.encode(text, allowed_special="all", disallowed_special=())
+    for _ in range(2):
+        ids = tok.encode(text)
+        assert ids == direct
+        ids.append(-1)  # a caller changing its list does not change the memo's
+    assert tok.encode(text, allow_special=False) == tok._enc.encode(text, allowed_special=set(),
+                                                                    disallowed_special=())
+
+
+def test_the_memo_stays_bounded(tok, monkeypatch):
+    monkeypatch.setattr("ttsengine.model.tokenizer.MEMO_ENTRIES", 3)
+    tok._memo.clear()
+    for i in range(10):
+        assert tok.encode(f"<|im_end|>{i}") == [304] + tok.encode(str(i))
+        assert len(tok._memo) <= 3
