@@ -5,7 +5,16 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from ttsengine.engine.audio_feed import CodecRounds, Task, buffered_seconds, chunk_sizes, codec_calls, ready_for_audio
+from ttsengine.engine.audio_feed import (
+    CodecRounds,
+    Task,
+    buffered_seconds,
+    chunk_sizes,
+    codec_calls,
+    final_calls,
+    pending_codes,
+    ready_for_audio,
+)
 from ttsengine.synthesis.stream import Stream
 
 FRAME_S = 2048 / 44100
@@ -19,9 +28,9 @@ def task(generated: int, decoded: int = 0, slot: int = 0) -> Task:
     return t
 
 
-def calls(tasks, final, first=4, stream=8):
+def calls(tasks, first=4, stream=8):
     out = []
-    for count, group in codec_calls(tasks, final, first, stream):
+    for count, group in codec_calls(tasks, first, stream):
         out.append((count, [tasks.index(t) for t in group]))
         for t in group:
             t.decoded += count
@@ -51,7 +60,7 @@ def test_a_long_stream_grows_its_chunks_and_never_pads_one_while_running():
     for generated in range(1, 200):
         t.frames = [np.zeros(5, np.int64)] * generated
         if ready_for_audio([t], 4, 32):
-            for count, _ in codec_calls([t], False, 4, 32):
+            for count, _ in codec_calls([t], 4, 32):
                 assert count in chunk_sizes(4, 32) and count <= max(4, t.decoded)
                 taken.append(count)
                 t.decoded += count
@@ -60,14 +69,28 @@ def test_a_long_stream_grows_its_chunks_and_never_pads_one_while_running():
 
 def test_running_calls_take_whole_chunks_grouped_by_length():
     tasks = [task(5), task(13, 4), task(21, 4)]  # kept 4 / 12 / 20
-    assert calls(tasks, final=False) == [(4, [0]), (8, [1, 2]), (8, [2])]
+    assert calls(tasks) == [(4, [0]), (8, [1, 2]), (8, [2])]
     assert [t.decoded for t in tasks] == [4, 12, 20]
 
 
-def test_final_calls_take_everything_left_in_pieces_of_the_largest_chunk():
-    tasks = [task(3), task(21, 4)]  # kept 2 / 20
-    assert calls(tasks, final=True) == [(2, [0]), (8, [1]), (8, [1])]
-    assert [t.decoded for t in tasks] == [2, 20]
+def test_final_calls_take_everything_left_in_pieces_of_the_largest_chunk_every_task_in_each():
+    tasks = [task(3), task(21, 4), task(1), task(9, 8)]  # left: 2 / 16 / 0 (kept 0) / 0 (kept 8, decoded 8)
+    out = []
+    for call in final_calls(tasks, 8):
+        out.append([(tasks.index(t), n) for t, n in call])
+        for t, n in call:
+            t.decoded += n
+    assert out == [[(0, 2), (1, 8)], [(1, 8)]]  # one call per round, not one per length
+    assert [t.decoded for t in tasks] == [2, 20, 0, 8]
+
+
+def test_pending_codes_drop_the_text_slot_and_pad_to_the_call():
+    t = task(0, 1)
+    t.frames = [np.arange(5, dtype=np.int64) + 10 * i for i in range(4)]  # frame i: [10i, 10i+1, ..., 10i+4]
+    codes = pending_codes(t, 2, 4)  # frames 1 and 2, padded to 4 columns
+    assert codes.shape == (4, 4) and codes.dtype == np.int64
+    assert codes[:, :2].tolist() == [[11, 21], [12, 22], [13, 23], [14, 24]] and not codes[:, 2:].any()
+    assert pending_codes(t, 3, 3).shape == (4, 3)
 
 
 def test_buffered_audio_is_made_less_played():
@@ -133,7 +156,7 @@ def simulate(streams: int, pace: float, enabled: bool, iterations: int = 240, pe
         due = rounds.due(tasks, now)
         if per_call is not None:
             per_call.append(len(due))
-        for count, group in codec_calls(due, False, 4, 8):
+        for count, group in codec_calls(due, 4, 8):
             assert count in (4, 8)
             calls_made.append((count, len(group)))
             for t in group:

@@ -328,3 +328,46 @@ def test_layer_gemv_equals_the_reference(eager_engine):
                                       for i in range(3)])
     finally:
         eng.close()
+
+
+def test_streams_ending_together_share_their_last_codec_call(eager_engine):
+    # the last audio of every job released in one step goes in one codec call per round (audio_feed.final_calls),
+    # rows shorter than the longest padded (the codec is causal): one call per stream, each followed by its reset
+    # and finish, left a queue of one-row calls behind the last step. The audio still equals the reference.
+    from conftest import MODEL_DIR
+
+    from ttsengine import Engine, EngineConfig
+
+    eng = Engine.load(EngineConfig(model_dir=MODEL_DIR, device="cpu", max_batch=4, codec_rounds="off"))
+    releases: list[tuple[int, int]] = []  # (jobs with audio left, codec calls queued while releasing them)
+    decode, release = eng.vocoder.decode, eng._release  # noqa: SLF001
+    calls = []
+
+    def counting_decode(slots, codes, deliveries):
+        calls.append(len(slots))
+        decode(slots, codes, deliveries)
+
+    def counting_release(jobs):
+        before = len(calls)
+        left = sum(j.owner.kept > j.owner.decoded for j in jobs if j.finish_reason != "cancelled")
+        release(jobs)
+        releases.append((left, len(calls) - before))
+
+    eng.vocoder.decode, eng._release = counting_decode, counting_release  # noqa: SLF001
+    try:
+        plans = []
+        for i in range(4):  # kept codes: the delivered audio is checked against their whole decode
+            plan = eng.planner.plan(SynthesisRequest(text=f"Together {i}.", seed=90 + i, max_new_tokens=11 + i % 2))
+            plan.keep_codes = True
+            plans.append(plan)
+        streams = [eng.submit(p, ignore_stop=True) for p in plans]
+        results = [s.result() for s in streams]
+        shared = [(left, n) for left, n in releases if left > 1]
+        assert shared, releases  # at least one step ended several streams with audio left
+        assert all(n == 1 for _, n in shared), releases
+        for s, r in zip(streams, results):
+            whole = eng.vocoder.whole(s.plan.codes)
+            assert len(r.audio) == len(whole) == r.frames * eng.vocoder.frame_length
+            assert np.abs(r.audio - whole).max() < AUDIO_TOL
+    finally:
+        eng.close()

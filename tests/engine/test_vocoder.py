@@ -93,3 +93,30 @@ def test_a_batch_past_the_largest_graph_runs_in_pieces_in_order(eager_engine):
     (pieces, cap), (whole, no_cap) = decode(2), decode(0)
     assert (cap, no_cap) == (2, 0) and pieces.shape == whole.shape == (5, 4 * codec.frame_length)
     assert np.abs(pieces.numpy() - whole.numpy()).max() <= TOL
+
+
+def test_a_final_call_with_rows_of_different_lengths_equals_one_call_per_row(eager_engine):
+    # engine._vocode_tasks(final=True): the streams that ended in one step share a call, each row padded to the
+    # longest (audio_feed.pending_codes): the codec is causal, so each row's real frames decode as they would alone
+    codec = eager_engine.ckpt.codec
+    first = {slot: codes(40 + slot, 4) for slot in range(3)}
+    last = {0: codes(50, 3), 1: codes(51, 1), 2: codes(52, 2)}  # [1, 4, n]: 3, 1 and 2 real frames
+
+    def decode(shared: bool) -> dict[int, np.ndarray]:
+        voc = Vocoder(codec, 3, 4096, (4,), (), threading.RLock(), lambda frames, s: None, lambda stream: None)
+        out = {slot: Recorder() for slot in first}
+        voc.decode(list(first), np.concatenate(list(first.values())), [Delivery(out[s], 0, 4) for s in first])
+        if shared:
+            padded = [np.pad(c, ((0, 0), (0, 0), (0, 3 - c.shape[-1]))) for c in last.values()]
+            voc.decode(list(last), np.concatenate(padded), [Delivery(out[s], 0, c.shape[-1]) for s, c in last.items()])
+        else:
+            for s, c in last.items():
+                voc.decode([s], c, [Delivery(out[s], 0, c.shape[-1])])
+        voc.call(lambda: None)
+        voc.close()
+        return {s: np.concatenate(r.chunks) for s, r in out.items()}
+
+    shared, alone = decode(True), decode(False)
+    for slot in first:
+        assert shared[slot].shape == alone[slot].shape == ((4 + last[slot].shape[-1]) * codec.frame_length,)
+        assert np.abs(shared[slot] - alone[slot]).max() < TOL, slot

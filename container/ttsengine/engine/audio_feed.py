@@ -70,29 +70,44 @@ def ready_for_audio(tasks: list[Task], first: int, stream: int) -> list[Task]:
     return [t for t in tasks if t.kept - t.decoded >= _chunk(t, first, stream)]
 
 
-def codec_calls(tasks: list[Task], final: bool, first: int, stream: int) -> Iterator[tuple[int, list[Task]]]:
-    """-> (frames, tasks) per codec call: whole chunks while running (each call a length of chunk_sizes: the
-    vocoder pads only a final piece; frames that backed up go in the largest size that fits, so a call may then be
-    longer than the audio made so: the engine takes audio every step, where none back up), everything left when
-    final in pieces of at most the largest. Tasks with the
-    same call length share a call; rounds keep each task's pieces in order. The caller advances each task's
+def codec_calls(tasks: list[Task], first: int, stream: int) -> Iterator[tuple[int, list[Task]]]:
+    """-> (frames, tasks) per codec call of running tasks: whole chunks (each call a length of chunk_sizes: the
+    vocoder pads only a final piece, final_calls; frames that backed up go in the largest size that fits, so a call
+    may then be longer than the audio made so: the engine takes audio every step, where none back up). Tasks with
+    the same call length share a call; rounds keep each task's pieces in order. The caller advances each task's
     `decoded` by `frames` as it takes a call (the next round is computed from those counts)."""
     sizes = chunk_sizes(first, stream)
-    largest = max(sizes)
     while True:
         groups: dict[int, list[Task]] = {}
         for task in tasks:
             pending = task.kept - task.decoded
-            if final:
-                pending = min(pending, largest)
-            else:
-                pending -= pending % _chunk(task, first, stream)
-                pending = max((s for s in sizes if s <= pending), default=0)
+            pending -= pending % _chunk(task, first, stream)
+            pending = max((s for s in sizes if s <= pending), default=0)
             if pending > 0:
                 groups.setdefault(pending, []).append(task)
         if not groups:
             return
         yield from groups.items()
+
+
+def final_calls(tasks: list[Task], largest: int) -> Iterator[list[tuple[Task, int]]]:
+    """The last audio of tasks whose text chunk ended -> per codec call, (task, frames) for every task with kept
+    frames left, each taking up to `largest`: one call for all of them, not one per length (streams started together
+    end at the same step). The vocoder pads the call to a chunk size and the shorter rows up to the call's longest:
+    the codec is causal, so frames after a row's real ones change none of its audio, and each slot is reset after
+    its last call. The caller advances each task's `decoded` by its frames before taking the next call."""
+    while True:
+        call = [(t, min(t.kept - t.decoded, largest)) for t in tasks if t.kept > t.decoded]
+        if not call:
+            return
+        yield call
+
+
+def pending_codes(task: Task, frames: int, width: int) -> np.ndarray:
+    """The codebook codes of the task's next `frames` frames not decoded yet, zero-padded to `width` columns
+    -> int64 [n, width] (a frame's first entry, its text-token slot, is not audio)."""
+    codes = np.stack(task.frames[task.decoded:task.decoded + frames], axis=1)[1:]
+    return np.pad(codes, ((0, 0), (0, width - frames))) if width > frames else codes
 
 
 def buffered_seconds(task: Task, now: float, frame_seconds: float) -> float | None:
