@@ -152,7 +152,7 @@ def test_every_switch_takes_auto_on_off():
                      "TTS_CODEC_COMPILE", "TTS_SNAKE_KERNEL", "TTS_PRECOMPILE", "TTS_CUDNN_BENCHMARK",
                      "TTS_CODEC_MERGE", "TTS_CODEC_ROUNDS", "TTS_PREFILL_GRAPHS", "TTS_STRICT_FIELDS",
                      "TTS_CODEC_CACHE", "TTS_PREFIX_CACHE", "TTS_OVERLAP_STEP", "TTS_STEP_PRIORITY",
-                     "TTS_CODEC_CHANNELS_LAST", "TTS_ONE_ROW_BUCKET"}
+                     "TTS_CODEC_CHANNELS_LAST", "TTS_ONE_ROW_BUCKET", "TTS_CODEC_PINNED_COPY"}
     for var in SWITCHES:
         for word in ("auto", "on", "off", "AUTO", "On", "1", "0", "true", "false", "yes", "no"):
             from_env({var.name: word})  # no error
@@ -173,6 +173,7 @@ def test_every_switch_takes_auto_on_off():
     ("TTS_CODEC_CHANNELS_LAST", "codec_channels_last", {"auto": "auto", "on": "on", "no": "off"}),
     ("TTS_LAZY_GRAPHS", "lazy_graphs", {"auto": True, "on": True, "1": True, "off": False, "0": False}),
     ("TTS_ONE_ROW_BUCKET", "one_row_bucket", {"auto": True, "on": True, "off": False, "0": False}),
+    ("TTS_CODEC_PINNED_COPY", "codec_pinned_copy", {"auto": True, "on": True, "off": False, "no": False}),
     ("TTS_ALLOW_SPECIAL_TOKENS", "allow_special_tokens", {"auto": False, "on": True, "true": True, "no": False}),
 ])
 def test_switch_words(name, field, words):

@@ -227,6 +227,7 @@ class EngineConfig:
     cudnn_benchmark: str = "auto"  # cuDNN autotuning: auto = codec graph captures only | on | off
     codec_merge: str = "auto"  # queued codec decodes join into one batched call: auto (= on) | on | off
     codec_rounds: str = "auto"  # later audio chunks of every stream go to the codec together: auto (= on) | off
+    codec_pinned_copy: bool = True  # the codec's audio reaches the host through a pinned buffer (vocoder._to_host)
     codec_channels_last: str = "auto"  # streaming codec time-major, channels-last convs: auto (CUDA + cuDNN tuning)
     cache_dir: Path | None = None  # torch.compile kernel cache (Inductor + Triton); None = torch's default
     precompile: str = "auto"  # keep the step's traced units in cache_dir: auto (torch >= 2.10 with a cache dir) | off
@@ -302,6 +303,10 @@ ENGINE_VARS = (
     Var("TTS_STEP_PRIORITY", "step_priority", toggle(auto=True),
         "on (default) | off: the decode step and prefill run on a high-priority CUDA stream, so where the codec's and "
         "the step's kernels both wait for the GPU the step's go first", dev=True),
+    Var("TTS_CODEC_PINNED_COPY", "codec_pinned_copy", toggle(auto=True),
+        "on (default) | off: the codec's audio is copied to the host through a pinned buffer; a copy into pageable "
+        "memory waits for the codec's kernels holding a driver lock that blocks the decode loop's launches meanwhile "
+        "(H100, 64 streams: ~0.5 s of a 1.5 s run)", dev=True),
     Var("TTS_LAZY_GRAPHS", "lazy_graphs", toggle(auto=True),
         "auto | on: capture the smallest batch's graph before ready and the others while idle or at first use; "
         "off: all before ready", dev=True),

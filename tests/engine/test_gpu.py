@@ -343,3 +343,41 @@ def test_snake_kernel_equals_snake():
     x = torch.randn(2, 8, 100, device="cuda").transpose(1, 2)  # non-contiguous input
     alpha = torch.rand(1, 100, 1, device="cuda") + 0.1
     assert torch.allclose(snake_triton(x, alpha), snake(x, alpha), atol=1e-5)
+
+
+def test_pinned_audio_copy_delivers_what_the_plain_copy_does():
+    # TTS_CODEC_PINNED_COPY: the codec's audio reaches the host through one pinned staging buffer that each call
+    # overwrites (it grows for a larger call): every chunk delivered must be its own copy, equal to the plain
+    # copy's bit for bit (the same kernels; only the copy differs)
+    import threading
+
+    from ttsengine.engine.loader import load
+    from ttsengine.engine.vocoder import Delivery, Vocoder
+
+    codec = load(cfg()).codec  # bf16: the conversion to float32 is part of the copy
+    calls = [([0, 1], 8), ([0, 1, 2, 3], 8), ([2], 5)]  # (slots, real frames): the buffer grows, then is reused
+
+    class Keep:
+        def __init__(self):
+            self.chunks = []
+
+        def emit(self, audio, text_index):
+            self.chunks.append(audio)  # kept as delivered: a view into a reused buffer would change later
+
+    def run(pinned: bool) -> list:
+        voc = Vocoder(codec, 4, 4096, (8,), (1, 2, 4), threading.RLock(), lambda f, s: None, lambda s: None)
+        voc.pinned_copy = pinned
+        out = [Keep() for _ in range(4)]
+        rng = np.random.default_rng(5)
+        for slots, frames in calls:
+            codes = np.concatenate([rng.integers(0, 32, (len(slots), 1, 8)), rng.integers(0, 16, (len(slots), 3, 8))],
+                                   axis=1)
+            voc.decode(slots, codes, [Delivery(out[s], 0, frames) for s in slots])
+        voc.call(lambda: None)
+        voc.close()
+        return [np.concatenate(k.chunks) if k.chunks else np.zeros(0) for k in out]
+
+    pinned, plain = run(True), run(False)
+    for a, b in zip(pinned, plain):
+        assert a.dtype == b.dtype == np.float32 and a.shape == b.shape and np.array_equal(a, b)
+    assert pinned[2].shape == ((8 + 5) * codec.frame_length,)

@@ -123,6 +123,17 @@ def test_codec_rounds_follow_the_switch(ckpt, switch, on):
     assert s.codec_rounds is on
 
 
+@pytest.mark.parametrize("on", [True, False])
+def test_the_pinned_copy_switch_reaches_the_vocoder(on):
+    from ttsengine import Engine
+
+    eng = Engine.load(EngineConfig(model_dir=MODEL_DIR, device="cpu", max_batch=2, codec_pinned_copy=on))
+    try:  # on a CPU codec the switch is kept but has nothing to do (Vocoder._decode_deliver: CUDA only)
+        assert eng.settings.codec_pinned_copy is on and eng.vocoder.pinned_copy is on
+    finally:
+        eng.close()
+
+
 @pytest.mark.parametrize("one_row, buckets, warm", [(True, (1, 2, 4, 8), (1, 2)), (False, (2, 4, 8), (2,))])
 def test_compiled_buckets_start_at_one_row_unless_off(ckpt, one_row, buckets, warm):
     from ttsengine.compat import compile_supported

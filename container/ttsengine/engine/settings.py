@@ -150,6 +150,7 @@ class BatchSettings:
     codec: CodecSwitches  # how the codec runs: compile, Snake kernel, cuDNN tuning, layout (codec_switches)
     codec_merge_rows: int  # queued codec decodes join into calls of up to this many rows (0: off)
     codec_rounds: bool  # later audio chunks wait for the next codec round (engine/audio_feed.py CodecRounds)
+    codec_pinned_copy: bool  # the codec's audio to the host through a pinned buffer, where the codec is on CUDA
     buckets: tuple[int, ...]  # batch sizes a decode step is captured for
     preset: Preset  # the memory preset, with the values in effect (env overrides applied)
 
@@ -255,5 +256,6 @@ class BatchSettings:
                              compile=compile_, codec=codec,
                              codec_merge_rows=0 if config.codec_merge == "off" else max_batch,
                              codec_rounds=config.codec_rounds != "off",
+                             codec_pinned_copy=config.codec_pinned_copy,
                              buckets=tuple(buckets),
                              preset=replace(preset, max_batch=max_batch, memory_utilization=utilization))
