@@ -120,3 +120,55 @@ def test_a_final_call_with_rows_of_different_lengths_equals_one_call_per_row(eag
     for slot in first:
         assert shared[slot].shape == alone[slot].shape == ((4 + last[slot].shape[-1]) * codec.frame_length,)
         assert np.abs(shared[slot] - alone[slot]).max() < TOL, slot
+
+
+def test_final_decodes_merge_across_resets_and_finishes_in_order(eager_engine):
+    # streams ending at different steps while the codec thread is busy: each end queues a final decode (narrower
+    # than its chunk), its slot's reset and its stream's finish. The decodes join into one call; the resets and
+    # finishes run right after it, in order; the slot's next stream (a decode after its reset) does not join
+    codec = eager_engine.ckpt.codec
+    finals = {0: codes(60, 3), 1: codes(61, 4), 2: codes(62, 1)}
+
+    def run(merge_rows: int):
+        calls: list[int] = []
+        log: list[tuple] = []
+
+        class Logged(Recorder):
+            def __init__(self, name):
+                super().__init__()
+                self.name = name
+
+            def emit(self, audio, text_index):
+                log.append(("emit", self.name))
+                super().emit(audio, text_index)
+
+            def finish(self, error=None):
+                log.append(("finish", self.name))
+
+        voc = Vocoder(codec, 3, 4096, (4,), (), threading.RLock(), lambda frames, s: calls.append(frames),
+                      lambda stream: None)
+        voc.set_merge(merge_rows)
+        out = {slot: Logged(slot) for slot in finals}
+        again = Logged("next")
+        gate = threading.Event()
+        voc.call_async(gate.wait)
+        for slot, c in finals.items():
+            voc.decode([slot], c, [Delivery(out[slot], 0, c.shape[-1])])
+            voc.reset(slot)
+            voc.finish(out[slot])
+        voc.decode([1], codes(63, 4), [Delivery(again, 0, 4)])  # slot 1's next stream: after slot 1's reset
+        gate.set()
+        voc.call(lambda: None)
+        voc.close()
+        audio = {slot: out[slot].chunks[0] for slot in finals} | {"next": again.chunks[0]}
+        return audio, calls, log
+
+    merged, calls, log = run(8)
+    alone, single, log_alone = run(0)
+    assert single == [3, 4, 1, 4] and calls == [8, 4]  # three finals in one call; the next stream after it
+    assert log == [("emit", 0), ("emit", 1), ("emit", 2), ("finish", 0), ("finish", 1), ("finish", 2),
+                   ("emit", "next")]
+    assert log_alone == [("emit", 0), ("finish", 0), ("emit", 1), ("finish", 1), ("emit", 2), ("finish", 2),
+                         ("emit", "next")]
+    for key in merged:
+        assert merged[key].shape == alone[key].shape and np.abs(merged[key] - alone[key]).max() < TOL, key

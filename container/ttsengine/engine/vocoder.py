@@ -266,7 +266,7 @@ class Vocoder:
                 out = piece.new_empty((b, piece.shape[1])) if out is None else out
                 out[i:i + piece.shape[0]].copy_(piece)
             return out
-        size = next(s for s in self.chunk_sizes if s >= K)
+        size = self._chunk_size(K)
         rows = next((x for x in self.buckets if x >= b), b)
         if size > K or rows > b:
             codes = torch.nn.functional.pad(codes, (0, size - K, 0, 0, 0, rows - b))
@@ -288,14 +288,14 @@ class Vocoder:
         if self._cuda:
             torch.cuda.set_device(self.device)  # Triton launches on the thread's current device
         ctx = torch.cuda.stream(self._stream) if self._cuda else contextlib.nullcontext()
-        held: deque = deque()  # a command taken off the queue while merging decodes, run next
+        held: deque = deque()  # commands taken off the queue while merging decodes, run next in their order
         with torch.inference_mode(), ctx:
             while True:
                 cmd = held.popleft() if held else self._q.get()
                 kind = cmd[0]
                 if kind == "stop":
                     return
-                if kind == "decode" and self.merge_rows:
+                if kind == "decode" and self.merge_rows and not held:  # (held ones came off the queue first)
                     cmd = self._merge(cmd, held)
                 try:
                     if kind == "decode":
@@ -316,28 +316,44 @@ class Vocoder:
 
     def _merge(self, cmd: tuple, held: deque) -> tuple:
         """Joins the decodes queued right behind `cmd` into one batched call while this thread is behind
-        (under load small decodes pile up: streams reach chunk boundaries at different steps). Only
-        decodes of the same chunk length and of other slots join, up to merge_rows rows; the first
-        command that cannot join stops the merge and runs next, so the queue's order holds."""
-        parts = [cmd]
-        rows, size = len(cmd[1]), cmd[2].shape[-1]
-        slots = set(cmd[1])
+        (under load small decodes pile up: streams reach chunk boundaries at different steps, and streams end at
+        different steps, each end a final decode followed by its slot's reset and its stream's finish). Decodes
+        of the same padded chunk size and of other slots join, up to merge_rows rows; resets and finishes between
+        them run right after the joined call, in their order (a reset's slot joins no later decode: that decode
+        belongs to the slot's next stream; a finished stream has no later decode). Anything else stops the merge
+        and runs after those, so every slot's and every stream's commands keep their order. Rows narrower than
+        the call are padded: only final chunks are ever narrower than their chunk size (audio_feed), and the
+        codec is causal."""
+        parts, deferred = [cmd], []
+        rows, size = len(cmd[1]), self._chunk_size(cmd[2].shape[-1])
+        taken = set(cmd[1])  # slots whose decodes joined, or whose reset was passed over
         while rows < self.merge_rows:
             try:
                 nxt = self._q.get_nowait()
             except queue.Empty:
                 break
-            if (nxt[0] != "decode" or nxt[2].shape[-1] != size or rows + len(nxt[1]) > self.merge_rows
-                    or not slots.isdisjoint(nxt[1])):
-                held.append(nxt)
+            if nxt[0] in ("reset", "finish"):
+                deferred.append(nxt)
+                if nxt[0] == "reset":
+                    taken.add(nxt[1])
+                continue
+            if (nxt[0] != "decode" or self._chunk_size(nxt[2].shape[-1]) != size
+                    or rows + len(nxt[1]) > self.merge_rows or not taken.isdisjoint(nxt[1])):
+                deferred.append(nxt)
                 break
             parts.append(nxt)
             rows += len(nxt[1])
-            slots.update(nxt[1])
+            taken.update(nxt[1])
+        held.extend(deferred)
         if len(parts) == 1:
             return cmd
-        return ("decode", [s for p in parts for s in p[1]], np.concatenate([p[2] for p in parts]),
-                [d for p in parts for d in p[3]])
+        width = max(p[2].shape[-1] for p in parts)
+        codes = [np.pad(p[2], ((0, 0), (0, 0), (0, width - p[2].shape[-1]))) for p in parts]
+        return ("decode", [s for p in parts for s in p[1]], np.concatenate(codes), [d for p in parts for d in p[3]])
+
+    def _chunk_size(self, frames: int) -> int:
+        """The chunk size a call of `frames` frames is padded to (decode_padded)."""
+        return next((s for s in self.chunk_sizes if s >= frames), frames)
 
     def _decode_deliver(self, slots: list[int], codes: np.ndarray, deliveries: list[Delivery]) -> None:
         t0 = time.perf_counter()
