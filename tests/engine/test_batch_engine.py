@@ -331,9 +331,9 @@ def test_layer_gemv_equals_the_reference(eager_engine):
 
 
 def test_streams_ending_together_share_their_last_codec_call(eager_engine):
-    # the last audio of every job released in one step goes in one codec call per round (audio_feed.final_calls),
-    # rows shorter than the longest padded (the codec is causal): one call per stream, each followed by its reset
-    # and finish, left a queue of one-row calls behind the last step. The audio still equals the reference.
+    # the last audio of every job released in one step goes in one codec call per round (audio_feed.final_calls):
+    # one call per stream, each followed by its reset and finish, left a queue of one-row calls behind the last step.
+    # The audio still equals the whole decode of each stream's kept codes
     from conftest import MODEL_DIR
 
     from ttsengine import Engine, EngineConfig
@@ -357,17 +357,61 @@ def test_streams_ending_together_share_their_last_codec_call(eager_engine):
     try:
         plans = []
         for i in range(4):  # kept codes: the delivered audio is checked against their whole decode
-            plan = eng.planner.plan(SynthesisRequest(text=f"Together {i}.", seed=90 + i, max_new_tokens=11 + i % 2))
+            plan = eng.planner.plan(SynthesisRequest(text=f"Together {i}.", seed=90 + i, max_new_tokens=11))
             plan.keep_codes = True
             plans.append(plan)
-        streams = [eng.submit(p, ignore_stop=True) for p in plans]
+        with eng._cv:  # noqa: SLF001 - the loop takes all four in one intake: one prefill, the same last step
+            streams = [eng.submit(p, ignore_stop=True) for p in plans]
         results = [s.result() for s in streams]
-        shared = [(left, n) for left, n in releases if left > 1]
-        assert shared, releases  # at least one step ended several streams with audio left
-        assert all(n == 1 for _, n in shared), releases
+        assert [left for left, _ in releases] == [4] and [n for _, n in releases] == [1], releases
         for s, r in zip(streams, results):
             whole = eng.vocoder.whole(s.plan.codes)
             assert len(r.audio) == len(whole) == r.frames * eng.vocoder.frame_length
             assert np.abs(r.audio - whole).max() < AUDIO_TOL
     finally:
         eng.close()
+
+
+def test_a_shared_final_call_pads_the_shorter_rows_without_changing_their_audio(engine):
+    # engine._vocode_tasks(final=True) on tasks with 3, 8 and 5 frames left: one call of 8 frames, the 3- and 5-frame
+    # rows zero-padded (audio_feed.pending_codes); each row's audio == the whole decode of its own frames
+    from ttsengine.engine.audio_feed import Task
+
+    class Keep:
+        def __init__(self):
+            self.chunks = []
+
+        def emit(self, audio, text_index):
+            self.chunks.append(np.array(audio))
+
+    g = np.random.default_rng(11)
+    cfg = engine.ckpt.config
+    calls = []
+    decode = engine.vocoder.decode
+
+    def counting_decode(slots, codes, deliveries):
+        calls.append((len(slots), codes.shape[-1]))
+        decode(slots, codes, deliveries)
+
+    tasks = []
+    for slot, left in zip((1, 2, 3), (3, 8, 5)):
+        frames = [np.concatenate([[0], g.integers(0, engine.ckpt.tokenizer.num_semantic, 1),
+                                  g.integers(0, cfg.codebook_size, cfg.num_codebooks - 1)]) for _ in range(left + 1)]
+        tasks.append(Task(stream=Keep(), plan=None, index=0, prompt=None, context_dropped=False, frame_offset=0,
+                          frames=frames, voc_slot=slot))  # kept = left (the last generated frame may be dropped)
+    assert engine.open_streams == 0  # the shared engine is idle: slots 1-3 are free
+    engine.vocoder.decode = counting_decode
+    try:
+        engine._vocode_tasks(tasks, final=True)  # noqa: SLF001
+    finally:
+        engine.vocoder.decode = decode
+    for t in tasks:
+        engine.vocoder.reset(t.voc_slot)
+    engine.vocoder.call(lambda: None)  # everything queued before it ran
+    assert calls == [(3, 8)] and [t.decoded for t in tasks] == [3, 8, 5]
+    for t in tasks:
+        codes = np.stack(t.frames[:t.kept], axis=1)[1:]  # [n, kept]
+        whole = engine.vocoder.whole([codes])
+        (audio,) = t.stream.chunks
+        assert audio.shape == whole.shape == (t.kept * engine.vocoder.frame_length,)
+        assert np.abs(audio - whole).max() < AUDIO_TOL

@@ -172,3 +172,18 @@ def test_final_decodes_merge_across_resets_and_finishes_in_order(eager_engine):
                          ("emit", "next")]
     for key in merged:
         assert merged[key].shape == alone[key].shape and np.abs(merged[key] - alone[key]).max() < TOL, key
+
+
+def test_a_call_longer_than_the_largest_chunk_is_refused(eager_engine):
+    import torch
+
+    voc = Vocoder(eager_engine.ckpt.codec, 2, 4096, (4,), (), threading.RLock(), lambda f, s: None, lambda s: None)
+    box: list = []
+    try:
+        with torch.inference_mode():
+            voc.call(lambda: box.append(voc.decode_padded([0], torch.from_numpy(codes(1, 5)))))
+    except ValueError as e:
+        box.append(str(e))
+    finally:
+        voc.close()
+    assert box == ["a codec call of 5 frames: longer than the largest chunk, 4"]
