@@ -188,6 +188,8 @@ def test_switch_words(name, field, words):
     ({"TTS_DTYPE": "int3"}, r"TTS_DTYPE: 'int3' is not one of"),
     ({"TTS_MAX_BATCH": "-1"}, r"TTS_MAX_BATCH: -1 is outside 0..4096 \(0 = auto\)"),
     ({"TTS_LAYER_GEMV_ROWS": "65"}, r"TTS_LAYER_GEMV_ROWS: 65 is outside 0..64 \(0 = auto\)"),
+    ({"TTS_PREFILL_GROUP": "12"}, r"TTS_PREFILL_GROUP: 12 is not one of 8, 16, 32, 64"),
+    ({"TTS_PREFILL_GROUP": "many"}, r"TTS_PREFILL_GROUP='many': expected one of 8, 16, 32, 64"),
     ({"TTS_MAX_REFERENCE_SECONDS": "0"}, r"TTS_MAX_REFERENCE_SECONDS: must be > 0"),
     ({"TTS_LOG_LEVEL": "LOUD"}, r"TTS_LOG_LEVEL: 'LOUD' is not one of DEBUG"),
     ({"TTS_ALLOW_SPECIAL_TOKENS": "maybe"}, r"TTS_ALLOW_SPECIAL_TOKENS='maybe': expected auto, on or off"),

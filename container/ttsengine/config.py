@@ -44,6 +44,13 @@ def integer(lo: int, hi: int | None = None, note: str = "") -> Kind:
     return Kind(_integer, "an integer", check)
 
 
+def integer_of(*allowed: int) -> Kind:
+    """One of the integers `allowed`."""
+    words = ", ".join(map(str, allowed))
+    return Kind(_integer, f"one of {words}",
+                lambda value: None if value in allowed else f"{value} is not one of {words}")
+
+
 def positive_number() -> Kind:
     return Kind(float, "a number", lambda value: None if value > 0 else "must be > 0")
 
@@ -65,6 +72,7 @@ def choice(*allowed: str, case: Callable[[str], str] = str.lower) -> Kind:
     return Kind(case, " | ".join(allowed), check)
 
 
+PREFILL_GROUPS = (8, 16, 32, 64)  # TTS_PREFILL_GROUP's values: prompts per prefill call (engine/runner.py)
 SWITCH_WORDS = {"auto": "auto", "on": "on", "off": "off", "1": "on", "true": "on", "yes": "on", "0": "off",
                 "false": "off", "no": "off"}
 
@@ -210,6 +218,7 @@ class EngineConfig:
     kv_cache_tokens: int = 0  # KV positions in the paged cache; 0 = the preset's, within the memory share
     gpu_memory_utilization: float = 0.0  # the engine's share of the GPU's memory (vLLM's meaning); 0 = the preset's
     prefill_tokens: int = 4096  # prompt tokens prefilled per engine step at most (keeps running streams moving)
+    prefill_group: int = 8  # prompts per prefill call with prefill graphs: 8, 16, 32 or 64
     prefix_cache: bool = True  # share the KV pages of prompt prefixes (a voice's references) between requests
     first_chunk_frames: int = 4  # frames before a stream's first audio chunk (21.5 frames = 1 s)
     stream_chunk_frames: int = 8  # the largest later audio chunk (they grow from the first: 4, 4, 8, 8, ...)
@@ -286,6 +295,11 @@ ENGINE_VARS = (
         "(0.85)"),
     Var("TTS_PREFILL_TOKENS", "prefill_tokens", integer(1),
         "prompt tokens prefilled per engine step at most (longer prompts go in chunks)", dev=True),
+    Var("TTS_PREFILL_GROUP", "prefill_group",
+        integer_of(*PREFILL_GROUPS),
+        "prompts prefilled per call with prefill graphs (each call's shape a graph; every call costs ~5 ms on an H100 "
+        "whatever its size, so a burst of arrivals goes in faster in larger groups, at more graphs to capture); "
+        "default 8", dev=True),
     Var("TTS_PREFIX_CACHE", "prefix_cache", toggle(auto=True),
         "on (default) | off: a voice's prompt prefix (its references) is prefilled once and its KV pages shared"),
     Var("TTS_FIRST_CHUNK_FRAMES", "first_chunk_frames", integer(1),

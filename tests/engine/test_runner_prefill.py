@@ -19,9 +19,9 @@ def model():
     return load(EngineConfig(model_dir=MODEL_DIR, device="cpu", dtype="float32")).model
 
 
-def _runner(model) -> Runner:
+def _runner(model, **kw) -> Runner:
     return Runner(model, RunnerConfig(max_slots=12, page_size=16, num_pages=120, penalty_window=4,
-                                      triton_attention=False))
+                                      triton_attention=False, **kw))
 
 
 def _item(model, slot: int, length: int, seed: int) -> PrefillItem:
@@ -134,3 +134,14 @@ def test_history_groups_pad_harmlessly(model):
     untouched = [p for p in range(120) if p not in used]
     for kv in together.kv:
         assert not kv.k[untouched].any() and not kv.v[untouched].any()
+
+
+def test_a_larger_prefill_group_pads_to_its_rows_and_plans_their_graphs(model):
+    # TTS_PREFILL_GROUP: the rows one prefill call is padded to go up to the group (8 by default), and the graph keys
+    # follow, still none over 8,192 positions (32 rows: 64-256 positions; 64 rows: 64 and 128)
+    r8, r32 = _runner(model), _runner(model, prefill_rows=32)
+    assert r8.prefill_rows == (1, 2, 4, 8) and r32.prefill_rows == (1, 2, 4, 8, 16, 32)
+    assert r8.prefill_key(9, 45)[0] == 9 and r32.prefill_key(9, 45)[0] == 16  # 9 prompts: past 8 unpadded
+    keys8, keys32 = set(r8.prefill_graph_keys()), set(r32.prefill_graph_keys())
+    assert keys8 < keys32 and max(k[0] for k in keys8) == 8 and max(k[0] for k in keys32) == 32
+    assert all(rows * t <= 8192 for rows, t, _ in keys32)

@@ -123,6 +123,26 @@ def test_codec_rounds_follow_the_switch(ckpt, switch, on):
     assert s.codec_rounds is on
 
 
+def test_a_prefill_group_outside_its_values_is_a_config_error(ckpt):
+    from ttsengine.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"prefill_group=12: give one of 8, 16, 32, 64 \(TTS_PREFILL_GROUP\)"):
+        BatchSettings.resolve(EngineConfig(model_dir=MODEL_DIR, device="cpu", prefill_group=12), ckpt)
+
+
+@pytest.mark.parametrize("group, rows", [(8, (1, 2, 4, 8)), (32, (1, 2, 4, 8, 16, 32))])
+def test_the_prefill_group_reaches_the_runner(ckpt, group, rows):
+    s = BatchSettings.resolve(EngineConfig(model_dir=MODEL_DIR, device="cpu", prefill_group=group), ckpt)
+    assert s.runner.prefill_rows == group
+    from ttsengine import Engine
+
+    eng = Engine.load(EngineConfig(model_dir=MODEL_DIR, device="cpu", max_batch=2, prefill_group=group))
+    try:
+        assert eng.runner.prefill_rows == rows
+    finally:
+        eng.close()
+
+
 @pytest.mark.parametrize("on", [True, False])
 def test_the_pinned_copy_switch_reaches_the_vocoder(on):
     from ttsengine import Engine

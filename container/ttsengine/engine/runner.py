@@ -29,7 +29,7 @@ log = logging.getLogger(__name__)
 
 # Prefill shapes (engine/cuda_graphs.py keys): prompts padded up to these rows and positions; a padded
 # prefill of more than PREFILL_GRAPH_TOKENS positions runs uncaptured (its graph's activations would be large).
-PREFILL_ROWS = (1, 2, 4, 8)
+PREFILL_ROWS = (1, 2, 4, 8, 16, 32, 64)  # a prefill call's rows, up to RunnerConfig.prefill_rows
 PREFILL_POSITIONS = (64, 128, 256, 512, 1024, 2048)
 PREFILL_GRAPH_TOKENS = 8192
 # A prefill with history (a prefix-cache hit, a later chunk of a long prompt) also reads the pages before its
@@ -51,6 +51,7 @@ class RunnerConfig:
     triton_attention: bool  # the Triton paged kernel (CUDA) instead of the gather + SDPA reference
     fused: frozenset[str] = frozenset()  # the step's fused kernels (settings.fused_kernels; compile/units.py)
     gemv_rows: int = 16  # with layer_gemv, steps of up to this many rows run its kernels (TTS_LAYER_GEMV_ROWS)
+    prefill_rows: int = 8  # prompts per prefill call with prefill graphs, a power of two (TTS_PREFILL_GROUP)
 
 
 @dataclass
@@ -77,6 +78,7 @@ class PrefillItem:
 class Runner:
     def __init__(self, model: DualAR, cfg: RunnerConfig):
         self.model, self.cfg = model, cfg
+        self.prefill_rows = tuple(r for r in PREFILL_ROWS if r <= cfg.prefill_rows)  # padded row counts of a call
         self.compiled = False  # the step's units run through torch.compile (enable_compile)
         p = model.norm.weight
         self.device, self.dtype = p.device, p.dtype
@@ -222,7 +224,7 @@ class Runner:
         shapes, so each can be a CUDA graph (the padding is masked and writes to the scratch page, so it changes
         no value). history: the highest position + 1 any row reads (0: the parts start at position 0 and read
         only themselves) -> the pages gathered per row, padded to PREFILL_HISTORY_PAGES."""
-        rows = next((b for b in PREFILL_ROWS if b >= g), g)
+        rows = next((b for b in self.prefill_rows if b >= g), g)
         cap = self.model.cfg.cache_len  # padded positions index the RoPE table
         positions = min(next((b for b in PREFILL_POSITIONS if b >= T), T), cap)
         if history == 0:
@@ -235,10 +237,10 @@ class Runner:
         """The padded shapes worth a CUDA graph: every key up to PREFILL_GRAPH_TOKENS padded positions, and with
         history the short parts (PREFILL_HISTORY_GRAPH_POSITIONS) up to PREFILL_HISTORY_GRAPH_KEYS gathered
         positions (a larger prefill runs uncaptured: GraphSet runs an unplanned key as plain work)."""
-        keys = {self.prefill_key(g, t) for g in PREFILL_ROWS for t in PREFILL_POSITIONS}
+        keys = {self.prefill_key(g, t) for g in self.prefill_rows for t in PREFILL_POSITIONS}
         keys = {k for k in keys if k[0] * k[1] <= PREFILL_GRAPH_TOKENS}
         ps = self.cfg.page_size
-        for g in PREFILL_ROWS:
+        for g in self.prefill_rows:
             for t in PREFILL_HISTORY_GRAPH_POSITIONS:
                 for pages in PREFILL_HISTORY_PAGES:
                     key = self.prefill_key(g, t, pages * ps)
@@ -257,9 +259,9 @@ class Runner:
         # with history read the slot's earlier positions through its pages
         fresh = [it for it in items if it.start == 0]
         later = [it for it in items if it.start > 0]
-        # with prefill graphs: groups of at most 8 prompts (each group one graph); without, one padded call
+        # with prefill graphs: groups of at most cfg.prefill_rows prompts (each one graph); without, one padded call
         for part in (fresh, later):
-            top = PREFILL_ROWS[-1] if self.prefill_graphs is not None else max(len(part), 1)
+            top = self.prefill_rows[-1] if self.prefill_graphs is not None else max(len(part), 1)
             for i in range(0, len(part), top):
                 self._prefill_group(part[i:i + top])
         self._arm([it for it in items if it.last])

@@ -8,7 +8,7 @@ from dataclasses import dataclass, replace
 import torch
 
 from ..compat import compile_supported
-from ..config import EngineConfig
+from ..config import PREFILL_GROUPS, EngineConfig
 from ..errors import ConfigError
 from ..model.checkpoint import Checkpoint
 from ..model.fused_layer import linear_weight
@@ -201,6 +201,9 @@ class BatchSettings:
         if not 0 <= config.layer_gemv_rows <= SMALL_LINEAR_MAX_ROWS:  # the env's check, for Python callers too
             raise ConfigError(f"layer_gemv_rows={config.layer_gemv_rows}: give 1-{SMALL_LINEAR_MAX_ROWS}, or 0 for "
                               "auto (TTS_LAYER_GEMV_ROWS)")
+        if config.prefill_group not in PREFILL_GROUPS:  # likewise
+            raise ConfigError(f"prefill_group={config.prefill_group}: give one of "
+                              f"{', '.join(map(str, PREFILL_GROUPS))} (TTS_PREFILL_GROUP)")
         max_batch = config.max_batch or preset.max_batch
         utilization = config.gpu_memory_utilization or preset.memory_utilization
         mc = model.cfg
@@ -245,7 +248,8 @@ class BatchSettings:
         fused = fused_kernels(config.fused_kernels, cuda, triton_attention, pdl_runs(device))
         runner = RunnerConfig(max_slots=max_batch, page_size=PAGE_SIZE, num_pages=num_pages,
                               penalty_window=ckpt.family.RULES.penalty_window, triton_attention=triton_attention,
-                              fused=fused, gemv_rows=config.layer_gemv_rows or auto_gemv_rows(model, fused))
+                              fused=fused, gemv_rows=config.layer_gemv_rows or auto_gemv_rows(model, fused),
+                              prefill_rows=config.prefill_group)
         return BatchSettings(runner=runner, max_queue=config.max_queue or 2 * max_batch,
                              prefill_tokens=config.prefill_tokens, prefix_cache=config.prefix_cache,
                              first_chunk_frames=config.first_chunk_frames,
