@@ -319,8 +319,8 @@ ENGINE_VARS = (
         "the step's kernels both wait for the GPU the step's go first", dev=True),
     Var("TTS_CODEC_PINNED_COPY", "codec_pinned_copy", toggle(auto=True),
         "on (default) | off: the codec's audio is copied to the host through a pinned buffer; a copy into pageable "
-        "memory waits for the codec's kernels holding a driver lock that blocks the decode loop's launches meanwhile "
-        "(H100, 64 streams: ~0.5 s of a 1.5 s run)", dev=True),
+        "memory waits for the codec's kernels in the driver, and the decode loop's launches were seen to block "
+        "meanwhile (H100, 64 streams: ~0.5 s of a 1.5 s run)", dev=True),
     Var("TTS_LAZY_GRAPHS", "lazy_graphs", toggle(auto=True),
         "auto | on: capture the smallest batch's graph before ready and the others while idle or at first use; "
         "off: all before ready", dev=True),

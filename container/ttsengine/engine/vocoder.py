@@ -372,10 +372,10 @@ class Vocoder:
 
     def _to_host(self, audio: Tensor) -> np.ndarray:
         """audio [b, L] on the device -> float32 [b, L] in the pinned staging buffer, valid until the next call.
-        A copy into pageable memory is synchronous and holds a driver lock while it waits for the codec's kernels:
-        the engine thread's CUDA calls (launches, event records) then block for the whole wait (H100, 64 streams:
-        ~0.5 s of a 1.5 s level). Into pinned memory it is an asynchronous DMA; the wait is an event's, which
-        blocks only this thread."""
+        A copy into pageable memory is synchronous: it waits for the codec's kernels inside the driver, and the
+        engine thread's CUDA calls (launches, event records) were seen to block meanwhile, off the CPU (H100, 64
+        streams: ~0.5 s of a 1.5 s level; scripts/device/loop_trace.py), as if behind a driver lock. Into pinned
+        memory it is an asynchronous DMA; the wait is an event's, which blocks only this thread."""
         need = audio.numel()
         if self._staging is None or self._staging.numel() < need:
             self._staging = torch.empty(need, dtype=torch.float32, pin_memory=True)
