@@ -139,7 +139,7 @@ def test_history_groups_pad_harmlessly(model):
 def test_a_larger_prefill_group_pads_to_its_rows_and_plans_their_graphs(model):
     # TTS_PREFILL_GROUP: the rows one prefill call is padded to go up to the group (8 by default), and the graph keys
     # follow, still none over 8,192 positions (32 rows: 64-256 positions; 64 rows: 64 and 128)
-    r8, r32 = _runner(model), _runner(model, prefill_rows=32)
+    r8, r32 = _runner(model), _runner(model, prefill_group=32)
     assert r8.prefill_rows == (1, 2, 4, 8) and r32.prefill_rows == (1, 2, 4, 8, 16, 32)
     assert r8.prefill_key(9, 45)[0] == 9 and r32.prefill_key(9, 45)[0] == 16  # 9 prompts: past 8 unpadded
     keys8, keys32 = set(r8.prefill_graph_keys()), set(r32.prefill_graph_keys())

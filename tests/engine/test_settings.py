@@ -133,7 +133,7 @@ def test_a_prefill_group_outside_its_values_is_a_config_error(ckpt):
 @pytest.mark.parametrize("group, rows", [(8, (1, 2, 4, 8)), (32, (1, 2, 4, 8, 16, 32))])
 def test_the_prefill_group_reaches_the_runner(ckpt, group, rows):
     s = BatchSettings.resolve(EngineConfig(model_dir=MODEL_DIR, device="cpu", prefill_group=group), ckpt)
-    assert s.runner.prefill_rows == group
+    assert s.runner.prefill_group == group
     from ttsengine import Engine
 
     eng = Engine.load(EngineConfig(model_dir=MODEL_DIR, device="cpu", max_batch=2, prefill_group=group))

@@ -29,7 +29,7 @@ log = logging.getLogger(__name__)
 
 # Prefill shapes (engine/cuda_graphs.py keys): prompts padded up to these rows and positions; a padded
 # prefill of more than PREFILL_GRAPH_TOKENS positions runs uncaptured (its graph's activations would be large).
-PREFILL_ROWS = (1, 2, 4, 8, 16, 32, 64)  # a prefill call's rows, up to RunnerConfig.prefill_rows
+PREFILL_ROWS = (1, 2, 4, 8, 16, 32, 64)  # a prefill call's rows, up to RunnerConfig.prefill_group
 PREFILL_POSITIONS = (64, 128, 256, 512, 1024, 2048)
 PREFILL_GRAPH_TOKENS = 8192
 # A prefill with history (a prefix-cache hit, a later chunk of a long prompt) also reads the pages before its
@@ -51,7 +51,7 @@ class RunnerConfig:
     triton_attention: bool  # the Triton paged kernel (CUDA) instead of the gather + SDPA reference
     fused: frozenset[str] = frozenset()  # the step's fused kernels (settings.fused_kernels; compile/units.py)
     gemv_rows: int = 16  # with layer_gemv, steps of up to this many rows run its kernels (TTS_LAYER_GEMV_ROWS)
-    prefill_rows: int = 8  # prompts per prefill call with prefill graphs, a power of two (TTS_PREFILL_GROUP)
+    prefill_group: int = 8  # prompts per prefill call with prefill graphs, a power of two (TTS_PREFILL_GROUP)
 
 
 @dataclass
@@ -78,7 +78,7 @@ class PrefillItem:
 class Runner:
     def __init__(self, model: DualAR, cfg: RunnerConfig):
         self.model, self.cfg = model, cfg
-        self.prefill_rows = tuple(r for r in PREFILL_ROWS if r <= cfg.prefill_rows)  # padded row counts of a call
+        self.prefill_rows = tuple(r for r in PREFILL_ROWS if r <= cfg.prefill_group)  # padded row counts of a call
         self.compiled = False  # the step's units run through torch.compile (enable_compile)
         p = model.norm.weight
         self.device, self.dtype = p.device, p.dtype
@@ -259,7 +259,7 @@ class Runner:
         # with history read the slot's earlier positions through its pages
         fresh = [it for it in items if it.start == 0]
         later = [it for it in items if it.start > 0]
-        # with prefill graphs: groups of at most cfg.prefill_rows prompts (each one graph); without, one padded call
+        # with prefill graphs: groups of at most cfg.prefill_group prompts (each one graph); without, one padded call
         for part in (fresh, later):
             top = self.prefill_rows[-1] if self.prefill_graphs is not None else max(len(part), 1)
             for i in range(0, len(part), top):

@@ -249,7 +249,7 @@ class BatchSettings:
         runner = RunnerConfig(max_slots=max_batch, page_size=PAGE_SIZE, num_pages=num_pages,
                               penalty_window=ckpt.family.RULES.penalty_window, triton_attention=triton_attention,
                               fused=fused, gemv_rows=config.layer_gemv_rows or auto_gemv_rows(model, fused),
-                              prefill_rows=config.prefill_group)
+                              prefill_group=config.prefill_group)
         return BatchSettings(runner=runner, max_queue=config.max_queue or 2 * max_batch,
                              prefill_tokens=config.prefill_tokens, prefix_cache=config.prefix_cache,
                              first_chunk_frames=config.first_chunk_frames,
