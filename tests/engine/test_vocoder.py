@@ -174,6 +174,48 @@ def test_final_decodes_merge_across_resets_and_finishes_in_order(eager_engine):
         assert merged[key].shape == alone[key].shape and np.abs(merged[key] - alone[key]).max() < TOL, key
 
 
+def test_queued_resets_run_as_one_after_the_finishes_between_them(eager_engine):
+    # streams ending together queue reset, finish, reset, finish ...: the finishes run first, in order, then every
+    # slot in one reset; a slot's next stream (a decode after the run) starts from a clean state
+    codec = eager_engine.ckpt.codec
+    log: list[tuple] = []
+
+    class Logged(Recorder):
+        def __init__(self, name):
+            super().__init__()
+            self.name = name
+
+        def finish(self, error=None):
+            log.append(("finish", self.name))
+
+    voc = Vocoder(codec, 3, 4096, (4,), (), threading.RLock(), lambda frames, s: None, lambda stream: None)
+    voc.set_merge(0)
+    reset = voc.codec.reset
+    voc.codec.reset = lambda rows: (log.append(("reset", rows.tolist())), reset(rows))
+    out = {slot: Logged(slot) for slot in range(3)}
+    for slot in range(3):  # each slot decodes one chunk: state to forget
+        voc.decode([slot], codes(70 + slot, 4), [Delivery(out[slot], 0, 4)])
+    voc.call(lambda: None)
+    gate = threading.Event()
+    voc.call_async(gate.wait)
+    for slot in range(3):
+        voc.reset(slot)
+        voc.finish(out[slot])
+    again = Logged("next")
+    voc.decode([1], codes(63, 4), [Delivery(again, 0, 4)])
+    voc.reset(2)  # after a decode: a run of its own
+    gate.set()
+    voc.call(lambda: None)
+    voc.close()
+    assert log == [("finish", 0), ("finish", 1), ("finish", 2), ("reset", [0, 1, 2]), ("reset", [2])]
+    fresh = Recorder()
+    ref = Vocoder(codec, 3, 4096, (4,), (), threading.RLock(), lambda frames, s: None, lambda stream: None)
+    ref.decode([1], codes(63, 4), [Delivery(fresh, 0, 4)])
+    ref.call(lambda: None)
+    ref.close()
+    assert np.abs(again.chunks[0] - fresh.chunks[0]).max() < TOL  # slot 1 was reset before its next stream
+
+
 def test_a_call_longer_than_the_largest_chunk_is_refused(eager_engine):
     import torch
 

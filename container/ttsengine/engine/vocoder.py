@@ -303,11 +303,9 @@ class Vocoder:
                     if kind == "decode":
                         self._decode_deliver(*cmd[1:])
                     elif kind == "reset":
-                        self.codec.reset(torch.tensor([cmd[1]], device=self.device))
+                        self._resets(cmd[1], held)
                     elif kind == "finish":
-                        cmd[1].finish(cmd[2])
-                        if cmd[3]:
-                            self.on_finished(cmd[1])
+                        self._finish(cmd)
                     elif kind == "call":
                         cmd[1]()
                 except Exception as e:  # noqa: BLE001 - fail the affected streams, keep serving
@@ -315,6 +313,38 @@ class Vocoder:
                     if kind == "decode":
                         for d in cmd[3]:
                             d.stream.finish(RuntimeError(f"audio decoding failed: {type(e).__name__}: {e}"))
+
+    def _finish(self, cmd: tuple) -> None:
+        cmd[1].finish(cmd[2])
+        if cmd[3]:
+            self.on_finished(cmd[1])
+
+    def _resets(self, slot: int, held: deque) -> None:
+        """A slot's reset and the resets and finishes queued right behind it: the finishes first, then every slot in
+        one reset. A reset is ~60 small kernels (one per state buffer) whatever its rows, and streams started together
+        end together: one reset per slot left ~40 ms of them, the GPU mostly idle, before the last streams finished
+        (H100, 64 streams; scripts/device/gpu_timeline.py). Any order among these commands is safe: a finish needs
+        only its stream's earlier decodes done, a reset its slot's; the command that ends the run (a decode, maybe
+        of one of these slots' next streams) runs after the reset."""
+        slots = [slot]
+        try:
+            while True:
+                if held:
+                    nxt = held.popleft()
+                else:
+                    try:
+                        nxt = self._q.get_nowait()
+                    except queue.Empty:
+                        break
+                if nxt[0] == "reset":
+                    slots.append(nxt[1])
+                elif nxt[0] == "finish":
+                    self._finish(nxt)
+                else:
+                    held.appendleft(nxt)
+                    break
+        finally:  # a failed finish must not leave the slots with their old streams' state
+            self.codec.reset(torch.tensor(slots, device=self.device))
 
     def _merge(self, cmd: tuple, held: deque) -> tuple:
         """Joins the decodes queued right behind `cmd` into one batched call while this thread is behind
