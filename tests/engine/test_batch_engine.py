@@ -415,3 +415,40 @@ def test_a_shared_final_call_pads_the_shorter_rows_without_changing_their_audio(
         (audio,) = t.stream.chunks
         assert audio.shape == whole.shape == (t.kept * engine.vocoder.frame_length,)
         assert np.abs(audio - whole).max() < AUDIO_TOL
+
+
+@pytest.mark.parametrize("first_chunk", [64, 1])
+def test_the_prefill_budget_holds_back_a_prompt_only_beside_streams_whose_audio_started(first_chunk):
+    # A decodes, then B (a long prompt) arrives. While A's audio has not started nothing can stall: B goes in whole,
+    # in one step. Once A's audio has started, B goes in the budget's chunks (made one page a step here)
+    from conftest import MODEL_DIR
+
+    from ttsengine import Engine, EngineConfig
+
+    eng = Engine.load(EngineConfig(model_dir=MODEL_DIR, device="cpu", max_batch=4, first_chunk_frames=first_chunk))
+    try:
+        budget = eng.budget
+        budget.step_seconds, budget.token_seconds = {b: 1.0 for b in eng.settings.buckets}, 1.0  # -> the floor
+        budget.observe = lambda *a: None  # held there
+        calls, original = [], eng.runner.prefill
+        eng.runner.prefill = lambda items: (calls.append([(it.start, it.stop) for it in items]), original(items))
+        a = eng.submit(SynthesisRequest(text="Decoding first.", seed=1, max_new_tokens=400), ignore_stop=True)
+        deadline = time.monotonic() + 60
+        while (a.first_audio_at is None if first_chunk == 1 else
+               not any(j.decoding for j in list(eng.scheduler.running))) and time.monotonic() < deadline:
+            time.sleep(0.001)
+        assert (a.first_audio_at is None) == (first_chunk == 64)
+        calls.clear()
+        b = eng.submit(SynthesisRequest(text="A much longer prompt than a page of the cache. " * 2, seed=2,
+                                        max_new_tokens=3))
+        b.result()
+        assert a.first_audio_at is None or first_chunk == 1  # A was still without audio while B went in
+        positions = calls[-1][0][1]  # B's prompt: its last call ends at its last prefilled position
+        assert positions > budget.floor
+        if first_chunk == 64:
+            assert calls == [[(0, positions)]]
+        else:
+            assert len(calls) == -(-positions // budget.floor) and all(len(c) == 1 for c in calls)
+        a.result()
+    finally:
+        eng.close()

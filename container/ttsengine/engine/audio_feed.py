@@ -38,6 +38,11 @@ class Task:
     audio_offset: int = 0  # the stream's frames made into audio before this text chunk (kept ones only)
 
     @property
+    def playing(self) -> bool:
+        """The stream's audio has started: frames of it went to the codec (this text chunk's or an earlier one's)."""
+        return self.decoded > 0 or self.audio_offset > 0
+
+    @property
     def kept(self) -> int:
         """Frames that are audio for sure: the last generated one may still be dropped."""
         return max(0, len(self.frames) - 1)
