@@ -7,9 +7,10 @@ Wraps bench.run_level (nothing in the package changes) and profiles the level gi
 default: the last), then runs `bench` with the given args.
 Usage: PROFILE_LEVEL=3 python scripts/device/gpu_timeline.py --random-weights s1-mini --frames 192 \
            --concurrency 64,64,64 --out DIR          (env BIN_MS: the timeline's bin, default 50)
-env DUMP=FILE.npz: also keep the raw trace (every kernel: stream, start, end, name; with HOST=1 also the engine's
-and the codec thread's main methods as host ranges, from CPU activity: that records every torch op too, which slows
-the host a little) for offline reading.
+env DUMP=FILE.npz: also keep the raw trace (every kernel: stream, start, end, name; with HOST=1 also host ranges of
+the wrapped methods, from CPU activity, which records every torch op too and slows the host a little) for offline
+reading. Only the profiling thread's ranges come back (the submits): the engine's loop and codec threads, started
+before the profiler, are not recorded (torch 2.11); scripts/device/ramp_trace.py and loop_trace.py time those.
 """
 import os
 import sys
