@@ -27,6 +27,22 @@ class Recorder:
         self.error = error
 
 
+class Logged(Recorder):
+    """A Recorder that notes its emits and its finish in a shared log, in the order they ran."""
+
+    def __init__(self, name, log: list):
+        super().__init__()
+        self.name, self.log = name, log
+
+    def emit(self, audio, text_index: int) -> None:
+        self.log.append(("emit", self.name))
+        super().emit(audio, text_index)
+
+    def finish(self, error=None) -> None:
+        self.log.append(("finish", self.name))
+        super().finish(error)
+
+
 def codes(seed: int, frames: int) -> np.ndarray:
     g = np.random.default_rng(seed)
     return np.concatenate([g.integers(0, 32, (1, 1, frames)), g.integers(0, 16, (1, 3, frames))], axis=1)
@@ -133,23 +149,11 @@ def test_final_decodes_merge_across_resets_and_finishes_in_order(eager_engine):
         calls: list[int] = []
         log: list[tuple] = []
 
-        class Logged(Recorder):
-            def __init__(self, name):
-                super().__init__()
-                self.name = name
-
-            def emit(self, audio, text_index):
-                log.append(("emit", self.name))
-                super().emit(audio, text_index)
-
-            def finish(self, error=None):
-                log.append(("finish", self.name))
-
         voc = Vocoder(codec, 3, 4096, (4,), (), threading.RLock(), lambda frames, s: calls.append(frames),
                       lambda stream: None)
         voc.set_merge(merge_rows)
-        out = {slot: Logged(slot) for slot in finals}
-        again = Logged("next")
+        out = {slot: Logged(slot, log) for slot in finals}
+        again = Logged("next", log)
         gate = threading.Event()
         voc.call_async(gate.wait)
         for slot, c in finals.items():
@@ -180,34 +184,27 @@ def test_queued_resets_run_as_one_after_the_finishes_between_them(eager_engine):
     codec = eager_engine.ckpt.codec
     log: list[tuple] = []
 
-    class Logged(Recorder):
-        def __init__(self, name):
-            super().__init__()
-            self.name = name
-
-        def finish(self, error=None):
-            log.append(("finish", self.name))
-
     voc = Vocoder(codec, 3, 4096, (4,), (), threading.RLock(), lambda frames, s: None, lambda stream: None)
     voc.set_merge(0)
     reset = voc.codec.reset
     voc.codec.reset = lambda rows: (log.append(("reset", rows.tolist())), reset(rows))
-    out = {slot: Logged(slot) for slot in range(3)}
+    out = {slot: Logged(slot, log) for slot in range(3)}
     for slot in range(3):  # each slot decodes one chunk: state to forget
         voc.decode([slot], codes(70 + slot, 4), [Delivery(out[slot], 0, 4)])
     voc.call(lambda: None)
+    log.clear()
     gate = threading.Event()
     voc.call_async(gate.wait)
     for slot in range(3):
         voc.reset(slot)
         voc.finish(out[slot])
-    again = Logged("next")
+    again = Logged("next", log)
     voc.decode([1], codes(63, 4), [Delivery(again, 0, 4)])
     voc.reset(2)  # after a decode: a run of its own
     gate.set()
     voc.call(lambda: None)
     voc.close()
-    assert log == [("finish", 0), ("finish", 1), ("finish", 2), ("reset", [0, 1, 2]), ("reset", [2])]
+    assert log == [("finish", 0), ("finish", 1), ("finish", 2), ("reset", [0, 1, 2]), ("emit", "next"), ("reset", [2])]
     fresh = Recorder()
     ref = Vocoder(codec, 3, 4096, (4,), (), threading.RLock(), lambda frames, s: None, lambda stream: None)
     ref.decode([1], codes(63, 4), [Delivery(fresh, 0, 4)])
