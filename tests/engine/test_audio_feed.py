@@ -221,3 +221,11 @@ def test_rounds_come_every_first_chunk_when_later_chunks_are_smaller():
     t = task(30, 8)
     t.stream.first_audio_at = 0.0
     assert [i for i in range(1, 17) if rounds.due([t], 0.001 * i)] == [8, 16]
+
+
+def test_a_stream_plays_once_frames_of_it_went_to_the_codec_in_this_text_chunk_or_an_earlier_one():
+    assert not task(generated=3).playing  # frames made, none sent to the codec yet
+    assert task(generated=5, decoded=4).playing
+    later = task(generated=0)
+    later.audio_offset = 40  # the stream's earlier text chunks made audio
+    assert later.playing

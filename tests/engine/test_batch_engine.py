@@ -430,8 +430,14 @@ def test_the_prefill_budget_holds_back_a_prompt_only_beside_streams_whose_audio_
         budget = eng.budget
         budget.step_seconds, budget.token_seconds = {b: 1.0 for b in eng.settings.buckets}, 1.0  # -> the floor
         budget.observe = lambda *a: None  # held there
-        calls, original = [], eng.runner.prefill
-        eng.runner.prefill = lambda items: (calls.append([(it.start, it.stop) for it in items]), original(items))
+        calls, playing, original = [], [], eng.runner.prefill
+
+        def spy(items):  # on the engine's loop thread: what the budget saw
+            calls.append([(it.start, it.stop) for it in items])
+            playing.append(any(j.decoding and j.owner.playing for j in eng.scheduler.running))
+            original(items)
+
+        eng.runner.prefill = spy
         a = eng.submit(SynthesisRequest(text="Decoding first.", seed=1, max_new_tokens=400), ignore_stop=True)
         deadline = time.monotonic() + 60
         while (a.first_audio_at is None if first_chunk == 1 else
@@ -439,10 +445,11 @@ def test_the_prefill_budget_holds_back_a_prompt_only_beside_streams_whose_audio_
             time.sleep(0.001)
         assert (a.first_audio_at is None) == (first_chunk == 64)
         calls.clear()
+        playing.clear()
         b = eng.submit(SynthesisRequest(text="A much longer prompt than a page of the cache. " * 2, seed=2,
                                         max_new_tokens=3))
         b.result()
-        assert a.first_audio_at is None or first_chunk == 1  # A was still without audio while B went in
+        assert playing and all(p == (first_chunk == 1) for p in playing)  # A's audio had not started / had
         positions = calls[-1][0][1]  # B's prompt: its last call ends at its last prefilled position
         assert positions > budget.floor
         if first_chunk == 64:

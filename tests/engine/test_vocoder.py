@@ -178,17 +178,25 @@ def test_final_decodes_merge_across_resets_and_finishes_in_order(eager_engine):
         assert merged[key].shape == alone[key].shape and np.abs(merged[key] - alone[key]).max() < TOL, key
 
 
-def test_queued_resets_run_as_one_after_the_finishes_between_them(eager_engine):
+class Raising(Logged):
+    def finish(self, error=None) -> None:
+        super().finish(error)
+        raise RuntimeError("a listener's failure")
+
+
+@pytest.mark.parametrize("merge_rows", [0, 8])
+def test_queued_resets_run_as_one_after_the_finishes_between_them(eager_engine, merge_rows):
     # streams ending together queue reset, finish, reset, finish ...: the finishes run first, in order, then every
-    # slot in one reset; a slot's next stream (a decode after the run) starts from a clean state
+    # slot in one reset; a finish that raises holds back neither the others nor the reset; a slot's next stream (a
+    # decode after the run) starts from a clean state
     codec = eager_engine.ckpt.codec
     log: list[tuple] = []
 
     voc = Vocoder(codec, 3, 4096, (4,), (), threading.RLock(), lambda frames, s: None, lambda stream: None)
-    voc.set_merge(0)
+    voc.set_merge(merge_rows)
     reset = voc.codec.reset
     voc.codec.reset = lambda rows: (log.append(("reset", rows.tolist())), reset(rows))
-    out = {slot: Logged(slot, log) for slot in range(3)}
+    out = {slot: (Raising if slot == 1 else Logged)(slot, log) for slot in range(3)}
     for slot in range(3):  # each slot decodes one chunk: state to forget
         voc.decode([slot], codes(70 + slot, 4), [Delivery(out[slot], 0, 4)])
     voc.call(lambda: None)

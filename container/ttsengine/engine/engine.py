@@ -447,13 +447,13 @@ class Engine:
         self._intake()
         self._cancellations()
         running = self.scheduler.running
-        # the budget protects streams whose audio has started, at the bucket of the step each admission brings it
-        # to (prefill_budget.py): a burst onto running streams goes in at the pace the small steps leave room for,
-        # not the full batch's. Until one has audio, nothing can stall: a burst onto an idle engine goes in as it
-        # arrives (TTS_PREFILL_TOKENS per step). Budgeted, the prefill's ~5 ms per call (H100; one call of 8
-        # prompts or fewer) read as a per-token cost held 64 arrivals to 5-11 per step: the last began decoding
-        # 141 ms after the first (scripts/device/ramp_trace.py)
-        playing = any(j.decoding and j.owner.playing for j in running)
+        # while streams decode and some running stream's audio has started (decoding, or prefilling its next text
+        # chunk), the budget at the bucket of the step each admission brings it to (prefill_budget.py): a burst onto
+        # running streams goes in at the pace the small steps leave room for, not the full batch's. Until one has
+        # audio, nothing can stall: a burst onto an idle engine goes in as it arrives (TTS_PREFILL_TOKENS per step).
+        # Budgeted, the prefill's ~5 ms per call (H100; one call of 8 prompts or fewer) read as a per-token cost
+        # held 64 arrivals to 5-11 per step: the last began decoding 141 ms after the first (ramp_trace.py)
+        playing = any(j.decoding for j in running) and any(j.owner.playing for j in running)
         t0 = time.perf_counter()
         bucket_of = self.settings.bucket
         chunks = self.scheduler.schedule(lambda rows: self.budget.tokens(bucket_of(rows) if playing else 0))

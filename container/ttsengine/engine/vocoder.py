@@ -1,9 +1,11 @@
 """The engine's codec: streaming decode of every active stream, on its own thread and CUDA stream, so
 decode steps never wait for audio.
 
-Commands run strictly in submission order, which is what keeps it simple: a slot's reset is queued
-after its last decode, and a stream is finished only after its last chunk was emitted. The loop
-thread may hand a slot to a new stream right after queueing the reset.
+Commands run in submission order, which is what keeps it simple: a slot's reset is queued after its
+last decode, and a stream is finished only after its last chunk was emitted. The loop thread may hand
+a slot to a new stream right after queueing the reset. Two exceptions keep that order where it
+matters: queued decodes merge into one call (their resets and finishes run right after it), and a run
+of resets and finishes runs as the finishes, then one reset of all their slots.
 
 Chunk lengths are padded up to one of `chunk_sizes` (the codec is causal, so frames appended after
 the real ones change nothing before them; only a stream's final chunk is ever padded, and its state
@@ -339,11 +341,14 @@ class Vocoder:
                 if nxt[0] == "reset":
                     slots.append(nxt[1])
                 elif nxt[0] == "finish":
-                    self._finish(nxt)
+                    try:
+                        self._finish(nxt)
+                    except Exception:  # noqa: BLE001 - one stream's failure must not hold back the others
+                        log.exception("finishing a stream failed")
                 else:
                     held.appendleft(nxt)
                     break
-        finally:  # a failed finish must not leave the slots with their old streams' state
+        finally:  # whatever happened, the slots must not keep their old streams' state
             self.codec.reset(torch.tensor(slots, device=self.device))
 
     def _merge(self, cmd: tuple, held: deque) -> tuple:
