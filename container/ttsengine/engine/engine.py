@@ -665,7 +665,7 @@ class Engine:
         """Queues codec decodes of pending frames: whole chunks (audio_feed.codec_calls), or when `final` all that
         is left, every task in each call (audio_feed.final_calls)."""
         first, stream = self.settings.first_chunk_frames, self.settings.stream_chunk_frames
-        calls = (final_calls(tasks, max(chunk_sizes(first, stream))) if final else
+        calls = (final_calls(tasks, self.vocoder.chunk_sizes[-1]) if final else  # its largest: decode_padded's limit
                  ([(t, count) for t in group] for count, group in codec_calls(tasks, first, stream)))
         for call in calls:
             width = max(count for _, count in call)
