@@ -9,6 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -77,6 +78,20 @@ def complete_model(dest: Path) -> Path:
     shutil.copytree(MODEL_DIR, dest)
     shutil.copy(MODEL_DIR.parent / "codec_config.json", dest / "codec_config.json")
     return dest
+
+
+class Recorder:
+    """Stands in for a Stream where the codec delivers: keeps a copy of each chunk emitted, and its end's error."""
+
+    def __init__(self):
+        self.chunks: list[np.ndarray] = []
+        self.error = None
+
+    def emit(self, audio, text_index: int) -> None:
+        self.chunks.append(np.array(audio))
+
+    def finish(self, error=None) -> None:
+        self.error = error
 
 
 def free_port(below: int = 65536) -> int:

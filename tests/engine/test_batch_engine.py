@@ -375,14 +375,9 @@ def test_streams_ending_together_share_their_last_codec_call(eager_engine):
 def test_a_shared_final_call_pads_the_shorter_rows_without_changing_their_audio(engine):
     # engine._vocode_tasks(final=True) on tasks with 3, 8 and 5 frames left: one call of 8 frames, the 3- and 5-frame
     # rows zero-padded (audio_feed.pending_codes); each row's audio == the whole decode of its own frames
+    from conftest import Recorder
+
     from ttsengine.engine.audio_feed import Task
-
-    class Keep:
-        def __init__(self):
-            self.chunks = []
-
-        def emit(self, audio, text_index):
-            self.chunks.append(np.array(audio))
 
     g = np.random.default_rng(11)
     cfg = engine.ckpt.config
@@ -397,7 +392,7 @@ def test_a_shared_final_call_pads_the_shorter_rows_without_changing_their_audio(
     for slot, left in zip((1, 2, 3), (3, 8, 5)):
         frames = [np.concatenate([[0], g.integers(0, engine.ckpt.tokenizer.num_semantic, 1),
                                   g.integers(0, cfg.codebook_size, cfg.num_codebooks - 1)]) for _ in range(left + 1)]
-        tasks.append(Task(stream=Keep(), plan=None, index=0, prompt=None, context_dropped=False, frame_offset=0,
+        tasks.append(Task(stream=Recorder(), plan=None, index=0, prompt=None, context_dropped=False, frame_offset=0,
                           frames=frames, voc_slot=slot))  # kept = left (the last generated frame may be dropped)
     assert engine.open_streams == 0  # the shared engine is idle: slots 1-3 are free
     engine.vocoder.decode = counting_decode

@@ -7,24 +7,11 @@ import threading
 
 import numpy as np
 import pytest
+from conftest import Recorder
 
 from ttsengine.engine.vocoder import Delivery, Vocoder
 
 TOL = 5e-5  # fp32: summation order only
-
-
-class Recorder:
-    """Stands in for a Stream: keeps what the vocoder emits."""
-
-    def __init__(self):
-        self.chunks: list[np.ndarray] = []
-        self.error = None
-
-    def emit(self, audio, text_index: int) -> None:
-        self.chunks.append(np.array(audio))
-
-    def finish(self, error=None) -> None:
-        self.error = error
 
 
 class Logged(Recorder):
