@@ -3,7 +3,8 @@ torch.compile, top-p as ATen's segmented sort) vs the sort-free kernels (kernels
 the real 155,776-wide vocabulary, the window of 11 ids, captured in a CUDA graph and replayed. Prints us per call and
 how often the two draw the same token. Usage: python3 scripts/device/vocab_sampler_bench.py [rows ...]
 (default 1 2 8 64 256); SCALE=logit std (default 1.0: random weights' near-flat rows; 6: a peaked model);
-STAGES=1: also the sort-free kernels' cumulative time by stage (stats; + mass + cut; + draw + finish)."""
+STAGES=1: also the sort-free kernels' cumulative time by stage (stats; + hist; + mass + cut; the whole
+call above) and how many entries a row counts (those at or above its floor)."""
 import os
 import sys
 
@@ -50,20 +51,29 @@ def stages(logits, p, ids):
 
     B, V = logits.shape
     NC = triton.cdiv(V, vs.CHUNK)
+    NCP = max(16, triton.next_power_of_2(NC))
     stats = torch.empty(B, NC, 2, device="cuda")
     counts = torch.zeros(B, vs.KEYS, dtype=torch.int32, device="cuda")
+    floor = torch.empty(B, device="cuda")
     packed = torch.empty(B, dtype=torch.int64, device="cuda")
     row = (logits, logits.stride(0), V, ids, ids.stride(0), ids.shape[1], p.repetition_penalty)
 
-    def zero_and_stats():
+    def zero_and_stats(hist=False):
         counts.zero_()
-        vs._stats_kernel[(B, NC)](*row, stats, counts, packed, NC, CHUNK_=vs.CHUNK, HAS_IDS=True, num_warps=4)
+        vs._stats_kernel[(B, NC)](*row, stats, packed, NC, CHUNK_=vs.CHUNK, HAS_IDS=True, WP=16, num_warps=4)
+        if hist:
+            vs._hist_kernel[(B, NC)](*row, p.top_p, stats, counts, floor, NC, CHUNK_=vs.CHUNK, NCP=NCP, HAS_IDS=True,
+                                     WP=16, num_warps=4)
 
     with torch.inference_mode():
         t1 = graphed_us([counts.zero_])
         t2 = graphed_us([zero_and_stats])
-        t3 = graphed_us([lambda: vs._cut(logits, p.top_p, p.repetition_penalty, ids, p.seed_lo)])
-    print(f"|   stages | memset {t1:.1f} | + stats {t2:.1f} | + mass + cut {t3:.1f} | (all above) |")
+        t3 = graphed_us([lambda: zero_and_stats(True)])
+        t4 = graphed_us([lambda: vs._cut(logits, p.top_p, p.repetition_penalty, ids, p.seed_lo)])
+        zero_and_stats(True)
+        counted = int(counts.sum())
+    print(f"|   stages | memset {t1:.1f} | + stats {t2:.1f} | + hist {t3:.1f} | + mass + cut {t4:.1f} | "
+          f"counted {counted / B:.0f} of {V} a row |")
 
 
 if __name__ == "__main__":

@@ -3,6 +3,7 @@ reference, sampling.sample_token, and its rule at a tie on the top-p cut."""
 
 from __future__ import annotations
 
+import math
 import os
 
 import pytest
@@ -142,3 +143,30 @@ def test_the_cut_where_a_penalised_entry_ties_a_value_or_starts_a_span():
     row[10], row[11] = 1.25, 1.25
     got, want = cut_sweep(row, 2.0, torch.tensor([2, 7]), 1.25)
     assert torch.equal(got, want), (got, want)
+
+
+def test_entries_around_the_floor_and_chunks_wholly_below_it():
+    # The kernels count only entries at or above the row's floor, m - ln(2V / (1 - top_p)), and read no chunk whose
+    # max is below the floor (counts) or below the cut (the draw). Rows: the max, a crowd of 2,047 entries 1.2-2
+    # nats over the floor (enough of them that the cut lands among them: a floor 2 nats too high breaks this), and a
+    # second chunk of 2,048 wholly below the floor, one of its ids in the window. top_p up to 0.998, just under
+    # where the floor turns off, and 0.999, where it is off
+    V = 4096
+    g = torch.Generator().manual_seed(7)
+    top_ps = [0.8, 0.9, 0.99, 0.998, 0.999]
+    logits = torch.empty(len(top_ps), V)
+    for r, top_p in enumerate(top_ps):
+        floor = 8.0 - math.log(2 * V / (1 - min(top_p, 0.998)))
+        logits[r, 0] = 8.0  # the row's max
+        logits[r, 1:2048] = floor + 1.2 + torch.rand(2047, generator=g) * 0.8
+        logits[r, 2048:] = floor - 5.0 - torch.rand(2048, generator=g)
+    logits = logits.to(torch.bfloat16)
+    p = SamplingTensors.from_values([(1.0, tp, 1.3, 99 + r) for r, tp in enumerate(top_ps)], "cpu")
+    ids = torch.tensor([[3, 2100, 500]] * len(top_ps))
+    x = apply_repetition_penalty(logits.float(), ids, p.repetition_penalty)
+    want, margin = reference_cut(x, p.top_p)
+    got = top_p_cut(logits, p.top_p, p.repetition_penalty, ids)
+    assert (margin > 2e-6).all() and torch.equal(got.double(), want), (got, want)
+    counter = torch.arange(len(top_ps), dtype=torch.int64)
+    tokens, reference = both(logits, p, ids, counter)
+    assert torch.equal(tokens, reference)

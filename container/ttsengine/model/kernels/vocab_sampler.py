@@ -1,5 +1,5 @@
 """The slow token's sampling over the whole vocabulary (155,776 logits a row) without a sort: repetition penalty,
-top-p, temperature and the keyed Exp(1) draw of model/sampling.py in five Triton kernels, for 16-bit logits.
+top-p, temperature and the keyed Exp(1) draw of model/sampling.py in six Triton kernels, for 16-bit logits.
 
 The reference (`frame.sample_token_blocked`) sorts every row (a segmented sort of 155,776 per row: ~60 us at one
 row on an H100, far more at 64), scans it, scatters the mask back and draws with one block per row (~80 us). Here
@@ -15,16 +15,27 @@ v grows, so the kept set is every entry >= a cut. Equal to the sorted reference 
 exactly at the cut, where the reference's (unstable) sort keeps some of the tied entries and this keeps them all;
 and where fp32 sums of the same probabilities in another order round across top_p.
 
+Only entries near the row's max can be kept, so only those are counted. With m the row's max, an entry below the
+floor m - ln(2V / (1 - top_p)) has mass(> it) >= 1 - V e^(floor - m) = (1 + top_p) / 2 above it, more than top_p
+by a margin of (1 - top_p) / 2, far beyond fp32 rounding: it is never kept. Leaving such entries uncounted
+changes only the masses computed for values below the floor, which are not kept either way; the floor is -inf for
+top_p >= 0.999. A peaked row counts only its top entries (~3,300 of 155,776 for Gaussian logits of std 6) and the
+draw reads only the chunks holding kept entries; a flat row (random weights) counts everything, as before. The
+trained model's rows are expected to be peaked (the nucleus a few semantic tokens); none were measured here.
+
 Kernels, grid in brackets, B rows:
-1. stats [B, chunks of 2,048 logits]: the penalty, each chunk's max and sum of exp, the 16-bit value counts
-   (integer atomics: the same counts in any order);
-2. mass [B, 32 spans of 2,048 keys]: each span's probability mass (values' and penalised entries');
-3. cut [B, 32]: the mass above each span from the spans' masses, the scan inside the span, the span's
+1. stats [B, chunks of 2,048 logits]: the penalty, each chunk's max and sum of exp;
+2. hist [B, chunks]: the row's floor, and the 16-bit value counts of the entries at or above it (integer atomics:
+   the same counts in any order); a chunk whose max is below the floor reads nothing;
+3. mass [B, 32 spans of 2,048 keys]: each span's probability mass (values' and penalised entries'); a span wholly
+   below the floor reads no counts (they are 0);
+4. cut [B, 32]: the mass above each span from the spans' masses, the scan inside the span, the span's
    smallest kept value;
-4. draw [B, chunks]: the cut is the smallest of the spans'; argmax over kept entries of
+5. draw [B, chunks]: the cut is the smallest of the spans'; argmax over kept entries of
    exp(x / t - max / t) / noise (the reference's probs / noise before its common division by the sum), packed
-   (score bits, index) into one int64 and combined across chunks with an atomic max;
-5. finish [1]: the token ids from the packed maxima.
+   (score bits, index) into one int64 and combined across chunks with an atomic max; a chunk whose max is below
+   the cut returns at once;
+6. finish [1]: the token ids from the packed maxima.
 Every sum is over a fixed order of parts, so a row's token does not depend on the batch or the run. The penalty's
 and the temperature's divisions round as torch's (div_rn; Triton's `/` is approximate on NVIDIA GPUs): a penalised
 value is compared exactly with the 16-bit values.
@@ -67,13 +78,21 @@ if triton is not None:
         return bits.to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
 
     @triton.jit
-    def _penalised(x, idx, b, IDS, s_i, W, PEN):
-        # x: fp32 logits at indices idx of row b -> (x with the window's ids penalised, which were)
+    def _penalised(x, idx, b, c, IDS, s_i, W, PEN, CHUNK_: tl.constexpr, WP: tl.constexpr):
+        # x: fp32 logits at indices idx (chunk c) of row b -> (x with the window's ids penalised, which were). Most
+        # chunks hold none of the window's ids: they skip the per-logit compares and divisions (6x the rest of the
+        # stats kernel's time at 256 rows when every chunk did them)
+        lane = tl.arange(0, WP)
+        ids = tl.load(IDS + b.to(tl.int64) * s_i + lane, mask=lane < W, other=-1)
+        mine = tl.sum(((ids >= c * CHUNK_) & (ids < c * CHUNK_ + CHUNK_)).to(tl.int32), axis=0)
         hit = idx < 0
-        for w in range(W):
-            hit = hit | (idx == tl.load(IDS + b.to(tl.int64) * s_i + w))
-        pen = tl.load(PEN + b)
-        return tl.where(hit, tl.where(x < 0, x * pen, tl.math.div_rn(x, pen)), x), hit
+        y = x
+        if mine > 0:
+            for w in range(W):
+                hit = hit | (idx == tl.load(IDS + b.to(tl.int64) * s_i + w))
+            pen = tl.load(PEN + b)
+            y = tl.where(hit, tl.where(x < 0, x * pen, tl.math.div_rn(x, pen)), x)
+        return y, hit
 
     @triton.jit
     def _entries(LOGITS, s_l, V, IDS, s_i, b, W, PEN, WP: tl.constexpr):
@@ -104,43 +123,71 @@ if triton is not None:
         return ((x >= lo) | (s == 0)) & ((x < hi) | (s == 31))
 
     @triton.jit
-    def _stats_kernel(LOGITS, s_l, V, IDS, s_i, W, PEN, STATS, COUNTS, PACKED, NC,
-                      CHUNK_: tl.constexpr, HAS_IDS: tl.constexpr):
+    def _stats_kernel(LOGITS, s_l, V, IDS, s_i, W, PEN, STATS, PACKED, NC,
+                      CHUNK_: tl.constexpr, HAS_IDS: tl.constexpr, WP: tl.constexpr):
         b, c = tl.program_id(0), tl.program_id(1)
         idx = c * CHUNK_ + tl.arange(0, CHUNK_)
         inside = idx < V
-        raw = tl.load(LOGITS + b.to(tl.int64) * s_l + idx, mask=inside, other=0.0)
-        bits = raw.to(tl.int16, bitcast=True).to(tl.int32) & 0xFFFF
-        x = raw.to(tl.float32)
+        x = tl.load(LOGITS + b.to(tl.int64) * s_l + idx, mask=inside, other=0.0).to(tl.float32)
         if HAS_IDS:
-            x, hit = _penalised(x, idx, b, IDS, s_i, W, PEN)
-        else:
-            hit = idx < 0
+            x, hit = _penalised(x, idx, b, c, IDS, s_i, W, PEN, CHUNK_, WP)
         x = tl.where(inside, x, float("-inf"))
         m = tl.max(x, axis=0)
         m_safe = tl.where(m == float("-inf"), 0.0, m)  # a chunk of -inf logits: sum 0, not nan
         tl.store(STATS + (b * NC + c) * 2, m)
         tl.store(STATS + (b * NC + c) * 2 + 1, tl.sum(tl.exp(x - m_safe), axis=0))
-        # penalised entries are no 16-bit value: the mass and cut kernels take them from the window
-        tl.atomic_add(COUNTS + b.to(tl.int64) * 65536 + _key(bits), 1, mask=inside & (~hit), sem="relaxed")
         if c == 0:
             tl.store(PACKED + b, 0)  # the draw's atomic maximum starts from 0 (every score is > 0)
 
     @triton.jit
-    def _span_masses(COUNTS, b, s, m, z, BF16: tl.constexpr):
-        # span s of row b in descending key order -> (value, count, mass) per key; empty keys' mass 0
+    def _floor(m, top_p, V):
+        # the row's floor: no entry below it can be kept (module doc); -inf where top_p leaves too little margin
+        return tl.where(top_p < 0.999, m - tl.log(2.0 * V / (1.0 - tl.minimum(top_p, 0.999))), float("-inf"))
+
+    @triton.jit
+    def _hist_kernel(LOGITS, s_l, V, IDS, s_i, W, PEN, TOP_P, STATS, COUNTS, FLOOR, NC,
+                     CHUNK_: tl.constexpr, NCP: tl.constexpr, HAS_IDS: tl.constexpr, WP: tl.constexpr):
+        b, c = tl.program_id(0), tl.program_id(1)
+        m, _ = _row_norm(STATS, b, NC, NCP)
+        floor = _floor(m, tl.load(TOP_P + b), V)
+        if c == 0:
+            tl.store(FLOOR + b, floor)  # the mass and cut kernels skip by this very value
+        if tl.load(STATS + (b * NC + c) * 2) >= floor:  # a chunk wholly below the floor counts nothing
+            idx = c * CHUNK_ + tl.arange(0, CHUNK_)
+            inside = idx < V
+            raw = tl.load(LOGITS + b.to(tl.int64) * s_l + idx, mask=inside, other=0.0)
+            bits = raw.to(tl.int16, bitcast=True).to(tl.int32) & 0xFFFF
+            if HAS_IDS:
+                unused, hit = _penalised(raw.to(tl.float32), idx, b, c, IDS, s_i, W, PEN, CHUNK_, WP)
+            else:
+                hit = idx < 0
+            # penalised entries are no 16-bit value: the mass and cut kernels take them from the window
+            counted = inside & (~hit) & (raw.to(tl.float32) >= floor)
+            tl.atomic_add(COUNTS + b.to(tl.int64) * 65536 + _key(bits), 1, mask=counted, sem="relaxed")
+
+    @triton.jit
+    def _live(FLOOR, b, s, BF16: tl.constexpr):
+        # whether span s of row b may have counts: not when its largest value is below the row's floor, which the
+        # hist kernel counted nothing under (a NaN key's value: live)
+        top = _value(s * 2048 + 2047, BF16)
+        return (top >= tl.load(FLOOR + b)) | (top != top)
+
+    @triton.jit
+    def _span_masses(COUNTS, b, s, m, z, live, BF16: tl.constexpr):
+        # span s of row b in descending key order -> (value, count, mass) per key; empty keys' mass 0. A span that
+        # is not live reads no counts: they are all 0 there
         key = s * 2048 + 2047 - tl.arange(0, 2048)
-        count = tl.load(COUNTS + b.to(tl.int64) * 65536 + key)
+        count = tl.load(COUNTS + b.to(tl.int64) * 65536 + key, mask=key < tl.where(live, 65536, 0), other=0)
         v = _value(key, BF16)
         p = tl.exp(v - m) / z
         return v, count, tl.where(count > 0, count.to(tl.float32) * p, 0.0), p
 
     @triton.jit
-    def _mass_kernel(LOGITS, s_l, V, IDS, s_i, W, PEN, STATS, COUNTS, TOTALS, NC,
+    def _mass_kernel(LOGITS, s_l, V, IDS, s_i, W, PEN, STATS, COUNTS, FLOOR, TOTALS, NC,
                      NCP: tl.constexpr, HAS_IDS: tl.constexpr, WP: tl.constexpr, BF16: tl.constexpr):
         b, s = tl.program_id(0), tl.program_id(1)
         m, z = _row_norm(STATS, b, NC, NCP)
-        v, count, mass, p = _span_masses(COUNTS, b, s, m, z, BF16)
+        v, count, mass, p = _span_masses(COUNTS, b, s, m, z, _live(FLOOR, b, s, BF16), BF16)
         total = tl.sum(mass, axis=0)
         if HAS_IDS:  # the span's penalised entries
             xs, valid = _entries(LOGITS, s_l, V, IDS, s_i, b, W, PEN, WP)
@@ -148,14 +195,14 @@ if triton is not None:
         tl.store(TOTALS + b * 32 + s, total)
 
     @triton.jit
-    def _cut_kernel(LOGITS, s_l, V, IDS, s_i, W, PEN, TOP_P, STATS, COUNTS, TOTALS, CAND, NC,
+    def _cut_kernel(LOGITS, s_l, V, IDS, s_i, W, PEN, TOP_P, STATS, COUNTS, FLOOR, TOTALS, CAND, NC,
                     NCP: tl.constexpr, HAS_IDS: tl.constexpr, WP: tl.constexpr, BF16: tl.constexpr):
         b, s = tl.program_id(0), tl.program_id(1)
         m, z = _row_norm(STATS, b, NC, NCP)
         top_p = tl.load(TOP_P + b)
         spans = tl.arange(0, 32)
         above = tl.sum(tl.where(spans > s, tl.load(TOTALS + b * 32 + spans), 0.0), axis=0)  # higher spans' mass
-        v, count, mass, p = _span_masses(COUNTS, b, s, m, z, BF16)
+        v, count, mass, p = _span_masses(COUNTS, b, s, m, z, _live(FLOOR, b, s, BF16), BF16)
         before = tl.cumsum(mass, axis=0) - mass  # mass of this span's keys above each key
         if HAS_IDS:
             lane = tl.arange(0, WP)
@@ -175,23 +222,24 @@ if triton is not None:
 
     @triton.jit
     def _draw_kernel(LOGITS, s_l, V, IDS, s_i, W, PEN, TEMP, SEED_LO, SEED_HI, COUNTER, STATS, CAND, PACKED, NC,
-                     CHUNK_: tl.constexpr, NCP: tl.constexpr, HAS_IDS: tl.constexpr):
+                     CHUNK_: tl.constexpr, NCP: tl.constexpr, HAS_IDS: tl.constexpr, WP: tl.constexpr):
         b, c = tl.program_id(0), tl.program_id(1)
         m, z = _row_norm(STATS, b, NC, NCP)
         cut = tl.minimum(tl.min(tl.load(CAND + b * 32 + tl.arange(0, 32)), axis=0), m)  # the best always stays
-        idx = c * CHUNK_ + tl.arange(0, CHUNK_)
-        inside = idx < V
-        x = tl.load(LOGITS + b.to(tl.int64) * s_l + idx, mask=inside, other=0.0).to(tl.float32)
-        if HAS_IDS:
-            x, hit = _penalised(x, idx, b, IDS, s_i, W, PEN)
-        t = tl.maximum(tl.load(TEMP + b), 1e-5)
-        key = row_key(tl.load(SEED_LO + b), tl.load(SEED_HI + b), tl.load(COUNTER + b))
-        score = tl.exp(tl.math.div_rn(x, t) - tl.math.div_rn(m, t)) / exp_noise(key, idx.to(tl.int64))
-        score = tl.where(inside & (x >= cut), score, -1.0)
-        best = tl.argmax(score, axis=0)
-        top = tl.max(score, axis=0)
-        packed = (top.to(tl.int32, bitcast=True).to(tl.int64) << 32) | (0x7FFFFFFF - (c * CHUNK_ + best))
-        tl.atomic_max(PACKED + b, packed, sem="relaxed")
+        if tl.load(STATS + (b * NC + c) * 2) >= cut:  # a chunk whose (penalised) max is below the cut keeps nothing
+            idx = c * CHUNK_ + tl.arange(0, CHUNK_)
+            inside = idx < V
+            x = tl.load(LOGITS + b.to(tl.int64) * s_l + idx, mask=inside, other=0.0).to(tl.float32)
+            if HAS_IDS:
+                x, hit = _penalised(x, idx, b, c, IDS, s_i, W, PEN, CHUNK_, WP)
+            t = tl.maximum(tl.load(TEMP + b), 1e-5)
+            key = row_key(tl.load(SEED_LO + b), tl.load(SEED_HI + b), tl.load(COUNTER + b))
+            score = tl.exp(tl.math.div_rn(x, t) - tl.math.div_rn(m, t)) / exp_noise(key, idx.to(tl.int64))
+            score = tl.where(inside & (x >= cut), score, -1.0)
+            best = tl.argmax(score, axis=0)
+            top = tl.max(score, axis=0)
+            packed = (top.to(tl.int32, bitcast=True).to(tl.int64) << 32) | (0x7FFFFFFF - (c * CHUNK_ + best))
+            tl.atomic_max(PACKED + b, packed, sem="relaxed")
 
     @triton.jit
     def _finish_kernel(PACKED, OUT, B, BLOCK: tl.constexpr):
@@ -209,7 +257,7 @@ def _check(logits: Tensor) -> Tensor:
 
 
 def _cut(logits: Tensor, top_p: Tensor, penalty: Tensor, previous_ids: Tensor | None, counter: Tensor):
-    """Kernels 1-3 -> (the row arguments the draw takes, stats [B, NC, 2], span cuts [B, 32], packed [B] zeroed)."""
+    """Kernels 1-4 -> (the row arguments the draw takes, stats [B, NC, 2], span cuts [B, 32], packed [B] zeroed)."""
     B, V = logits.shape
     dev = logits.device
     ids, W = window_ids(previous_ids, counter)
@@ -217,20 +265,24 @@ def _cut(logits: Tensor, top_p: Tensor, penalty: Tensor, previous_ids: Tensor | 
     NCP, WP, bf16 = max(16, next_pow2(NC)), max(2, next_pow2(W)), logits.dtype == torch.bfloat16
     stats = torch.empty(B, NC, 2, dtype=torch.float32, device=dev)
     counts = torch.zeros(B, KEYS, dtype=torch.int32, device=dev)
+    floor = torch.empty(B, dtype=torch.float32, device=dev)
     totals = torch.empty(B, SPANS, dtype=torch.float32, device=dev)
     cand = torch.empty(B, SPANS, dtype=torch.float32, device=dev)
     packed = torch.empty(B, dtype=torch.int64, device=dev)
     row = (logits, logits.stride(0), V, ids, ids.stride(0), W, penalty.float().contiguous())
-    _stats_kernel[(B, NC)](*row, stats, counts, packed, NC, CHUNK_=CHUNK, HAS_IDS=W > 0, num_warps=4)
-    _mass_kernel[(B, SPANS)](*row, stats, counts, totals, NC, NCP=NCP, HAS_IDS=W > 0, WP=WP, BF16=bf16,
+    top_p = top_p.float().contiguous()
+    _stats_kernel[(B, NC)](*row, stats, packed, NC, CHUNK_=CHUNK, HAS_IDS=W > 0, WP=WP, num_warps=4)
+    _hist_kernel[(B, NC)](*row, top_p, stats, counts, floor, NC, CHUNK_=CHUNK, NCP=NCP, HAS_IDS=W > 0, WP=WP,
+                          num_warps=4)
+    _mass_kernel[(B, SPANS)](*row, stats, counts, floor, totals, NC, NCP=NCP, HAS_IDS=W > 0, WP=WP, BF16=bf16,
                              num_warps=4)
-    _cut_kernel[(B, SPANS)](*row, top_p.float().contiguous(), stats, counts, totals, cand, NC, NCP=NCP,
-                            HAS_IDS=W > 0, WP=WP, BF16=bf16, num_warps=4)
+    _cut_kernel[(B, SPANS)](*row, top_p, stats, counts, floor, totals, cand, NC, NCP=NCP, HAS_IDS=W > 0, WP=WP,
+                            BF16=bf16, num_warps=4)
     return row, stats, cand, packed
 
 
 def top_p_cut(logits: Tensor, top_p: Tensor, penalty: Tensor, previous_ids: Tensor | None) -> Tensor:
-    """The smallest penalised logit top-p keeps in each row (fp32 [B]; every entry >= it is kept): kernels 1-3, for
+    """The smallest penalised logit top-p keeps in each row (fp32 [B]; every entry >= it is kept): kernels 1-4, for
     tests and diagnostics."""
     logits = _check(logits)
     _, stats, cand, _ = _cut(logits, top_p, penalty, previous_ids, top_p)
@@ -247,7 +299,8 @@ def sample_vocab_triton(logits: Tensor, temperature: Tensor, top_p: Tensor, pena
     row, stats, cand, packed = _cut(logits, top_p, penalty, previous_ids, counter)
     NC = stats.shape[1]
     _draw_kernel[(B, NC)](*row, temperature.float().contiguous(), seed_lo, seed_hi, counter, stats, cand, packed, NC,
-                          CHUNK_=CHUNK, NCP=max(16, next_pow2(NC)), HAS_IDS=row[5] > 0, num_warps=4)
+                          CHUNK_=CHUNK, NCP=max(16, next_pow2(NC)), HAS_IDS=row[5] > 0, WP=max(2, next_pow2(row[5])),
+                          num_warps=4)
     out = torch.empty(B, dtype=torch.int64, device=logits.device)
     _finish_kernel[(1,)](packed, out, B, BLOCK=max(16, next_pow2(B)), num_warps=1)
     return out
