@@ -170,3 +170,22 @@ def test_entries_around_the_floor_and_chunks_wholly_below_it():
     counter = torch.arange(len(top_ps), dtype=torch.int64)
     tokens, reference = both(logits, p, ids, counter)
     assert torch.equal(tokens, reference)
+
+
+def test_window_ids_on_chunk_edges_are_penalised():
+    # a chunk does the penalty's per-logit work only when a window id falls in its range. Row r's one window id is
+    # edge r, the first or last logit of a 2,048-wide chunk (the last chunk partial), and holds the row's largest raw
+    # logit, which the penalty puts below entry 100. Missed by its chunk, it would be drawn instead (top_p keeps only
+    # the best)
+    V = 4100
+    edges = [0, 2047, 2048, 4095, 4096, 4099]
+    B = len(edges)
+    logits = torch.randn(B, V, generator=torch.Generator().manual_seed(8)) * 0.3 - 10.0
+    logits[torch.arange(B), edges], logits[:, 100] = 4.0, 3.0
+    logits = logits.to(torch.bfloat16)
+    p = SamplingTensors.from_values([(0.7, 0.05, 4.0, 5 + r) for r in range(B)], "cpu")
+    ids = torch.tensor(edges)[:, None]
+    got = sample_vocab_triton(logits, p.temperature, p.top_p, p.repetition_penalty, ids, p.seed_lo, p.seed_hi,
+                              torch.arange(B))
+    assert got.tolist() == [100] * B
+    assert torch.equal(top_p_cut(logits, p.top_p, p.repetition_penalty, ids), torch.full((B,), 3.0))
