@@ -177,6 +177,7 @@ if triton is not None:
         # span s of row b in descending key order -> (value, count, mass) per key; empty keys' mass 0. A span that
         # is not live reads no counts: they are all 0 there
         key = s * 2048 + 2047 - tl.arange(0, 2048)
+        # the scalar `live` as a compare over the keys: Triton's interpreter (3.9) rejects `mask & live`
         count = tl.load(COUNTS + b.to(tl.int64) * 65536 + key, mask=key < tl.where(live, 65536, 0), other=0)
         v = _value(key, BF16)
         p = tl.exp(v - m) / z
