@@ -1,12 +1,12 @@
 """The dependency rules of DESIGN.md, enforced by walking every import statement (AST, no execution).
 
 handlers -> ttsengine public API only (the package root and ttsengine.serving). Inside the core the layers go
-serving -> engine -> synthesis -> model -> compat, and each folder's rule is in LAYERS below: the scheduler
-imports no torch; model never imports engine, synthesis, serving, config, handlers or the environment; audio
-imports nothing of ours but errors; tools are imported only by the CLI; nothing in engine/ or serving/ imports
-the eager spec engine. The core never imports web frameworks or cloud SDKs (one exception: `ttsengine download`
-imports boto3 inside its S3 function); only config.py reads the environment; an adapter never imports another
-adapter.
+serving -> engine -> synthesis -> model -> compat, and each folder's rule is in LAYERS below: the engine's control
+plane (engine/control/) imports no torch, numpy, device, model or synthesis module; model never imports engine,
+synthesis, serving, config, handlers or the environment; audio imports nothing of ours but errors; tools are
+imported only by the CLI; nothing in engine/ or serving/ imports the eager spec engine. The core never imports web
+frameworks or cloud SDKs (one exception: `ttsengine download` imports boto3 inside its S3 function); only config.py
+reads the environment; an adapter never imports another adapter.
 """
 
 from __future__ import annotations
@@ -40,6 +40,7 @@ LAYERS = {
     "ttsengine.eager": ("ttsengine.serving", "ttsengine.tools", "ttsengine.__main__"),
     "ttsengine.config": tuple(o for o in OURS if o != "ttsengine.config"),
 }
+CONTROL = "ttsengine.engine.control"  # torch-free: scheduler, page pool, prefix cache, prefill budget, faults, plan
 TOOL_USERS = ("ttsengine.__main__", "ttsengine.tools")  # tools are imported by the CLI and by each other only
 
 
@@ -100,10 +101,12 @@ def test_core_rules(path):
                 assert not name.startswith(banned), f"{mod} ({layer}) imports {name}"
         if name.startswith("ttsengine.tools"):
             assert mod.startswith(TOOL_USERS), f"{mod} imports the tool {name}: tools are used by the CLI only"
-        if mod == "ttsengine.engine.scheduler":
-            assert root != "torch", "the scheduler must not import torch"
+        if mod.startswith(CONTROL + ".") or mod == CONTROL:  # the control plane: host-side Python, testable alone
+            assert root not in ("torch", "numpy", "triton"), f"{mod} (control plane) imports {name}"
+            assert not name.startswith(("ttsengine.engine.device", "ttsengine.model", "ttsengine.synthesis")), \
+                f"{mod} (control plane) imports {name}: it may import only itself and ttsengine.errors"
     source = path.read_text()
-    if mod == "ttsengine.engine.compile.kernel_cache":  # points torch's caches at TTS_CACHE_DIR: writes only
+    if mod == "ttsengine.engine.device.compile.kernel_cache":  # points torch's caches at TTS_CACHE_DIR: writes only
         uses = [line.strip() for line in source.splitlines() if "os.environ" in line]
         assert uses and all(re.match(r'os\.environ\["[A-Z_]+"\] = ', u) for u in uses), uses
     elif mod != "ttsengine.config":

@@ -72,7 +72,7 @@ def choice(*allowed: str, case: Callable[[str], str] = str.lower) -> Kind:
     return Kind(case, " | ".join(allowed), check)
 
 
-PREFILL_GROUPS = (8, 16, 32, 64)  # TTS_PREFILL_GROUP's values: prompts per prefill call (engine/runner.py)
+PREFILL_GROUPS = (8, 16, 32, 64)  # TTS_PREFILL_GROUP's values: prompts per prefill call (engine/device/runner.py)
 SWITCH_WORDS = {"auto": "auto", "on": "on", "off": "off", "1": "on", "true": "on", "yes": "on", "0": "off",
                 "false": "off", "no": "off"}
 

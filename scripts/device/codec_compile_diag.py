@@ -9,8 +9,8 @@ sys.path.insert(0, "tests")
 from conftest import MODEL_DIR  # noqa: E402
 
 from ttsengine import EngineConfig  # noqa: E402
+from ttsengine.engine.device.vocoder import Vocoder  # noqa: E402
 from ttsengine.engine.loader import load  # noqa: E402
-from ttsengine.engine.vocoder import Vocoder  # noqa: E402
 
 torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
 codec = load(EngineConfig(model_dir=MODEL_DIR, device="cuda", dtype="float32", codec_dtype="float32")).codec

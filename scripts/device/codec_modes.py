@@ -29,7 +29,7 @@ def main() -> None:
     args = ap.parse_args()
     os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", os.path.abspath(os.path.join(args.cache_dir, "inductor")))
     os.environ.setdefault("TRITON_CACHE_DIR", os.path.abspath(os.path.join(args.cache_dir, "triton")))
-    from ttsengine.engine.vocoder import Vocoder
+    from ttsengine.engine.device.vocoder import Vocoder
     from ttsengine.model.synthetic import random_checkpoint
 
     dev = torch.device("cuda")

@@ -5,9 +5,9 @@ import time
 import torch
 
 from ttsengine.config import from_env
+from ttsengine.engine.device.runner import PrefillItem
 from ttsengine.engine.engine import Engine
 from ttsengine.engine.loader import load
-from ttsengine.engine.runner import PrefillItem
 from ttsengine.synthesis.request import SynthesisRequest
 
 engine = Engine(load(from_env(max_batch=8), "s1-mini"), from_env(max_batch=8))

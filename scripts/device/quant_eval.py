@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 from graph_timing import graphed_us  # scripts/device/graph_timing.py
 
-from ttsengine.engine.runner import Runner, RunnerConfig
+from ttsengine.engine.device.runner import Runner, RunnerConfig
 from ttsengine.model.generation import raw_frames
 from ttsengine.model.kernels import int8 as int8_triton
 from ttsengine.model.kernels.int8 import int8_linear_config, int8_linear_triton

@@ -13,9 +13,9 @@ from collections import defaultdict
 import torch
 
 from ttsengine.config import from_env
+from ttsengine.engine.device.runner import PrefillItem
 from ttsengine.engine.engine import Engine
 from ttsengine.engine.loader import load
-from ttsengine.engine.runner import PrefillItem
 from ttsengine.synthesis.request import SynthesisRequest
 
 ROWS = [int(a) for a in sys.argv[1:]] or [2, 8, 64]

@@ -1,5 +1,5 @@
 """The engine's state machine with a scripted runner: the real Engine (scheduler, planner, vocoder on the tiny
-codec) around a host-side stand-in for engine/runner.py that emits known frames at once, so each test can stop
+codec) around a host-side stand-in for engine/device/runner.py that emits known frames at once, so each test can stop
 the loop at a chosen step and check what happens to every stream: cancel while queued or running, a long text
 continued with the previous chunk as context, slots moving when a stream in the middle finishes, one failing
 step failing every request, backpressure. Equality with the eager engine on the real runner is test_batch_engine.py.
@@ -27,10 +27,10 @@ from ttsengine import (
     SynthesisRequest,
     TTSError,
 )
-from ttsengine.engine.faults import MAX_CONSECUTIVE
+from ttsengine.engine.control.faults import MAX_CONSECUTIVE
+from ttsengine.engine.control.page_pool import PagePool
+from ttsengine.engine.device.runner import PrefillItem, RunnerConfig
 from ttsengine.engine.loader import load
-from ttsengine.engine.page_pool import PagePool
-from ttsengine.engine.runner import PrefillItem, RunnerConfig
 
 AUDIO_TOL = 5e-5  # streaming vs whole decode, fp32
 
@@ -60,7 +60,7 @@ class Script:
 
 
 class ScriptedRunner:
-    """engine/runner.py's interface on the host. Each armed row emits its script's frames; page accounting is
+    """engine/device/runner.py's interface on the host. Each armed row emits its script's frames; page accounting is
     the real runner's, so a slot that runs out of pages fails here as it would on the device. A gate lets the
     test stop the loop inside a decode step: pause(), allow(k) more steps, resume()."""
 

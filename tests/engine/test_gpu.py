@@ -185,8 +185,8 @@ def test_compiled_codec_graphs_equal_eager_codec_fp32(exact_fp32):
     # and leave between chunks, so state rows move through compiled gathers and scatters
     import threading
 
+    from ttsengine.engine.device.vocoder import Vocoder
     from ttsengine.engine.loader import load
-    from ttsengine.engine.vocoder import Vocoder
 
     codec = load(cfg(dtype="float32", codec_dtype="float32")).codec
     g = torch.Generator(device="cpu").manual_seed(3)
@@ -223,8 +223,8 @@ def test_codec_batch_past_the_largest_graph_keeps_each_rows_audio():
     # all replays gave rows 0-1 the audio of rows 2-3). Against the same rows decoded uncaptured in one call
     import threading
 
+    from ttsengine.engine.device.vocoder import Vocoder
     from ttsengine.engine.loader import load
-    from ttsengine.engine.vocoder import Vocoder
 
     codec = load(cfg(dtype="float32", codec_dtype="float32")).codec
     g = torch.Generator(device="cpu").manual_seed(4)
@@ -351,8 +351,8 @@ def test_pinned_audio_copy_delivers_what_the_plain_copy_does():
     # copy's bit for bit (the same kernels; only the copy differs)
     import threading
 
+    from ttsengine.engine.device.vocoder import Delivery, Vocoder
     from ttsengine.engine.loader import load
-    from ttsengine.engine.vocoder import Delivery, Vocoder
 
     codec = load(cfg()).codec  # bf16: the conversion to float32 is part of the copy
     calls = [([0, 1], 8), ([0, 1, 2, 3], 8), ([2], 5)]  # (slots, real frames): the buffer grows, then is reused

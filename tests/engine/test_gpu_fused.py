@@ -139,7 +139,7 @@ def test_gemv_layer_close_to_the_unfused_layer(quant, fast):
     # (make_slow_layer: the same weights through norm, linears, RoPE, the paged kernel and SwiGLU as separate ops).
     # Both round in bf16 at the same steps but sum in different orders: outputs agree to a few bf16 ulps of the
     # residual stream
-    from ttsengine.engine.compile.units import make_slow_layer
+    from ttsengine.engine.device.compile.units import make_slow_layer
     from ttsengine.model import fused_layer
     from ttsengine.model.kernels.paged_attention import write_and_attend_op
     from ttsengine.model.layers import rope_table

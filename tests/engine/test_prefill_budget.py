@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from ttsengine.engine.prefill_budget import HEADROOM, PrefillBudget
+from ttsengine.engine.control.prefill_budget import HEADROOM, PrefillBudget
 
 FRAME = 2048 / 44100  # 46.4 ms
 

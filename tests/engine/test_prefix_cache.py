@@ -14,9 +14,9 @@ import soundfile as sf
 from conftest import MODEL_DIR
 
 from ttsengine import BusyError, Engine, EngineConfig, Reference, SynthesisRequest
-from ttsengine.engine.page_pool import PagePool
-from ttsengine.engine.prefix_cache import PrefixCache, prefix_key
-from ttsengine.engine.scheduler import Job, Scheduler
+from ttsengine.engine.control.page_pool import PagePool
+from ttsengine.engine.control.prefix_cache import PrefixCache, prefix_key
+from ttsengine.engine.control.scheduler import Job, Scheduler
 from ttsengine.serving.voices import VoiceStore
 
 AUDIO_TOL = 5e-5  # streaming vs whole-chunk decode, fp32

@@ -10,8 +10,8 @@ import torch
 from conftest import MODEL_DIR
 
 from ttsengine import EngineConfig
+from ttsengine.engine.device.runner import PrefillItem, Runner, RunnerConfig
 from ttsengine.engine.loader import load
-from ttsengine.engine.runner import PrefillItem, Runner, RunnerConfig
 
 
 @pytest.fixture(scope="module")

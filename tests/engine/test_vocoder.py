@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from conftest import Recorder
 
-from ttsengine.engine.vocoder import Delivery, Vocoder
+from ttsengine.engine.device.vocoder import Delivery, Vocoder
 
 TOL = 5e-5  # fp32: summation order only
 

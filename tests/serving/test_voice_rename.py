@@ -59,7 +59,7 @@ def test_a_transcript_no_clip_could_have_is_refused_before_encoding(tmp_path):
 
 
 def test_deleting_or_replacing_a_voice_tells_who_cached_its_prompt(store):
-    # the engines drop the voice's cached prompt prefix (engine/prefix_cache.py); a rename changes no prompt
+    # the engines drop the voice's cached prompt prefix (engine/control/prefix_cache.py); a rename changes no prompt
     told = []
     store.forget = lambda text, codes: told.append((text, codes.shape))
     store.rename("bob", "robert")

@@ -18,7 +18,7 @@ import torch
 
 from ..synthesis.plan import Plan
 from ..synthesis.stream import Stream
-from .scheduler import Job
+from .control.scheduler import Job
 
 
 @dataclass(eq=False)

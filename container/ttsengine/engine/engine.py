@@ -30,18 +30,18 @@ from ..synthesis.plan import ChunkReport, Plan, Planner
 from ..synthesis.request import SynthesisRequest
 from ..synthesis.stream import Stream
 from .audio_feed import CodecRounds, Task, chunk_sizes, codec_calls, final_calls, pending_codes
-from .compile.kernel_cache import KernelCache
-from .cuda_graphs import GraphSet
-from .faults import FaultCounter, simulated
-from .in_flight import InFlight
+from .control.faults import FaultCounter, simulated
+from .control.prefill_budget import PrefillBudget
+from .control.prefix_cache import PrefixCache, prefix_key
+from .control.scheduler import Chunk, Job, Scheduler
+from .device.compile.kernel_cache import KernelCache
+from .device.cuda_graphs import GraphSet
+from .device.in_flight import InFlight
+from .device.runner import PrefillItem, Runner, RunnerConfig
+from .device.vocoder import VOCODER_GRAPH_ROWS, Delivery, Vocoder
 from .loader import load
 from .metrics import EngineMetrics
-from .prefill_budget import PrefillBudget
-from .prefix_cache import PrefixCache, prefix_key
-from .runner import PrefillItem, Runner, RunnerConfig
-from .scheduler import Chunk, Job, Scheduler
 from .settings import BatchSettings, snake_kernel_usable
-from .vocoder import VOCODER_GRAPH_ROWS, Delivery, Vocoder
 
 IDLE_BEFORE_CAPTURE = 0.25  # s the loop waits idle before capturing a lazy graph (~0.25 s each on an H100)
 
@@ -263,7 +263,7 @@ class Engine:
 
     @property
     def precompiled(self) -> str:
-        """The decode step's precompiled units (engine/compile/precompiled.py): "off", or variants loaded from
+        """The decode step's precompiled units (engine/device/compile/precompiled.py): "off", or variants loaded from
         the cache / traced by this process."""
         counts = self.runner.precompiled()
         return "off" if counts is None else f"{counts['loaded']} loaded, {counts['compiled']} traced"

@@ -15,9 +15,9 @@ from ..model.fused_layer import linear_weight
 from ..model.kernels.launch import pdl_runs
 from ..model.kernels.small_linear import SMALL_LINEAR_MAX_ROWS
 from ..model.kernels.triton_support import triton_available, triton_major
+from .device.runner import RunnerConfig
+from .device.vocoder import CodecSwitches
 from .presets import Preset, by_name, choose, kv_bytes
-from .runner import RunnerConfig
-from .vocoder import CodecSwitches
 
 log = logging.getLogger(__name__)
 PAGE_SIZE = 64  # KV positions per page
@@ -138,8 +138,8 @@ def choose_preset(config: EngineConfig, device: torch.device) -> Preset:
 class BatchSettings:
     runner: RunnerConfig
     max_queue: int
-    prefill_tokens: int  # the largest prefill budget per step (engine/prefill_budget.py may use less)
-    prefix_cache: bool  # share cached prompt prefixes' KV pages (engine/prefix_cache.py)
+    prefill_tokens: int  # the largest prefill budget per step (engine/control/prefill_budget.py may use less)
+    prefix_cache: bool  # share cached prompt prefixes' KV pages (engine/control/prefix_cache.py)
     first_chunk_frames: int
     stream_chunk_frames: int
     cuda_graphs: bool

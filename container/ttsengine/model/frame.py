@@ -68,7 +68,7 @@ class FrameOps:
     # a codebook's token and the next fast position's input in one call (kernels/codebook_sampler.py
     # sample_codebook_embed's signature); None: sample_codebook, then the embedding
     sample_embed: Callable | None = None
-    # True: fast_layer has the slow layer's signature (engine/compile/units.make_slow_layer) and reads its cache
+    # True: fast_layer has the slow layer's signature (engine/device/compile/units.make_slow_layer) and reads its cache
     # [B, Hk, L, d] as a paged pool of B pages of L = _fast_cache_len positions, row b's page b (no mask);
     # False: fast_layer_step over a masked [B, Hk, n, d] cache
     paged_fast: bool = False

@@ -11,7 +11,7 @@ adds and SwiGLU around them are as many kernels again, each a few microseconds o
 
 with each step rounding where the eager ops round (model/kernels/small_linear.py, paged_attention.py), bf16 or
 int8 weights (model/quant.py Int8Linear). The slow and the fast layers share it (the fast cache is a pool of one
-page per row: engine/compile/units.py fast_attention).
+page per row: engine/device/compile/units.py fast_attention).
 """
 
 from __future__ import annotations
@@ -55,7 +55,8 @@ def layer_supported(layer: nn.Module) -> bool:
 
 
 def make_layer(use_triton: bool, pdl: bool = False, max_splits: int = 1) -> Callable:
-    """-> fn with the slow layer unit's signature (engine/compile/units.make_slow_layer) running the five kernels.
+    """-> fn with the slow layer unit's signature (engine/device/compile/units.make_slow_layer) running the five
+    kernels.
     pdl: each loads its first weights before waiting on the previous kernel, launched as a programmatic dependent
     where the GPU has it (kernels/launch.py: TTS_FUSED_KERNELS pdl). max_splits > 1: the attention shares each row and
     KV head's pages among up to that many programs where the rows are few (paged_attention.attention_splits:

@@ -60,7 +60,8 @@ class VoiceStore:
     def __init__(self, root: Path, encode: Callable[[bytes], np.ndarray], codec_tag: str, frame_rate: float,
                  forget: Callable[[str, np.ndarray], None] | None = None):
         """encode(audio bytes) -> codes [n, F] (raises InputError for unreadable audio); forget(text, codes): told
-        about a voice deleted or replaced, so the engines drop its cached prompt prefix (engine/prefix_cache.py)."""
+        about a voice deleted or replaced, so the engines drop its cached prompt prefix
+        (engine/control/prefix_cache.py)."""
         self.root = Path(root)
         self.root.mkdir(parents=True, exist_ok=True)
         tempfile.TemporaryFile(dir=self.root).close()  # OSError now, not at the first upload, if not writable

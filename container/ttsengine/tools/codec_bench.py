@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-from ..engine.vocoder import VOCODER_GRAPH_ROWS, CodecSwitches, Vocoder
+from ..engine.device.vocoder import VOCODER_GRAPH_ROWS, CodecSwitches, Vocoder
 from ..model.codec import Codec
 
 # each mode may end in "+cudnn" (cudnn.benchmark on for the whole run) or "+tuned" (on only while the codec's

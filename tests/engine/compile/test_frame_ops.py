@@ -1,6 +1,6 @@
 """units.frame_ops: which sampler each part of a frame gets for a set of fused kernels (eager units)."""
 
-from ttsengine.engine.compile.units import SixteenBit, frame_ops
+from ttsengine.engine.device.compile.units import SixteenBit, frame_ops
 from ttsengine.model.frame import sample_token, sample_token_blocked
 from ttsengine.model.kernels.codebook_sampler import sample_codebook_embed
 

@@ -12,7 +12,7 @@ import torch
 from conftest import MODEL_DIR, run_cli
 
 from ttsengine import compat
-from ttsengine.engine.compile.kernel_cache import KernelCache, environment, relink_triton_groups
+from ttsengine.engine.device.compile.kernel_cache import KernelCache, environment, relink_triton_groups
 
 
 def test_fresh_directory_is_a_miss_then_dir(tmp_path):
@@ -145,7 +145,7 @@ def test_relink_on_a_read_only_cache_is_no_error(tmp_path, monkeypatch):
     # file never made), the start goes on and Triton compiles those kernels as before
     import errno
 
-    from ttsengine.engine.compile import kernel_cache
+    from ttsengine.engine.device.compile import kernel_cache
 
     _triton_kernel(tmp_path / "made", "K1", "snake")
     (tmp_path / "made").rename(tmp_path / "served")
@@ -164,7 +164,7 @@ def test_relink_on_a_read_only_cache_is_no_error(tmp_path, monkeypatch):
 def test_blob_members_are_written_whole(tmp_path, monkeypatch):
     # unpacking writes each member aside and renames it: a start killed mid-write leaves no torn kernel file that a
     # relinked group would then point Triton at
-    from ttsengine.engine.compile import kernel_cache
+    from ttsengine.engine.device.compile import kernel_cache
 
     kc = KernelCache(tmp_path / "a", {"model": "tiny"})
     kc.setup()
@@ -185,7 +185,7 @@ def test_blob_members_are_written_whole(tmp_path, monkeypatch):
 def test_a_moved_triton_cache_compiles_nothing_again(tmp_path):
     # a real Triton kernel compiled in one process, its cache moved, a second process: without the relink Triton
     # compiles it again (rewrites the kernel's files), with it the moved files are loaded as they are
-    script = ("import sys, torch; from pathlib import Path; from ttsengine.engine.compile.kernel_cache import "
+    script = ("import sys, torch; from pathlib import Path; from ttsengine.engine.device.compile.kernel_cache import "
               "relink_triton_groups; from ttsengine.model.kernels.snake import snake_triton\n"
               "if sys.argv[1] == '1': relink_triton_groups(Path(sys.argv[2]))\n"
               "x = torch.randn(2, 8, 64, device='cuda'); snake_triton(x, torch.ones(8, device='cuda'))\n"

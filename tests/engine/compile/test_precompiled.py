@@ -1,4 +1,4 @@
-"""Precompiled decode-step units (engine/compile/precompiled.py): trace + save once, load in a fresh process
+"""Precompiled decode-step units (engine/device/compile/precompiled.py): trace + save once, load in a fresh process
 without tracing, one variant per shape family, and every failure costs only speed."""
 
 from __future__ import annotations
@@ -48,7 +48,7 @@ UNIT = textwrap.dedent('''
         return layer(), torch.randn(batch, width, generator=g), torch.randn(batch, 16, generator=g)
 
     def precompiled(store, op=None):
-        from ttsengine.engine.compile.precompiled import Precompiled
+        from ttsengine.engine.device.compile.precompiled import Precompiled
 
         fn = make_unit(OP if op is None else op, 0.5)
         return Precompiled(fn, "unit", (1, 2), 16, store, lambda: torch.compile(fn))

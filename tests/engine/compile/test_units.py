@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from ttsengine.compat import compile_supported
-from ttsengine.engine.compile.units import Compiled, dynamic_batch
+from ttsengine.engine.device.compile.units import Compiled, dynamic_batch
 
 pytestmark = pytest.mark.skipif(not compile_supported(), reason="torch.compile is used from torch 2.6 on")
 

@@ -91,7 +91,7 @@ def build_prompt(tokenizer: Tokenizer, num_codebooks: int, text: str,
 def build_prefix(tokenizer: Tokenizer, num_codebooks: int, references: list[tuple[str, Tensor]],
                  allow_special: bool) -> Tensor:
     """The first columns of every build_prompt with these references, whatever the text (each part is tokenized
-    on its own): the prefix requests with the same voice share (engine/prefix_cache.py). -> int64 [n+1, P]"""
+    on its own): the prefix requests with the same voice share (engine/control/prefix_cache.py). -> int64 [n+1, P]"""
     return assemble(_prefix_parts(references, allow_special), tokenizer, num_codebooks)
 
 

@@ -166,7 +166,7 @@ def _register_op(name: str, fn, fake):
     op = torch.library.custom_op(f"ttsengine::{name}", mutates_args=("k_pool", "v_pool"))(fn)
     op.register_fake(fake)
     # the OpOverload, not the CustomOpDef wrapper: the same call, and torch can serialize a reference
-    # to it (a precompiled slow layer closes over it; engine/compile/precompiled.py)
+    # to it (a precompiled slow layer closes over it; engine/device/compile/precompiled.py)
     return getattr(torch.ops.ttsengine, name).default
 
 

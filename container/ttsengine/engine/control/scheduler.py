@@ -29,7 +29,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from ..errors import BusyError
+from ...errors import BusyError
 from .prefix_cache import Entry, PrefixCache
 
 _ids = itertools.count(1)

@@ -16,7 +16,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from .scheduler import Job
+from ..control.scheduler import Job
 
 
 @dataclass

@@ -1,6 +1,6 @@
 """The device side of the batched engine: per-slot state, the paged KV cache, prefill and the decode
 step. Everything the step reads or writes lives in fixed buffers of `max_slots` rows, so a batch
-bucket's step can be captured once in a CUDA graph (engine/cuda_graphs.py) and replayed while requests
+bucket's step can be captured once in a CUDA graph (engine/device/cuda_graphs.py) and replayed while requests
 come and go. The step has no host sync; the host reads its output with one copy per step.
 """
 
@@ -14,20 +14,20 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from ..model import fast_stack, fused_layer
-from ..model.dual_ar import DualAR
-from ..model.frame import sample_frame
-from ..model.kernels import step_glue
-from ..model.kernels.launch import pdl_runs
-from ..model.kernels.paged_attention import PagedKV, write_and_attend_op
-from ..model.layers import attend
-from ..model.sampling import RepetitionWindow, SamplingTensors, register_top_p_op
+from ...model import fast_stack, fused_layer
+from ...model.dual_ar import DualAR
+from ...model.frame import sample_frame
+from ...model.kernels import step_glue
+from ...model.kernels.launch import pdl_runs
+from ...model.kernels.paged_attention import PagedKV, write_and_attend_op
+from ...model.layers import attend
+from ...model.sampling import RepetitionWindow, SamplingTensors, register_top_p_op
+from ..control.page_pool import PagePool
 from .compile.units import StepOps
-from .page_pool import PagePool
 
 log = logging.getLogger(__name__)
 
-# Prefill shapes (engine/cuda_graphs.py keys): prompts padded up to these rows and positions; a padded
+# Prefill shapes (engine/device/cuda_graphs.py keys): prompts padded up to these rows and positions; a padded
 # prefill of more than PREFILL_GRAPH_TOKENS positions runs uncaptured (its graph's activations would be large).
 PREFILL_ROWS = (1, 2, 4, 8, 16, 32, 64)  # a prefill call's rows, up to RunnerConfig.prefill_group
 PREFILL_POSITIONS = (64, 128, 256, 512, 1024, 2048)

@@ -28,9 +28,9 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from ..model.codec import Codec
-from ..model.codec.streaming import StreamingCodec
-from ..synthesis.stream import Stream
+from ...model.codec import Codec
+from ...model.codec.streaming import StreamingCodec
+from ...synthesis.stream import Stream
 from .cuda_graphs import GraphSet
 
 log = logging.getLogger(__name__)
@@ -136,7 +136,7 @@ class Vocoder:
 
     def use_snake_kernel(self) -> None:
         """Snake as one Triton kernel (model/kernels/snake.py): the eager codec's fused pass."""
-        from ..model.kernels.snake import residual_bias_triton, snake_triton, snake_triton_time_major
+        from ...model.kernels.snake import residual_bias_triton, snake_triton, snake_triton_time_major
 
         self.codec.snake, self.codec.snake_time_major = snake_triton, snake_triton_time_major
         self.codec.residual_bias = residual_bias_triton

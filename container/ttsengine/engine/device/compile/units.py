@@ -5,7 +5,7 @@ graph (regional compilation: the layer module is an argument, its weights graph 
 position shares one, and sampling has two (slow vocabulary, codebook). The batch dimension is
 dynamic from 2 up (size 1 always specialises: the 1-row bucket is a variant of its own). CUDA graphs then
 capture the whole step, so the Python between units costs nothing at replay. With a `store`
-directory each unit is precompiled instead (engine/compile/precompiled.py): a warm start loads its trace.
+directory each unit is precompiled instead (engine/device/compile/precompiled.py): a warm start loads its trace.
 """
 
 from __future__ import annotations
@@ -17,10 +17,10 @@ from pathlib import Path
 import torch
 from torch import Tensor, nn
 
-from ...model.frame import FrameOps, fast_layer_step, fast_logits, sample_token, sample_token_blocked
-from ...model.kernels.codebook_sampler import sample_codebook_embed
-from ...model.kernels.vocab_sampler import sample_vocab_triton
-from ...model.layers import swiglu
+from ....model.frame import FrameOps, fast_layer_step, fast_logits, sample_token, sample_token_blocked
+from ....model.kernels.codebook_sampler import sample_codebook_embed
+from ....model.kernels.vocab_sampler import sample_vocab_triton
+from ....model.layers import swiglu
 
 
 def make_slow_layer(attend: Callable, use_triton: bool) -> Callable:

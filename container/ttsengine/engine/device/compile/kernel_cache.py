@@ -6,7 +6,7 @@ that can be shipped into an empty directory (model.tar.gz on SageMaker, a baked 
 torch's portable artifacts (torch >= 2.7: `torch.compiler.save_cache_artifacts`), the Triton
 cache directory, which holds the kernels torch's artifacts leave out (ours: paged attention, Snake,
 int8; without them a blob start compiled them again, ~3 s on an H100), and the decode step's
-precompiled units (torch >= 2.10, engine/compile/precompiled.py); on older torch the Inductor directory too.
+precompiled units (torch >= 2.10, engine/device/compile/precompiled.py); on older torch the Inductor directory too.
 A cache made for another GPU, torch, Triton or model is detected from its metadata:
 one log line, then a recompile, never a crash.
 """
@@ -26,7 +26,7 @@ from pathlib import Path
 
 import torch
 
-from ... import compat
+from .... import compat
 
 log = logging.getLogger(__name__)
 FORMAT = 2  # bump when what the engine compiles changes shape, or the blob's layout
@@ -64,7 +64,7 @@ class KernelCache:
 
     @property
     def precompiled_dir(self) -> Path | None:
-        """Where the decode step's precompiled units live (engine/compile/precompiled.py); per key, so a cache
+        """Where the decode step's precompiled units live (engine/device/compile/precompiled.py); per key, so a cache
         made elsewhere is never loaded."""
         return None if self.directory is None else self.directory / f"precompiled-{self.key}"
 
