@@ -9,7 +9,7 @@ import sys
 
 import torch
 
-from ttsengine.engine import vocoder
+from ttsengine.engine.device import vocoder
 from ttsengine.tools import bench
 
 SMS = int(os.environ.get("CODEC_SMS", "0"))

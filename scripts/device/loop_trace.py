@@ -12,7 +12,9 @@ import threading
 import time
 from collections import defaultdict
 
-from ttsengine.engine import audio_feed, cuda_graphs, engine, fleet, in_flight, runner, scheduler, vocoder
+from ttsengine.engine import audio_feed, engine, fleet
+from ttsengine.engine.control import scheduler
+from ttsengine.engine.device import cuda_graphs, device, in_flight, runner, vocoder
 from ttsengine.synthesis import stream
 from ttsengine.tools import bench
 
@@ -36,10 +38,11 @@ def timed(cls, name: str, label: str | None = None) -> None:
     setattr(cls, name, wrapper)
 
 
-for cls, names in [(engine.Engine, ["_iteration", "_intake", "_cancellations", "_prefill", "_launch", "_read",
-                                    "_vocode", "_release", "_vocode_tasks"]),
-                   (scheduler.Scheduler, ["schedule", "record_frames"]),
-                   (runner.Runner, ["ensure_pages"]),
+for cls, names in [(engine.Engine, ["_iteration", "_intake", "_cancellations", "_read", "_vocode", "_finished",
+                                    "_send"]),
+                   (scheduler.Scheduler, ["schedule", "update"]),
+                   (device.Device, ["execute"]),
+                   (runner.Runner, ["prefill", "write_table"]),
                    (in_flight.InFlight, ["frames"]),
                    (cuda_graphs.GraphSet, ["run"]),
                    (vocoder.Vocoder, ["_decode_deliver", "decode_padded", "decode"]),

@@ -5,6 +5,7 @@ import time
 import torch
 
 from ttsengine.config import from_env
+from ttsengine.engine.control.page_pool import PagePool
 from ttsengine.engine.device.runner import PrefillItem
 from ttsengine.engine.engine import Engine
 from ttsengine.engine.loader import load
@@ -15,10 +16,13 @@ engine.start()
 engine.submit(SynthesisRequest(text="Warm up.", seed=0, max_new_tokens=8), ignore_stop=True).result()
 r = engine.runner
 n = engine.ckpt.config.num_codebooks
+pool = PagePool(r.cfg.num_pages, r.cfg.max_slots, r.cfg.page_size)  # this script's own pages (the engine is idle)
 
 
 def item(T, slot=7):
-    return PrefillItem(slot, torch.randint(0, 1000, (n + 1, T)), (0.8, 0.8, 1.1, 1), 0)
+    pool.grow(slot, T - 1)
+    prompt = torch.randint(0, 1000, (n + 1, T))
+    return PrefillItem(slot, prompt, (0.8, 0.8, 1.1, 1), 0, pages=tuple(pool.slot_pages[slot]))
 
 
 def timed(g, T, reps=5):
@@ -33,7 +37,7 @@ def timed(g, T, reps=5):
         torch.cuda.synchronize()
         wall = (time.perf_counter() - t0) / reps
     for it in items:
-        r.release_pages(it.slot)
+        pool.release(it.slot)
     return host, wall
 
 

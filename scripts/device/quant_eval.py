@@ -144,7 +144,6 @@ def step_ms(model, buckets=(64, 2)) -> dict[int, float]:
     r = Runner(model, RunnerConfig(max_slots=64, page_size=64, num_pages=64 * 7 + 1, penalty_window=16,
                                    triton_attention=True))
     r.enable_compile()
-    r.ensure_pages([(s, 400) for s in range(64)])
     out = {}
     with torch.inference_mode():
         for bb in buckets:

@@ -8,7 +8,9 @@ import os
 import sys
 import time
 
-from ttsengine.engine import engine, prefill_budget, runner, scheduler
+from ttsengine.engine import engine
+from ttsengine.engine.control import prefill_budget, scheduler
+from ttsengine.engine.device import runner
 from ttsengine.tools import bench
 
 LOG: list[tuple] = []  # (kind, time, payload)
@@ -34,7 +36,7 @@ def _before_iteration(self):
 _iteration = engine.Engine._iteration
 engine.Engine._iteration = _before_iteration
 wrap(prefill_budget.PrefillBudget, "tokens", lambda a, kw, out: (a[1], out))
-wrap(scheduler.Scheduler, "schedule", lambda a, kw, out: [(c.start, c.tokens) for c in out])
+wrap(scheduler.Scheduler, "schedule", lambda a, kw, out: [(c.start, c.tokens) for c in out.chunks])
 wrap(runner.Runner, "prefill_key", lambda a, kw, out: out)
 _run_level = bench.run_level
 

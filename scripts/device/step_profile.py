@@ -13,6 +13,7 @@ from collections import defaultdict
 import torch
 
 from ttsengine.config import from_env
+from ttsengine.engine.control.page_pool import PagePool
 from ttsengine.engine.device.runner import PrefillItem
 from ttsengine.engine.engine import Engine
 from ttsengine.engine.loader import load
@@ -25,12 +26,14 @@ engine.start()
 engine.submit(SynthesisRequest(text="Warm up.", seed=0, max_new_tokens=8), ignore_stop=True).result()
 engine.settle(600)
 engine.close()
-r, graphs = engine.runner, engine.graphs
+r, graphs = engine.runner, engine.device.graphs
+pool = PagePool(r.cfg.num_pages, r.cfg.max_slots, r.cfg.page_size)  # pages for every position the steps write
 n = engine.ckpt.config.num_codebooks
 with torch.inference_mode():
-    r.prefill([PrefillItem(s, torch.randint(0, 1000, (n + 1, 45)), (0.8, 0.8, 1.1, s), 0) for s in range(max(ROWS))])
     for s in range(max(ROWS)):
-        r.ensure_pages([(s, 45 + 200)])
+        pool.grow(s, 45 + 200)
+    r.prefill([PrefillItem(s, torch.randint(0, 1000, (n + 1, 45)), (0.8, 0.8, 1.1, s), 0,
+                           pages=tuple(pool.slot_pages[s])) for s in range(max(ROWS))])
 
 
 def step(bb):

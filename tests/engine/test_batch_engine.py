@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from ttsengine import InputError, NoAudio, Reference, SynthesisRequest
+from ttsengine.engine.audio_feed import send_to_codec
 from ttsengine.model.kernels.triton_support import triton_major
 from ttsengine.model.quant import Int8Linear
 
@@ -228,7 +229,7 @@ def test_overlapped_and_serial_steps_equal_the_reference_and_free_every_page(eag
         assert eng._in_flight is None  # noqa: SLF001 - an idle engine has no step in flight
         m = eng.metrics  # the loop's time (bench's time_host_s); on a CPU the step is done when launched: no waits
         assert m.loop_seconds > 0 and m.step_wait_seconds == 0
-        pool = eng.runner.pages
+        pool = eng.scheduler.pool
         assert len(pool.free) == len(pool.refs) - 1 and not any(pool.refs[1:])
     finally:
         eng.close()
@@ -373,8 +374,8 @@ def test_streams_ending_together_share_their_last_codec_call(eager_engine):
 
 
 def test_a_shared_final_call_pads_the_shorter_rows_without_changing_their_audio(engine):
-    # engine._vocode_tasks(final=True) on tasks with 3, 8 and 5 frames left: one call of 8 frames, the 3- and 5-frame
-    # rows zero-padded (audio_feed.pending_codes); each row's audio == the whole decode of its own frames
+    # audio_feed.send_to_codec(final=True) on tasks with 3, 8 and 5 frames left: one call of 8 frames, the 3- and
+    # 5-frame rows zero-padded (audio_feed.pending_codes); each row's audio == the whole decode of its own frames
     from conftest import Recorder
 
     from ttsengine.engine.audio_feed import Task
@@ -397,7 +398,8 @@ def test_a_shared_final_call_pads_the_shorter_rows_without_changing_their_audio(
     assert engine.open_streams == 0  # the shared engine is idle: slots 1-3 are free
     engine.vocoder.decode = counting_decode
     try:
-        engine._vocode_tasks(tasks, final=True)  # noqa: SLF001
+        s = engine.settings
+        send_to_codec(engine.vocoder, tasks, True, s.first_chunk_frames, s.stream_chunk_frames)
     finally:
         engine.vocoder.decode = decode
     for t in tasks:

@@ -1,5 +1,5 @@
-"""The engine's state machine with a scripted runner: the real Engine (scheduler, planner, vocoder on the tiny
-codec) around a host-side stand-in for engine/device/runner.py that emits known frames at once, so each test can stop
+"""The engine's state machine with a scripted device: the real Engine (scheduler, planner, vocoder on the tiny
+codec) around a host-side stand-in for engine/device/device.py that emits known frames at once, so each test can stop
 the loop at a chosen step and check what happens to every stream: cancel while queued or running, a long text
 continued with the previous chunk as context, slots moving when a stream in the middle finishes, one failing
 step failing every request, backpressure. Equality with the eager engine on the real runner is test_batch_engine.py.
@@ -28,8 +28,9 @@ from ttsengine import (
     TTSError,
 )
 from ttsengine.engine.control.faults import MAX_CONSECUTIVE
-from ttsengine.engine.control.page_pool import PagePool
-from ttsengine.engine.device.runner import PrefillItem, RunnerConfig
+from ttsengine.engine.control.step_plan import Move, StepPlan
+from ttsengine.engine.device.in_flight import InFlight
+from ttsengine.engine.device.runner import PrefillItem
 from ttsengine.engine.loader import load
 
 AUDIO_TOL = 5e-5  # streaming vs whole decode, fp32
@@ -59,19 +60,25 @@ class Script:
         return torch.cat([torch.tensor([token]), codes])
 
 
-class ScriptedRunner:
-    """engine/device/runner.py's interface on the host. Each armed row emits its script's frames; page accounting is
-    the real runner's, so a slot that runs out of pages fails here as it would on the device. A gate lets the
-    test stop the loop inside a decode step: pause(), allow(k) more steps, resume()."""
+class ScriptedDevice:
+    """The device plane's interface (device/device.py) on the host: execute(plan) carries out the scheduler's plan
+    (slot moves and resets, prefill, a decode step in which each armed row emits its script's frames) and returns
+    the step as the real device does. The pages are the real control plane's (the engine's scheduler owns them), so
+    a plan that runs out of pages fails as it would on the GPU. A gate lets the test stop the loop inside a decode
+    step: pause(), allow(k) more steps, resume()."""
 
-    def __init__(self, cfg: RunnerConfig, script: Script):
-        self.cfg, self.script = cfg, script
+    graphs = None  # nothing to capture
+    compile_error = None
+    compiled = False
+    fused_in_use = frozenset()  # no device kernels
+
+    def __init__(self, engine: Engine, script: Script):
+        self.pool, self.script = engine.scheduler.pool, script
         self.device = torch.device("cpu")
-        self.compiled = False
-        self.rows: list[tuple[int, int, int] | None] = [None] * cfg.max_slots  # (seed, frame index, chunk frames)
-        self.out = torch.zeros(cfg.max_slots, 5, dtype=torch.int64)
-        self.pages = PagePool(cfg.num_pages, cfg.max_slots, cfg.page_size)  # the real runner's bookkeeping
-        self.prefills: list[PrefillItem] = []
+        slots = engine.settings.max_slots
+        self.rows: list[tuple[int, int, int] | None] = [None] * slots  # (seed, frame index, chunk frames)
+        self.out = torch.zeros(slots, 5, dtype=torch.int64)
+        self.prefills: list[PrefillItem] = []  # the last chunk of each prompt (the one that arms its row)
         self.moves: list[tuple[int, int]] = []
         self.resets: list[list[int]] = []
         self.steps = 0
@@ -81,27 +88,39 @@ class ScriptedRunner:
         self._blocked = False
 
     def precompiled(self) -> None:
-        return None  # not a compiled runner
+        return None  # not a compiled device
 
-    @property
-    def fused_in_use(self) -> frozenset[str]:
-        return frozenset()  # no device kernels
+    def bind_thread(self) -> None:
+        pass
 
-    # ---- Runner's methods, as Engine calls them ----------------------------------------------
-    def prefill(self, items: list[PrefillItem]) -> None:
-        self.ensure_pages([(it.slot, it.stop - 1) for it in items if it.stop > it.start])
-        for it in items:
-            if it.last:  # a whole prompt (or its last chunk) arms the row
-                self.prefills.append(it)
-                self.rows[it.slot] = (it.params[3], it.frame_offset, 0)
+    def warm_up(self) -> None:
+        pass
 
-    def share_prefix(self, slot: int, pages: list[int]) -> None:
-        self.pages.share(slot, pages)
+    def graphs_pending(self) -> bool:
+        return False
 
-    def keep_prefix(self, slot: int, count: int) -> list[int]:
-        return self.pages.keep(slot, count)
+    # ---- the one entry point, as Engine calls it -----------------------------------------------
+    def execute(self, plan: StepPlan, started: float) -> InFlight | None:
+        for op in plan.slot_ops:
+            if isinstance(op, Move):
+                self.rows[op.dst], self.rows[op.src] = self.rows[op.src], None
+                self.moves.append((op.src, op.dst))
+            else:
+                for slot in op.slots:
+                    self.rows[slot] = None
+                self.resets.append(list(op.slots))
+        for c in plan.chunks:
+            job = c.job
+            assert len(plan.pages[job.slot]) * self.pool.page_size > (c.end if c.last else c.end - 1)
+            if c.last:  # a whole prompt (or its last chunk) arms the row
+                self.prefills.append(PrefillItem(job.slot, job.prompt, job.sampling, job.frame_offset, c.start, c.end))
+                self.rows[job.slot] = (job.sampling[3], job.frame_offset, 0)
+        if not plan.decodes:
+            return None
+        frames = self._decode_step(plan.bucket)
+        return InFlight(list(plan.rows), frames[: len(plan.rows)].clone(), None, plan.bucket, plan.tokens, started)
 
-    def decode_step(self, bb: int) -> torch.Tensor:
+    def _decode_step(self, bb: int) -> torch.Tensor:
         with self._gate:
             while self._allowed == 0:
                 self._blocked = True
@@ -120,24 +139,6 @@ class ScriptedRunner:
                 self.out[r] = self.script.frame(seed, index, last=made + 1 == self.script.stops.get(seed))
                 self.rows[r] = (seed, index + 1, made + 1)
         return self.out[:bb]
-
-    def ensure_pages(self, needs: list[tuple[int, int]]) -> None:
-        for slot, last_pos in needs:
-            self.pages.grow(slot, last_pos)  # raises when out of pages: the scheduler reserved too few
-
-    def release_pages(self, slot: int) -> None:
-        self.pages.release(slot)
-
-    def move_slot(self, src: int, dst: int) -> None:
-        self.pages.move(src, dst)
-        self.rows[dst], self.rows[src] = self.rows[src], None
-        self.moves.append((src, dst))
-
-    def reset_slots(self, slots) -> None:
-        slots = list(slots)
-        for s in slots:
-            self.rows[s] = None
-        self.resets.append(slots)
 
     # ---- the test's controls -----------------------------------------------------------------
     def pause(self) -> None:
@@ -168,7 +169,7 @@ class ScriptedRunner:
 
     @property
     def idle(self) -> bool:
-        return all(r is None for r in self.rows) and len(self.pages.free) == self.cfg.num_pages - 1
+        return all(r is None for r in self.rows) and len(self.pool.free) == self.pool.total
 
 
 @pytest.fixture(scope="module")
@@ -182,10 +183,10 @@ def scripted_engine(ckpt, stops: dict[int, int] | None = None, **config):
     script = Script(tok.im_end_id, tok.semantic_begin_id, tok.num_semantic, ckpt.codec_config.codebook_size,
                     stops or {})
     eng = Engine(ckpt, EngineConfig(model_dir=MODEL_DIR, device="cpu", **config),
-                 runner=lambda model, cfg: ScriptedRunner(cfg, script))
+                 device=lambda engine: ScriptedDevice(engine, script))
     eng.start()
     try:
-        yield eng, eng.runner, script
+        yield eng, eng.device, script
     finally:
         eng.close()
 

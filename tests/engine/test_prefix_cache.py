@@ -80,9 +80,9 @@ def prefix_len(eng: Engine, text: str, codes: np.ndarray) -> int:
 
 def idle_pages_balance(eng: Engine) -> None:
     """Idle: no job holds a page; every page is free or held once by the cache (and nothing is pinned)."""
-    pool, cache = eng.runner.pages, eng.prefix_cache
+    pool, cache = eng.scheduler.pool, eng.prefix_cache
     cached = {p for e in cache.entries.values() for p in e.pages} if cache is not None else set()
-    assert eng.scheduler.reserved_pages == 0 and not any(eng.runner.pages.slot_pages)
+    assert pool.reserved == 0 and not any(pool.slot_pages)
     assert all(e.users == 0 for e in cache.entries.values()) if cache is not None else True
     assert sorted(pool.free + sorted(cached)) == list(range(1, len(pool.refs)))
     assert all(pool.refs[p] == (1 if p in cached else 0) for p in range(1, len(pool.refs)))
@@ -248,39 +248,35 @@ def test_prefix_key_covers_whole_pages_of_the_prefix_only():
 
 def test_a_pinned_prefix_is_never_evicted_and_admission_counts_unpinned_pages_free():
     cache = PrefixCache()
-    pool = PagePool(num_pages=9, max_slots=4, page_size=16, cache=cache)  # 8 usable pages
-    s = Scheduler(4, 8, 8, 16, 1000, cache)
+    s = Scheduler(4, 8, 8, 16, 1000, cache)  # 8 usable pages
+    pool = s.pool
     a = Job(40, 8, prefix_key="A", prefix_pages=2)  # 3 pages
     s.submit(a)
-    s.schedule()
-    pool.grow(a.slot, a.prompt_len - 1)
-    assert s.can_cache(a)
-    s.cache_prefix(a, pool.keep(a.slot, 2))
-    assert (s.reserved_pages, cache.pinned_pages) == (1, 2)  # moved from the job's reservation to the pinned
+    plan = s.schedule()  # its whole prompt: the plan allocates its pages and caches the prefix's whole pages
+    assert plan.pages[a.slot] == tuple(pool.slot_pages[a.slot]) and len(plan.pages[a.slot]) == 3
+    assert a.prefix is cache.lookup("A") and not s.can_cache(a)
+    assert (s.pool.reserved, cache.pinned_pages) == (1, 2)  # moved from the job's reservation to the pinned
     hit = Job(40, 8, prefix_key="A", prefix_pages=2)
     s.submit(hit)
-    (chunk,) = s.schedule()
+    plan = s.schedule()
+    (chunk,) = plan.chunks
     assert chunk.job is hit and chunk.start == 32 and hit.prefix is a.prefix and cache.hits == 1
-    pool.share(hit.slot, hit.prefix.pages)
-    pool.grow(hit.slot, hit.prompt_len - 1)
-    assert s.reserved_pages == 2 and cache.pinned_pages == 2 and len(pool.free) == 4
+    assert plan.pages[hit.slot][:2] == tuple(a.prefix.pages)  # the slot starts with the cached pages
+    assert s.pool.reserved == 2 and cache.pinned_pages == 2 and len(pool.free) == 4
     # 4 pages free: a job of 5 waits while A is pinned (its pages are read), although A is cached
     big = Job(70, 10)
     s.submit(big)
-    assert s.schedule() == []
-    pool.release(a.slot)
-    pool.release(hit.slot)
+    assert s.schedule().chunks == []
     s.release([a, hit])  # both done: A stays cached, unpinned, so its pages count as free
     assert cache.pinned_pages == 0 and cache.cached_pages == 2 and len(pool.free) == 6
-    (chunk,) = s.schedule()
+    (chunk,) = s.schedule().chunks
     assert chunk.job is big
-    pool.grow(big.slot, big.max_len - 1)  # its 5 pages: from the free list, nothing evicted
+    pool.grow(big.slot, big.max_len - 1)  # all its 5 pages (as its decode steps would): the free list, no eviction
     assert cache.evictions == 0 and len(pool.free) == 1
     small = Job(40, 8)  # 3 pages: 1 free + A's 2, which admission counted as free
     s.submit(small)
-    (chunk,) = s.schedule()
+    (chunk,) = s.schedule().chunks
     assert chunk.job is small
-    pool.grow(small.slot, small.max_len - 1)
     assert cache.evictions == 1 and not cache.entries and pool.free == []
 
 
@@ -288,18 +284,15 @@ def test_a_burst_on_a_new_prefix_computes_it_once():
     # three requests of a voice not cached yet, arriving together: the first writes the prefix's pages, the others
     # wait (FIFO: so does the request behind them) until those are cached, then start from them as hits
     cache = PrefixCache()
-    pool = PagePool(num_pages=40, max_slots=8, page_size=16, cache=cache)
     s = Scheduler(8, 8, 39, 16, 1000, cache)
     first, second, third = (Job(40, 8, prefix_key="V", prefix_pages=2) for _ in range(3))
     other = Job(20, 8)
     for j in (first, second, third, other):
         s.submit(j)
-    (chunk,) = s.schedule()
+    (chunk,) = s.schedule().chunks  # the first writes the prefix; its plan caches the pages once written
     assert chunk.job is first and list(s.waiting) == [second, third, other] and cache.misses == 1
-    pool.grow(first.slot, first.prompt_len - 1)
-    assert s.can_cache(first)
-    s.cache_prefix(first, pool.keep(first.slot, 2))
-    chunks = s.schedule()
+    assert first.prefix is cache.lookup("V")
+    chunks = s.schedule().chunks
     assert [c.job for c in chunks] == [second, third, other] and [c.start for c in chunks] == [32, 32, 0]
     assert second.prefix is third.prefix is first.prefix and (cache.hits, cache.misses) == (2, 1)
 
@@ -311,9 +304,9 @@ def test_a_prefix_writer_that_leaves_stops_the_wait():
     writer, waiting = Job(40, 8, prefix_key="V", prefix_pages=2), Job(40, 8, prefix_key="V", prefix_pages=2)
     s.submit(writer)
     s.submit(waiting)
-    assert [c.job for c in s.schedule()] == [writer] and writer.prefilled == 20
+    assert [c.job for c in s.schedule().chunks] == [writer] and writer.prefilled == 20
     s.release([writer])  # it leaves (cancelled) with its prefix half written
-    (chunk,) = s.schedule()
+    (chunk,) = s.schedule().chunks
     assert chunk.job is waiting and chunk.start == 0 and waiting.prefix is None and cache.misses == 2
 
 

@@ -5,11 +5,14 @@ arm the same first frame as the whole prompt prefilled at once."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 from conftest import MODEL_DIR
 
 from ttsengine import EngineConfig
+from ttsengine.engine.control.page_pool import PagePool
 from ttsengine.engine.device.runner import PrefillItem, Runner, RunnerConfig
 from ttsengine.engine.loader import load
 
@@ -22,6 +25,21 @@ def model():
 def _runner(model, **kw) -> Runner:
     return Runner(model, RunnerConfig(max_slots=12, page_size=16, num_pages=120, penalty_window=4,
                                       triton_attention=False, **kw))
+
+
+class Paged:
+    """A runner with the control plane's page pool beside it, allocating for each prefill as the scheduler does
+    (control/scheduler.py schedule): through each item's last position, the armed ones' first decode position."""
+
+    def __init__(self, model, **kw):
+        self.runner = _runner(model, **kw)
+        self.pool = PagePool(120, 12, 16)
+
+    def prefill(self, items: list[PrefillItem]) -> None:
+        for it in items:
+            if it.last or it.stop > it.start:
+                self.pool.grow(it.slot, it.stop if it.last else it.stop - 1)
+        self.runner.prefill([replace(it, pages=tuple(self.pool.slot_pages[it.slot])) for it in items])
 
 
 def _item(model, slot: int, length: int, seed: int) -> PrefillItem:
@@ -50,61 +68,62 @@ def test_padding_changes_no_value_and_writes_only_scratch(model):
     # 10 prompts of different lengths in one padded call (with prefill graphs: groups of 8 and 2), against
     # each prompt prefilled alone at its exact length through the same layers
     items = [_item(model, slot, length, slot) for slot, length in enumerate([30, 5, 17, 44, 2, 9, 33, 21, 40, 12])]
-    padded = _runner(model)
+    padded = Paged(model)
     with torch.inference_mode():
         padded.prefill(items)
         for it in items:
-            exact = _runner(model)
-            exact.ensure_pages([(it.slot, it.prompt.shape[1] - 1)])
+            exact = Paged(model)
+            exact.pool.grow(it.slot, it.prompt.shape[1] - 1)
             n = it.prompt.shape[1] - 1
-            table = exact.host_table([it.slot], exact.max_pages_per_seq)
-            exact.prefill_layers(it.prompt[None, :, :-1], torch.tensor([n]), table)
-            for layer, (a, b) in enumerate(zip(padded.kv, exact.kv)):
-                for page in exact.pages.slot_pages[it.slot]:
-                    mine = padded.pages.slot_pages[it.slot][exact.pages.slot_pages[it.slot].index(page)]
+            held = exact.pool.slot_pages[it.slot]
+            table = exact.runner.host_table([tuple(held)], exact.runner.max_pages_per_seq)
+            exact.runner.prefill_layers(it.prompt[None, :, :-1], torch.tensor([n]), table)
+            for layer, (a, b) in enumerate(zip(padded.runner.kv, exact.runner.kv)):
+                for page in held:
+                    mine = padded.pool.slot_pages[it.slot][held.index(page)]
                     for x, y in ((a.k, b.k), (a.v, b.v)):
                         assert torch.allclose(x[mine], y[page], atol=1e-5), (it.slot, layer)
-    used = {0} | {p for pages in padded.pages.slot_pages for p in pages}
+    used = {0} | {p for pages in padded.pool.slot_pages for p in pages}
     untouched = [p for p in range(120) if p not in used]
-    for kv in padded.kv:
+    for kv in padded.runner.kv:
         assert not kv.k[untouched].any() and not kv.v[untouched].any()
-    assert padded.pos[:10].tolist() == [it.prompt.shape[1] - 1 for it in items]
+    assert padded.runner.pos[:10].tolist() == [it.prompt.shape[1] - 1 for it in items]
 
 
-def _frames_after_step(r: Runner, slots: list[int]) -> torch.Tensor:
-    return r.decode_step(max(slots) + 1)[slots].clone()
+def _frames_after_step(p: Paged, slots: list[int]) -> torch.Tensor:
+    return p.runner.decode_step(max(slots) + 1)[slots].clone()
 
 
-def _positions(r: Runner, slot: int, n: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+def _positions(p: Paged, slot: int, n: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """Each layer's keys and values of the slot's positions [0, n) -> [(k, v) [Hk, n, d]]."""
-    table = r.host_table([slot], -(-n // r.cfg.page_size))
-    return [tuple(t[0, :, :n] for t in kv.gather(table)) for kv in r.kv]
+    table = p.runner.host_table([tuple(p.pool.slot_pages[slot])], -(-n // p.runner.cfg.page_size))
+    return [tuple(t[0, :, :n] for t in kv.gather(table)) for kv in p.runner.kv]
 
 
 def test_chunks_and_a_shared_prefix_write_the_cache_and_arm_the_frame_of_the_whole_prompt(model):
     whole_item = _item(model, 0, 150, 5)
     n = 149  # positions prefill writes
     with torch.inference_mode():
-        whole = _runner(model)
+        whole = Paged(model)
         whole.prefill([whole_item])
         want_kv, want_frame = _positions(whole, 0, n), _frames_after_step(whole, [0])
 
-        chunked = _runner(model)  # uneven chunks, one of a single position, the last one arms
+        chunked = Paged(model)  # uneven chunks, one of a single position, the last one arms
         for a, b in ((0, 40), (40, 41), (41, 100), (100, n)):
             chunked.prefill([PrefillItem(0, whole_item.prompt, whole_item.params, 0, a, b)])
             # until armed, the decode step sees an all-scratch row (it computes the slot as idle); then its pages
-            assert chunked.armed[0] == (b == n) and bool(chunked.page_table[0].any()) == (b == n)
-        assert chunked.page_table[0, :10].tolist() == chunked.pages.slot_pages[0]
+            assert bool(chunked.runner.page_table[0].any()) == (b == n)
+        assert chunked.runner.page_table[0, :10].tolist() == chunked.pool.slot_pages[0]
 
-        shared = _runner(model)  # slot 1 reads slot 0's first 3 pages (48 positions) through the prefix cache's path
+        shared = Paged(model)  # slot 1 reads slot 0's first 3 pages (48 positions) through the prefix cache's path
         shared.prefill([whole_item])
-        pages = shared.keep_prefix(0, 3)
-        shared.release_pages(0)  # the cache's reference keeps them
-        shared.reset_slots([0])
-        assert all(shared.pages.refs[p] == 1 for p in pages) and not set(pages) & set(shared.pages.free)
-        shared.share_prefix(1, pages)
+        pages = shared.pool.keep(0, 3)
+        shared.pool.release(0)  # the cache's reference keeps them
+        shared.runner.reset_slots([0])
+        assert all(shared.pool.refs[p] == 1 for p in pages) and not set(pages) & set(shared.pool.free)
+        shared.pool.share(1, pages)
         shared.prefill([PrefillItem(1, whole_item.prompt, whole_item.params, 0, 48)])
-        assert shared.pages.slot_pages[1][:3] == pages and all(shared.pages.refs[p] == 2 for p in pages)
+        assert shared.pool.slot_pages[1][:3] == pages and all(shared.pool.refs[p] == 2 for p in pages)
         for r, slot in ((chunked, 0), (shared, 1)):
             for (k, v), (wk, wv) in zip(_positions(r, slot, n), want_kv):
                 assert torch.allclose(k, wk, atol=1e-5) and torch.allclose(v, wv, atol=1e-5)
@@ -119,7 +138,7 @@ def test_history_groups_pad_harmlessly(model):
     starts = [3, 1, 16, 20, 0, 7, 32, 5, 1, 11]
     items = [_item(model, slot, length + start + 1, slot) for slot, (length, start) in enumerate(zip(lengths, starts))]
     with torch.inference_mode():
-        together, alone = _runner(model), _runner(model)
+        together, alone = Paged(model), Paged(model)
         together.prefill([PrefillItem(it.slot, it.prompt, it.params, 0, 0, s) for it, s in zip(items, starts) if s])
         together.prefill([PrefillItem(it.slot, it.prompt, it.params, 0, s) for it, s in zip(items, starts)])
         for it, s in zip(items, starts):
@@ -130,9 +149,9 @@ def test_history_groups_pad_harmlessly(model):
             for (k, v), (wk, wv) in zip(_positions(together, it.slot, n), _positions(alone, it.slot, n)):
                 assert torch.allclose(k, wk, atol=1e-5) and torch.allclose(v, wv, atol=1e-5), it.slot
         assert torch.equal(_frames_after_step(together, list(range(10))), _frames_after_step(alone, list(range(10))))
-    used = {0} | {p for pages in together.pages.slot_pages for p in pages}
+    used = {0} | {p for pages in together.pool.slot_pages for p in pages}
     untouched = [p for p in range(120) if p not in used]
-    for kv in together.kv:
+    for kv in together.runner.kv:
         assert not kv.k[untouched].any() and not kv.v[untouched].any()
 
 

@@ -19,7 +19,7 @@ def sched(slots=4, queue=4, pages=100, page=16, prefill=1000, cache=None) -> Sch
 
 def admit(s: Scheduler, budget=None) -> list[Job]:
     """The jobs this step admitted (their first chunks: continuations start past 0)."""
-    return [c.job for c in s.schedule(budget) if c.start == 0 or c.job.prefix is not None and
+    return [c.job for c in s.schedule(budget).chunks if c.start == 0 or c.job.prefix is not None and
             c.start == c.job.shared_pages * s.page_size]
 
 
@@ -76,20 +76,21 @@ def test_chunks_within_the_budget_new_first_chunks_before_continuations():
     long_, mid = Job(301, 5), Job(81, 5)  # 300 and 80 positions to prefill (the last token is the step's input)
     s.submit(long_)
     s.submit(mid)
-    step1 = [(c.job, c.start, c.end) for c in s.schedule()]
+    step1 = [(c.job, c.start, c.end) for c in s.schedule().chunks]
     assert step1 == [(long_, 0, 100)]  # the budget is spent: `mid` waits, its slot untaken
     assert not long_.decoding and mid.slot is None
     short = Job(31, 5)
     s.submit(short)
-    step2 = [(c.job, c.start, c.end) for c in s.schedule()]
+    step2 = [(c.job, c.start, c.end) for c in s.schedule().chunks]
     # new requests' first chunks go ahead of the long continuation, which gets what is left
     assert step2 == [(mid, 0, 80), (short, 0, 20)] + [(long_, 100, 116)]  # at least min_chunk (a page)
     assert mid.decoding and not short.decoding
     # continuations: the oldest gets a page first, then the fewest positions left go first
-    step3 = [(c.job, c.start, c.end, c.last) for c in s.schedule()]
+    step3 = [(c.job, c.start, c.end, c.last) for c in s.schedule().chunks]
     assert step3 == [(short, 20, 30, True), (long_, 116, 206, False)] and short.decoding
-    assert [(c.job, c.start, c.end, c.last) for c in s.schedule()] == [(long_, 206, 300, True)] and long_.decoding
-    assert s.schedule() == []
+    step4 = [(c.job, c.start, c.end, c.last) for c in s.schedule().chunks]
+    assert step4 == [(long_, 206, 300, True)] and long_.decoding
+    assert s.schedule().chunks == []
 
 
 def test_the_oldest_continuation_is_never_starved():
@@ -99,7 +100,7 @@ def test_the_oldest_continuation_is_never_starved():
     s.schedule()
     for _ in range(3):  # a new request every step spends the whole budget on its first chunk
         s.submit(Job(40, 5))
-        chunks = s.schedule()
+        chunks = s.schedule().chunks
         assert chunks[0].job is not old and chunks[0].tokens == 32
         assert chunks[-1].job is old and chunks[-1].tokens == 16  # one page anyway
 
@@ -118,7 +119,7 @@ def test_the_oldest_continuation_keeps_its_page_when_slots_move():
     for _ in range(3):  # a new request every step takes the budget; the oldest prompt still gets its page
         s.submit(Job(100, 5))
         before = old.prefilled
-        chunks = s.schedule()
+        chunks = s.schedule().chunks
         assert chunks[0].tokens == 32 and [c.job for c in chunks[1:]] == [old] and old.prefilled == before + 16
         s.release([chunks[0].job])
 
@@ -128,9 +129,9 @@ def test_a_smaller_budget_is_honoured_and_one_token_prompts_only_arm():
     a, one = Job(50, 5), Job(1, 5)
     s.submit(a)
     s.submit(one)
-    chunks = s.schedule(budget=30)  # the adaptive budget (prefill_budget.py) may lower the limit, never raise it
+    chunks = s.schedule(budget=30).chunks  # the adaptive budget (prefill_budget.py) may lower the limit, never raise it
     assert [(c.job, c.tokens) for c in chunks] == [(a, 30)]
-    chunks = s.schedule(budget=1000)
+    chunks = s.schedule(budget=1000).chunks
     assert [(c.job, c.start, c.end, c.last) for c in chunks] == [(one, 0, 0, True), (a, 30, 49, True)]
 
 
@@ -147,20 +148,20 @@ def test_a_budget_by_rows_admits_a_burst_at_each_size_pace():
         seen.append(rows)
         return 100 if rows <= 4 else 25
 
-    chunks = s.schedule(budget)
+    chunks = s.schedule(budget).chunks
     assert [(c.job, c.tokens) for c in chunks] == [(j, 10) for j in jobs[:4]]  # the 5th would make it a 5-row step
     assert max(seen) == 5
     # the same burst under the budget of the full batch (what a fixed number at the final bucket gives): 25 positions
     s2 = sched(slots=16, queue=16, prefill=1000)
     for _ in range(10):
         s2.submit(Job(11, 5))
-    assert [c.tokens for c in s2.schedule(25)] == [10, 10, 5]
+    assert [c.tokens for c in s2.schedule(25).chunks] == [10, 10, 5]
     # a budget the admitted positions already fill at the next row count stops admission there
     s3 = sched(slots=16, queue=16, prefill=1000)
     a, b = Job(11, 5), Job(11, 5)
     s3.submit(a)
     s3.submit(b)
-    assert [(c.job, c.tokens) for c in s3.schedule(lambda rows: 10 if rows <= 1 else 5)] == [(a, 10)]
+    assert [(c.job, c.tokens) for c in s3.schedule(lambda rows: 10 if rows <= 1 else 5).chunks] == [(a, 10)]
 
 
 def test_record_frames_skips_jobs_still_prefilling():
@@ -205,7 +206,7 @@ def test_release_compacts_slots():
     assert [j.slot for j in s.running] == [0, 1, 2][: len(s.running)]
     assert s.running == [jobs[0], jobs[3]]
     assert moves == [(3, 2), (2, 1)]  # freed from the top down; each hole takes the current last job
-    assert s.reserved_pages == 2
+    assert s.pool.reserved == 2
 
 
 def test_cancel_waiting_and_cancel_running():

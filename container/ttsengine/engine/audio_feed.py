@@ -19,6 +19,7 @@ import torch
 from ..synthesis.plan import Plan
 from ..synthesis.stream import Stream
 from .control.scheduler import Job
+from .device.vocoder import Delivery, Vocoder
 
 
 @dataclass(eq=False)
@@ -178,3 +179,16 @@ class CodecRounds:
     def _may_wait(self, task: Task, now: float, hold: float) -> bool:
         buffered = buffered_seconds(task, now, self.frame_seconds)
         return task.decoded > 0 and buffered is not None and buffered >= hold
+
+
+def send_to_codec(vocoder: Vocoder, tasks: list[Task], final: bool, first: int, stream: int) -> None:
+    """Queues codec decodes of pending frames: whole chunks (codec_calls), or when `final` all that is left, every task
+    in each call (final_calls)."""
+    calls = (final_calls(tasks, vocoder.chunk_sizes[-1]) if final else  # its largest: decode_padded's limit
+             ([(t, count) for t in group] for count, group in codec_calls(tasks, first, stream)))
+    for call in calls:
+        width = max(count for _, count in call)
+        codes = np.stack([pending_codes(t, count, width) for t, count in call])  # [b, n, width]
+        vocoder.decode([t.voc_slot for t, _ in call], codes, [Delivery(t.stream, t.index, count) for t, count in call])
+        for task, count in call:
+            task.decoded += count

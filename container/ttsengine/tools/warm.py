@@ -75,7 +75,7 @@ def main(argv: list[str] | None = None) -> int:
         "write_checkpoint_s": write_s, "codec_cache": ckpt.codec_cache,
         "warmup_s": round(engine.warmup_seconds or 0.0, 2), "kernel_cache": engine.kernel_cache.status,
         "precompiled": engine.precompiled,
-        "compiled": engine.compiled, "cuda_graphs": engine.graphs is not None,
+        "compiled": engine.compiled, "cuda_graphs": engine.device.graphs is not None,
         "quantization": ckpt.quantization, "blob": str(blob) if blob else None,
         "blob_mb": round(blob.stat().st_size / 1e6, 1) if blob else None, "torch": torch.__version__,
     }))

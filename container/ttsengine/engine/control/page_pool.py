@@ -1,9 +1,14 @@
-"""The KV pages on the host side: which pages each slot holds, how many holders each page has, which are free.
+"""The one owner of the KV pages: which pages each slot holds, how many holders each page has, which are free, and
+how many the running jobs have reserved.
 
 A page is held by the slots whose page table lists it and by the prefix cache (prefix_cache.py) when it holds a
 cached prefix; it is free when nobody holds it. A slot's list is in position order: page i holds positions
-[i * page_size, (i + 1) * page_size). Page 0 is the scratch page and is never handed out. Pure Python, so the
-batched engine's scripted test runner keeps the real accounting.
+[i * page_size, (i + 1) * page_size). Page 0 is the scratch page and is never handed out.
+
+Reservations: admission (scheduler.py) reserves the pages of a job's longest possible sequence, so a running job
+never runs out. Pages of a cached prefix are not reserved again: they count once, as pinned, while jobs read them;
+cached pages nobody reads count as free (grow evicts them when it needs the room). Pure Python: the device plane
+only ever sees the page lists a step plan carries (step_plan.py).
 """
 
 from __future__ import annotations
@@ -14,10 +19,25 @@ from .prefix_cache import PrefixCache
 class PagePool:
     def __init__(self, num_pages: int, max_slots: int, page_size: int, cache: PrefixCache | None = None):
         self.page_size = page_size
+        self.total = num_pages - 1  # pages that can be handed out (the scratch page excluded)
+        self.reserved = 0  # the running jobs' own pages, reserved at admission (cached prefix pages excluded)
         self.cache = cache  # evicted from when the free list runs dry
         self.refs = [0] * num_pages
         self.free = list(range(num_pages - 1, 0, -1))  # popped from the end: low pages first
         self.slot_pages: list[list[int]] = [[] for _ in range(max_slots)]
+
+    def pages_for(self, positions: int) -> int:
+        return -(-positions // self.page_size)
+
+    @property
+    def pinned(self) -> int:
+        """Pages of cached prefixes that running jobs read: not free-able."""
+        return self.cache.pinned_pages if self.cache is not None else 0
+
+    def fits(self, own: int, newly_pinned: int = 0) -> bool:
+        """A job reserving `own` pages, and pinning `newly_pinned` cached ones nobody reads yet, fits beside the
+        reservations and the pinned pages."""
+        return self.reserved + own + self.pinned + newly_pinned <= self.total
 
     def grow(self, slot: int, last_pos: int) -> list[tuple[int, int, int]]:
         """Pages for positions up to last_pos -> the new (slot, index, page) entries of its page table."""

@@ -4,6 +4,10 @@ A `Job` is one generation (one text chunk of a request). Running jobs occupy slo
 holes: when a job leaves, the job in the last slot moves into its place (the runner copies that
 row's device state), so the batch bucket is always the smallest that covers B.
 
+Each step's work leaves as one StepPlan (step_plan.py: slot moves and resets, prefill chunks with their pages,
+page-table entries, the decode rows and bucket) and comes back as a StepResult (update: frames recorded, finished
+jobs released). The scheduler owns the page pool (page_pool.py), the one owner of the KV pages.
+
 Admission is FIFO, bounded by free slots and free KV pages: each job reserves the pages its longest
 possible sequence needs, so a running job never runs out. A prompt prefix cached for earlier requests
 (prefix_cache.py) is not reserved again: its pages are counted once, as pinned, while jobs read them; cached
@@ -30,7 +34,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from ...errors import BusyError
+from .page_pool import PagePool
 from .prefix_cache import Entry, PrefixCache
+from .step_plan import Chunk, Move, Reset, StepPlan, StepResult
 
 _ids = itertools.count(1)
 
@@ -50,6 +56,11 @@ class Job:
     prefix_pages: int = 0  # that prefix's whole pages
     prefix: Entry | None = None  # the cached prefix this job reads (a hit's, or its own once cached)
     prefilled: int = 0  # prompt positions whose KV is written or planned (a hit's cached prefix included)
+    in_flight: int = 0  # decode steps planned for this job whose frames were not read yet (each writes a position)
+    # what the device plane prefills (opaque here: the control plane never looks inside)
+    prompt: object = None  # int64 [n+1, T] CPU tensor
+    sampling: tuple = ()  # (temperature, top_p, repetition_penalty, seed)
+    frame_offset: int = 0  # frames the request generated before this job (the sampler's RNG counter start)
 
     @property
     def max_len(self) -> int:
@@ -72,50 +83,33 @@ class Job:
         return len(self.prefix.pages) if self.prefix is not None else 0
 
 
-@dataclass(frozen=True)
-class Chunk:
-    """Prompt positions [start, end) of `job` to prefill this step; `last`: the job decodes from the next step."""
-
-    job: Job
-    start: int
-    end: int
-
-    @property
-    def tokens(self) -> int:
-        return self.end - self.start
-
-    @property
-    def last(self) -> bool:
-        return self.end == self.job.prefill_end
-
-
 class Scheduler:
     def __init__(self, max_slots: int, max_queue: int, total_pages: int, page_size: int,
-                 prefill_tokens: int, cache: PrefixCache | None = None, min_chunk: int | None = None):
-        """prefill_tokens: the largest prefill budget per step (schedule() may be given a smaller one);
-        cache: the prefix cache (None: off); min_chunk: positions the oldest continuation gets per step at least
-        (default one page)."""
+                 prefill_tokens: int, cache: PrefixCache | None = None, min_chunk: int | None = None,
+                 bucket: Callable[[int], int] | None = None):
+        """total_pages: KV pages that can be handed out (the scratch page excluded); prefill_tokens: the largest
+        prefill budget per step (schedule() may be given a smaller one); cache: the prefix cache (None: off);
+        min_chunk: positions the oldest continuation gets per step at least (default one page); bucket: the decode
+        step's batch for a number of rows (default: the rows)."""
         self.max_slots, self.max_queue = max_slots, max_queue
-        self.total_pages, self.page_size = total_pages, page_size
+        self.page_size = page_size
         self.prefill_tokens = prefill_tokens
         self.cache = cache
+        self.pool = PagePool(total_pages + 1, max_slots, page_size, cache)
         self.min_chunk = page_size if min_chunk is None else min_chunk
+        self.bucket = bucket if bucket is not None else (lambda rows: rows)
         self.waiting: deque[Job] = deque()
         self.running: list[Job] = []  # index = slot
-        self.reserved_pages = 0  # the running jobs' own pages (cached prefix pages excluded)
+        self._slot_ops: list[Move | Reset] = []  # made by releases, carried out by the next plan
 
     # ---- queue --------------------------------------------------------------------------------
     def pages_for(self, job: Job) -> int:
-        return -(-job.max_len // self.page_size)
-
-    @property
-    def pinned_pages(self) -> int:
-        return self.cache.pinned_pages if self.cache is not None else 0
+        return self.pool.pages_for(job.max_len)
 
     def submit(self, job: Job, front: bool = False) -> None:
-        if self.pages_for(job) > self.total_pages:  # the planner's capacity guard lets no such request in
+        if self.pages_for(job) > self.pool.total:  # the planner's capacity guard lets no such request in
             raise ValueError(f"a job of {job.max_len} KV positions can never be admitted: the cache holds "
-                             f"{self.total_pages * self.page_size}")
+                             f"{self.pool.total * self.page_size}")
         if front:
             self.waiting.appendleft(job)
             return
@@ -131,8 +125,59 @@ class Scheduler:
     def has_work(self) -> bool:
         return bool(self.running or self.waiting)
 
+    @property
+    def has_slot_ops(self) -> bool:
+        """Releases left row moves or resets that no plan carried out yet (flush() takes them)."""
+        return bool(self._slot_ops)
+
     # ---- per step -----------------------------------------------------------------------------
-    def schedule(self, budget: int | Callable[[int], int] | None = None) -> list[Chunk]:
+    def schedule(self, budget: int | Callable[[int], int] | None = None) -> StepPlan:
+        """This step's plan (step_plan.py): the slot operations releases left, the prefill chunks (chunks()) with
+        their slots' pages, the prefixes they complete cached, and a decode step over the running jobs if any
+        decodes, with the pages its writes need."""
+        chunks = self.chunks(budget)
+        plan = StepPlan(slot_ops=self._take_slot_ops(), chunks=chunks)
+        pool = self.pool
+        for c in chunks:  # an armed slot also holds the page of its first decode position (the prompt's last)
+            if c.last or c.end > c.start:
+                pool.grow(c.job.slot, c.end if c.last else c.end - 1)
+        plan.pages = {c.job.slot: tuple(pool.slot_pages[c.job.slot]) for c in chunks}
+        for c in chunks:  # a miss that wrote its prefix's pages offers them to later requests
+            if self.can_cache(c.job):
+                self.cache_prefix(c.job, pool.keep(c.job.slot, c.job.prefix_pages))
+        if any(j.decoding for j in self.running):
+            # a job whose prompt is still going in keeps an idle row (no frame, a scratch table row); a job the step
+            # in flight makes a frame for writes one position further than its count says
+            for j in self.running:
+                if j.decoding:
+                    plan.table += pool.grow(j.slot, j.prompt_len + j.generated - 1 + j.in_flight)
+            plan.rows = [j if j.decoding else None for j in self.running]
+            plan.bucket = self.bucket(len(self.running))
+            for j in plan.rows:
+                if j is not None:
+                    j.in_flight += 1
+        return plan
+
+    def flush(self) -> StepPlan:
+        """A plan of the slot operations alone (before the device runs anything else: an idle engine's capture, a
+        failure's cleanup)."""
+        return StepPlan(slot_ops=self._take_slot_ops())
+
+    def update(self, result: StepResult, eos_id: int) -> list[Job]:
+        """A decode step read back: records each maker's frame, releases the jobs that finished -> those jobs."""
+        for job in result.makers:
+            if job is not None:
+                job.in_flight -= 1
+        finished = self.record_frames(result.token0, eos_id, result.makers)
+        if finished:
+            self.release(finished)
+        return finished
+
+    def _take_slot_ops(self) -> list[Move | Reset]:
+        ops, self._slot_ops = self._slot_ops, []
+        return ops
+
+    def chunks(self, budget: int | Callable[[int], int] | None = None) -> list[Chunk]:
         """This step's prefill work, at most `budget` prompt positions (default and ceiling: prefill_tokens; the
         oldest continuation's min_chunk may go past a smaller budget):
         first the first chunks of waiting jobs moved into free slots (FIFO, stopping at the first that does not
@@ -187,18 +232,19 @@ class Scheduler:
             shared = len(entry.pages) if entry is not None else 0
             newly_pinned = shared if entry is not None and entry.users == 0 else 0
             own = self.pages_for(job) - shared
-            if self.reserved_pages + own + self.pinned_pages + newly_pinned > self.total_pages:
+            if not self.pool.fits(own, newly_pinned):
                 break
             self.waiting.popleft()
-            self.reserved_pages += own
-            if entry is not None:  # a hit: its first prefill position is the first past the cached pages
+            self.pool.reserved += own
+            job.slot = len(self.running)
+            self.running.append(job)
+            if entry is not None:  # a hit: the slot starts with the cached pages, prefill starts past them
                 self.cache.pin(entry, self.page_size)
+                self.pool.share(job.slot, entry.pages)
                 job.prefix, job.prefilled = entry, shared * self.page_size
             elif job.prefix_key is not None and self.cache is not None:
                 self.cache.misses += 1
                 writing.add(job.prefix_key)
-            job.slot = len(self.running)
-            self.running.append(job)
             room = budget_at(len(self.running)) - used
             admitted.append((job, room))
             used += min(job.prefill_end - job.prefilled, room)
@@ -222,7 +268,7 @@ class Scheduler:
         """The job's first pages become the cached prefix (the pool gave the cache its reference): they move
         from the job's own reservation to the pinned pages, so the count stays the same."""
         job.prefix = self.cache.insert(job.prefix_key, pages)
-        self.reserved_pages -= len(pages)
+        self.pool.reserved -= len(pages)
 
     def record_frames(self, token0: list[int], eos_id: int, makers: list[Job | None] | None = None) -> list[Job]:
         """token0[row] of the frame each row of the last step generated -> the jobs that finished. makers[row]: the
@@ -255,7 +301,12 @@ class Scheduler:
         return dropped
 
     def release(self, jobs: list[Job]) -> list[tuple[int, int]]:
-        """Frees the slots of finished jobs; returns the (from, to) slot moves that keep 0..B-1 dense."""
+        """Frees the slots and pages of finished jobs (a cached prefix's pages stay cached); returns the (from, to)
+        slot moves that keep 0..B-1 dense. The device's share, the moves and the freed rows' resets, goes out with
+        the next plan (or flush())."""
+        for job in jobs:
+            self.pool.release(job.slot)
+        old = len(self.running)
         moves = []
         for job in sorted(jobs, key=lambda j: j.slot, reverse=True):
             slot, last = job.slot, len(self.running) - 1
@@ -263,11 +314,15 @@ class Scheduler:
                 mover = self.running[last]
                 self.running[slot] = mover
                 mover.slot = slot
+                self.pool.move(last, slot)
                 moves.append((last, slot))
             self.running.pop()
-            self.reserved_pages -= self.pages_for(job) - job.shared_pages
+            self.pool.reserved -= self.pages_for(job) - job.shared_pages
             if job.prefix is not None:
                 self.cache.unpin(job.prefix)
                 job.prefix = None
             job.slot = None
+        self._slot_ops += [Move(src, dst) for src, dst in moves]
+        if len(self.running) < old:
+            self._slot_ops.append(Reset(tuple(range(len(self.running), old))))
         return moves

@@ -44,7 +44,3 @@ class InFlight:
         if self.begun is None or self.event is None:
             return None
         return self.begun.elapsed_time(self.event) / 1e3
-
-    def ahead(self) -> set[int]:
-        """ids of the jobs this step makes a frame for: a step launched behind it writes their next position."""
-        return {id(job) for job in self.makers if job is not None}

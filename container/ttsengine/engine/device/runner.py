@@ -22,7 +22,6 @@ from ...model.kernels.launch import pdl_runs
 from ...model.kernels.paged_attention import PagedKV, write_and_attend_op
 from ...model.layers import attend
 from ...model.sampling import RepetitionWindow, SamplingTensors, register_top_p_op
-from ..control.page_pool import PagePool
 from .compile.units import StepOps
 
 log = logging.getLogger(__name__)
@@ -65,6 +64,7 @@ class PrefillItem:
     frame_offset: int  # frames the request generated before (RNG counter start)
     start: int = 0
     end: int | None = None
+    pages: tuple[int, ...] = ()  # the slot's KV pages in position order, through `stop` at least (the page pool's)
 
     @property
     def stop(self) -> int:
@@ -146,12 +146,10 @@ class Runner:
         self._finish_step = step_glue.finish_step if glue else step_glue.finish_step_reference
         self._step_inputs = (step_glue.step_inputs if glue and step_glue.inputs_supported(model)
                              else step_glue.step_inputs_reference)
-        self.prefill_graphs = None  # a GraphSet over prefill_layers keyed by prefill_key (the engine's)
-        # host side: pages held per slot (page 0 is scratch and never handed out), shared prefix pages counted.
-        # A slot's device page_table row lists its pages only once it is armed (its last prefill chunk ran):
-        # until then the decode step computes the row as idle, writing to scratch, never into its real pages.
-        self.pages = PagePool(cfg.num_pages, S, cfg.page_size)
-        self.armed = [False] * S
+        # a GraphSet over prefill_layers keyed by prefill_key (device.py's). The pages are the control plane's
+        # (control/page_pool.py): a slot's device page_table row lists them only once it is armed (its last prefill
+        # chunk ran); until then the decode step computes the row as idle, writing to scratch, never into its pages.
+        self.prefill_graphs = None
 
     def _device_tensor(self, values: list[int]) -> Tensor:
         """int64 values on the device without waiting for it: a plain torch.tensor(..., device=cuda) copies and then
@@ -160,44 +158,22 @@ class Runner:
         return torch.tensor(values, dtype=torch.int64).to(self.device, non_blocking=True)
 
     # ---- pages --------------------------------------------------------------------------------
-    def ensure_pages(self, needs: list[tuple[int, int]]) -> None:
-        """needs: (slot, highest position it will write). Allocates pages and updates the armed slots' rows of
-        the table with one small host-to-device copy."""
-        updates: list[tuple[int, int, int]] = []
-        for slot, last_pos in needs:
-            new = self.pages.grow(slot, last_pos)  # the scheduler's reservations guarantee the pages
-            if self.armed[slot]:
-                updates += new
-        if updates:
-            idx = torch.tensor(updates, dtype=torch.int64).T.to(self.device, non_blocking=True)
+    def write_table(self, entries: list[tuple[int, int, int]]) -> None:
+        """(slot, index, page) entries new to armed slots' page tables, in one small host-to-device copy."""
+        if entries:
+            idx = torch.tensor(entries, dtype=torch.int64).T.to(self.device, non_blocking=True)
             self.page_table.index_put_((idx[0], idx[1]), idx[2].to(torch.int32))
 
-    def share_prefix(self, slot: int, pages: list[int]) -> None:
-        """A prefix-cache hit: the (free, unarmed) slot starts with the cached prefix's pages."""
-        self.pages.share(slot, pages)
-
-    def keep_prefix(self, slot: int, count: int) -> list[int]:
-        """The prefix cache takes a reference on the slot's first `count` pages (prefilled) -> those pages."""
-        return self.pages.keep(slot, count)
-
-    def release_pages(self, slot: int) -> None:
-        """Returns a finished stream's pages (those a cached prefix holds stay); its row is reset by
-        reset_slots or overwritten by a move."""
-        self.pages.release(slot)
-
-    def host_table(self, slots: list[int], width: int) -> Tensor:
-        """The slots' page tables from the host lists (an unarmed slot's device row is scratch) -> int32
-        [len(slots), width] on the device, unlisted pages scratch."""
-        table = torch.zeros(len(slots), width, dtype=torch.int32)
-        for i, slot in enumerate(slots):
-            held = self.pages.slot_pages[slot][:width]
+    def host_table(self, pages: list[tuple[int, ...]], width: int) -> Tensor:
+        """Page lists (one per row) -> int32 [len(pages), width] on the device, unlisted pages scratch."""
+        table = torch.zeros(len(pages), width, dtype=torch.int32)
+        for i, held in enumerate(pages):
+            held = held[:width]
             table[i, : len(held)] = torch.tensor(held, dtype=torch.int32)
         return table.to(self.device, non_blocking=True)
 
     def reset_slots(self, slots) -> None:
         slots = list(slots)
-        for slot in slots:
-            self.armed[slot] = False
         if slots:
             self._reset_rows(self._device_tensor(slots))
 
@@ -214,8 +190,6 @@ class Runner:
         for t in (self.page_table, self.frames, self.pos, self.frame_index, self.active, self.fresh, p.temperature,
                   p.top_p, p.repetition_penalty, p.seed_lo, p.seed_hi, self.window.frames, self.window.count):
             t[dst] = t[src]
-        self.pages.move(src, dst)
-        self.armed[dst], self.armed[src] = self.armed[src], False
         self._reset_rows(self._device_tensor([src]))
 
     # ---- prefill ------------------------------------------------------------------------------
@@ -251,10 +225,8 @@ class Runner:
     def prefill(self, items: list[PrefillItem]) -> None:
         """Writes the KV cache of each item's prompt positions [start, stop). An item that reaches its prompt's
         last position arms its slot: the prompt's last column becomes the slot's next input, so the (graphed)
-        decode step samples the first frame, without repetition penalty (the `fresh` flag) as upstream does."""
-        # an armed slot also holds the page of its first decode position (the prompt's last)
-        self.ensure_pages([(it.slot, it.stop if it.last else it.stop - 1) for it in items
-                           if it.last or it.stop > it.start])
+        decode step samples the first frame, without repetition penalty (the `fresh` flag) as upstream does. Each
+        item's pages cover its positions (the control plane allocated them: control/scheduler.py schedule)."""
         # parts from position 0 attend only within themselves (the first prefill of a stream: no gather); parts
         # with history read the slot's earlier positions through its pages
         fresh = [it for it in items if it.start == 0]
@@ -271,9 +243,7 @@ class Runner:
             return
         dev = self.device
         slots = self._device_tensor([it.slot for it in items])
-        for it in items:
-            self.armed[it.slot] = True
-        self.page_table.index_copy_(0, slots, self.host_table([it.slot for it in items], self.max_pages_per_seq))
+        self.page_table.index_copy_(0, slots, self.host_table([it.pages for it in items], self.max_pages_per_seq))
         last = torch.stack([it.prompt[:, -1] for it in items]).to(dev, non_blocking=True)  # [g, n+1]
         params = SamplingTensors.from_values([it.params for it in items], dev)
         for name in ("temperature", "top_p", "repetition_penalty", "seed_lo", "seed_hi"):
@@ -297,7 +267,7 @@ class Runner:
             tokens[i, :, : lens[i]] = it.prompt[:, it.start:it.stop]
         # padding rows: one position, written to the scratch page through an all-scratch table row
         valid = self._device_tensor(lens + [1] * (rows - len(items)))
-        table = self.host_table([it.slot for it in items], pages or self.max_pages_per_seq)
+        table = self.host_table([it.pages for it in items], pages or self.max_pages_per_seq)
         table = torch.cat([table, table.new_zeros(rows - len(items), table.shape[1])])
         inputs = (tokens.to(self.device, non_blocking=True), valid, table)
         if pages:
