@@ -103,5 +103,5 @@ class ConvNeXtBlock(nn.Module):
         return self.pointwise_time_major(y.transpose(1, 2)).transpose(1, 2)
 
     def pointwise_time_major(self, y: Tensor) -> Tensor:
-        # pointwise on [B, L, C] (the layers' own layout: the time-major streaming codec calls it directly)
+        # pointwise on [B, L, C] (the layers' own layout: the streaming codec calls it directly, either layout)
         return self.gamma * self.pwconv2(F.gelu(self.pwconv1(self.norm(y))))

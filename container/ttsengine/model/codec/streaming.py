@@ -9,6 +9,8 @@ State per row (rows of preallocated buffers, gathered and scattered by row index
 - the window-limited transformer (post_module): its last (window - 1) keys and values per layer,
   plus the row's absolute frame position (RoPE and the window mask use absolute positions).
 Snake, LayerNorm, pointwise layers and codebook lookups are per-sample and need nothing.
+One walker for both memory layouts (channel-major [b, C, n] or time-major [b, n, C] activations): the layout
+(layout.py) is the axis of time and the few ops whose form depends on it.
 Streaming equals the whole decode (Codec.decode) to float rounding, at any chunk size: tests/model.
 """
 
@@ -18,7 +20,6 @@ import contextlib
 from collections.abc import Callable
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..layers import attend
@@ -33,50 +34,31 @@ from .conv import (
     snake_time_major,
 )
 from .dac import Codec, DecoderBlock
+from .layout import ChannelMajor, TimeMajor
 from .transformer import CodecTransformer
 
 
-def _state_shapes(module: nn.Module, prefix: str, out: dict[str, tuple[int, ...]], time_major: bool = False) -> None:
-    # a conv's kept samples: [C, n] channel-major, [n, C] time-major
+def _state_shapes(module: nn.Module, prefix: str, out: dict[str, tuple[int, ...]],
+                  layout: ChannelMajor | TimeMajor) -> None:
     if isinstance(module, CausalConv):
         if module.stride != 1:
             raise ValueError(f"{prefix}: streaming needs stride-1 causal convs in the decoder")
         if module.left:
-            c, n = module.conv.in_channels, module.left
-            out[prefix] = (n, c) if time_major else (c, n)
+            out[prefix] = layout.state_shape(module.conv.in_channels, module.left)
     elif isinstance(module, CausalTransConv):
         if module.trim:
-            c, n = module.conv.out_channels, module.trim
-            out[prefix] = (n, c) if time_major else (c, n)
+            out[prefix] = layout.state_shape(module.conv.out_channels, module.trim)
     elif isinstance(module, CodecTransformer):
         c = module.cfg
         for i in range(c.n_layer):
             out[f"{prefix}.{i}.k"] = out[f"{prefix}.{i}.v"] = (c.n_head, c.window - 1, c.head_dim)
     elif isinstance(module, ConvNeXtBlock):
-        _state_shapes(module.dwconv, prefix + ".dwconv", out, time_major)
-    elif isinstance(module, (ResidualUnit,)):
-        _state_shapes(module.block, prefix + ".block", out, time_major)
+        _state_shapes(module.dwconv, prefix + ".dwconv", out, layout)
+    elif isinstance(module, ResidualUnit):
+        _state_shapes(module.block, prefix + ".block", out, layout)
     else:
         for name, child in module.named_children():
-            _state_shapes(child, f"{prefix}.{name}", out, time_major)
-
-
-
-def _walk_sequential(module: nn.Sequential, x: Tensor, state: dict[str, Tensor], prefix: str, walk: Callable,
-                     snake_into_conv: Callable) -> Tensor:
-    # the children in turn; a Snake followed by a causal conv with history goes as one step (snake_into_conv)
-    children = list(module.named_children())
-    i = 0
-    while i < len(children):
-        name, child = children[i]
-        nxt = children[i + 1] if i + 1 < len(children) else None
-        if isinstance(child, Snake) and nxt is not None and isinstance(nxt[1], CausalConv) and nxt[1].left:
-            x = snake_into_conv(child, nxt[1], x, state, f"{prefix}.{nxt[0]}")
-            i += 2
-            continue
-        x = walk(child, x, state, f"{prefix}.{name}")
-        i += 1
-    return x
+            _state_shapes(child, f"{prefix}.{name}", out, layout)
 
 
 class StreamingCodec:
@@ -85,24 +67,24 @@ class StreamingCodec:
     def __init__(self, codec: Codec, rows: int, max_frames: int, time_major: bool = False):
         """max_frames: the longest stream (frames) a row will decode; sizes the RoPE table. time_major: the
         activations run as [b, T, C] and every conv as a channels-last (NHWC) cuDNN convolution on them
-        (TTS_CODEC_CHANNELS_LAST; see _walk_time_major), else [b, C, T] as the modules run them."""
+        (TTS_CODEC_CHANNELS_LAST; layout.TimeMajor), else [b, C, T] as the modules run them."""
         self.codec = codec
         self.time_major = time_major
-        # snake(x, alpha, out=None): the eager one, or the fused Triton kernel (Vocoder.use_snake_kernel); the
-        # time-major path calls snake_time_major on [b, T, C]
+        # the swappable ops (layout.Kernels), read by the layout at every call. snake(x, alpha, out=None): the
+        # eager one, or the fused Triton kernel (Vocoder.use_snake_kernel); the time-major layout calls
+        # snake_time_major on [b, T, C] and residual_bias
         self.snake: Callable[..., Tensor] = snake
         self.snake_time_major: Callable[..., Tensor] = snake_time_major  # (x, alpha, out=None, bias=None)
         self.residual_bias: Callable[[Tensor, Tensor, Tensor], Tensor] = residual_bias
-        self._nhwc: dict[int, Tensor] = {}  # id(conv) -> its weight as [Co, Ci/g, 1, k] channels-last
-        # around the time-major dilated convs: cuDNN's untuned pick for two of them is ~35x slower than its best and
-        # is kept for the shape (Vocoder.warm_up tunes just these, under its capture lock); default: nothing
+        # around the time-major dilated convs (Vocoder._dilated_tuned sets it); default: nothing
         self.tune_dilated: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext
+        self.layout = (TimeMajor if time_major else ChannelMajor)(self)
         p = next(codec.parameters())
         self.device, self.dtype = p.device, p.dtype
         shapes: dict[str, tuple[int, ...]] = {}
-        _state_shapes(codec.quantizer.post_module, "post", shapes)
-        _state_shapes(codec.quantizer.upsample, "up", shapes, time_major)
-        _state_shapes(codec.decoder.model, "dec", shapes, time_major)
+        _state_shapes(codec.quantizer.post_module, "post", shapes, self.layout)
+        _state_shapes(codec.quantizer.upsample, "up", shapes, self.layout)
+        _state_shapes(codec.decoder.model, "dec", shapes, self.layout)
         self.state = {k: torch.zeros(rows, *s, dtype=self.dtype, device=self.device) for k, s in shapes.items()}
         self.position = torch.zeros(rows, dtype=torch.int64, device=self.device)  # frames decoded per row
         self.frame_length = codec.frame_length
@@ -120,66 +102,94 @@ class StreamingCodec:
         """rows: int64 [b] (distinct); codes: int64 [b, n, K] -> audio [b, K * frame_length]."""
         state = {k: v.index_select(0, rows) for k, v in self.state.items()}
         pos = self.position.index_select(0, rows)
-        q = self.codec.quantizer
+        q, lay = self.codec.quantizer, self.layout
         z = q.codes_to_latent(codes).to(self.dtype)  # [b, C, K]
-        if self.time_major:
-            h = self._transformer(q.post_module, z.transpose(1, 2), state, "post", pos, True)  # [b, K, C]
-            h = self._walk_time_major(q.upsample, h, state, "up")
-            audio = self._walk_time_major(self.codec.decoder.model, h, state, "dec")[:, :, 0]
-        else:
-            z = self._transformer(q.post_module, z, state, "post", pos)
-            z = self._walk(q.upsample, z, state, "up")
-            audio = self._walk(self.codec.decoder.model, z, state, "dec")[:, 0]
+        h = lay.from_time_major(self._transformer(q.post_module, z.transpose(1, 2), state, "post", pos))
+        h = self._walk(q.upsample, h, state, "up")
+        audio = lay.to_time_major(self._walk(self.codec.decoder.model, h, state, "dec"))[:, :, 0]  # [b, T]
         for k, v in state.items():
             self.state[k].index_copy_(0, rows, v)
         self.position.index_add_(0, rows, torch.full_like(pos, codes.shape[-1]))
         return audio
 
-    # ---- one module, streaming ----------------------------------------------------------------
+    # ---- one module, streaming: x and the result are the layout's activations, time on axis t ----------------
     def _walk(self, module: nn.Module, x: Tensor, state: dict[str, Tensor], prefix: str) -> Tensor:
+        lay, t = self.layout, self.layout.time
         if isinstance(module, CausalConv):
             if not module.left:
-                return module.conv(x)
-            full = torch.cat([state[prefix], x], dim=-1)
-            state[prefix] = full[..., -module.left:]
-            return module.conv(full)
+                return lay.conv(module.conv, x)
+            full = torch.cat([state[prefix], x], dim=t)
+            state[prefix] = full.narrow(t, -module.left, module.left)
+            return lay.conv(module.conv, full)
         if isinstance(module, CausalTransConv):
             conv = module.conv
-            y = F.conv_transpose1d(x, conv.weight, None, stride=conv.stride)  # [b, C, (L-1)s + k]
-            n = x.shape[-1] * conv.stride[0]
+            y = lay.conv_transposed(conv, x)  # (L-1)s + k samples, no bias; ours to change
+            n = x.shape[t] * conv.stride[0]
             if module.trim:
-                y = torch.cat([y[..., :module.trim] + state[prefix], y[..., module.trim:]], dim=-1)
-                state[prefix] = y[..., n:]
-            return y[..., :n] + conv.bias[None, :, None]
+                y.narrow(t, 0, module.trim).add_(state[prefix])  # the overlap in place: no copy of the whole output
+                state[prefix] = y.narrow(t, n, module.trim)
+            return y.narrow(t, 0, n) + lay.per_channel(conv.bias)
         if isinstance(module, Snake):
-            return self.snake(x, module.alpha)
+            return lay.snake(x, module.alpha)
         if isinstance(module, ResidualUnit):
-            return x + self._walk(module.block, x, state, prefix + ".block")
+            return self._residual_unit(module, x, state, prefix + ".block")
         if isinstance(module, ConvNeXtBlock):
-            return x + module.pointwise(self._walk(module.dwconv, x, state, prefix + ".dwconv"))
+            y = self._walk(module.dwconv, x, state, prefix + ".dwconv")
+            return x + lay.from_time_major(module.pointwise_time_major(lay.to_time_major(y)))
         if isinstance(module, nn.Tanh):
             return torch.tanh(x)
         if isinstance(module, DecoderBlock):
             return self._walk(module.block, x, state, prefix + ".block")
         if isinstance(module, nn.Sequential):
-            return _walk_sequential(module, x, state, prefix, self._walk, self._snake_into_conv)
+            return self._sequential(module, x, state, prefix)
         raise TypeError(f"no streaming rule for {type(module).__name__} at {prefix}")
 
-    def _snake_into_conv(self, act: Snake, conv: CausalConv, x: Tensor, state: dict[str, Tensor], key: str) -> Tensor:
-        """Snake then a causal conv with history, without concatenating: Snake writes its output right behind
-        the conv's kept input samples in one buffer [b, C, left + L] (the cat was ~13% of the codec's time)."""
-        left = conv.left
-        full = torch.empty(x.shape[0], x.shape[1], left + x.shape[2], dtype=x.dtype, device=x.device)
-        full[..., :left] = state[key]
-        self.snake(x, act.alpha, out=full[..., left:])
-        state[key] = full[..., -left:]
-        return conv.conv(full)
+    def _sequential(self, module: nn.Sequential, x: Tensor, state: dict[str, Tensor], prefix: str) -> Tensor:
+        # the children in turn; a Snake followed by a causal conv with history goes as one step (_snake_behind)
+        children = list(module.named_children())
+        i = 0
+        while i < len(children):
+            name, child = children[i]
+            nxt = children[i + 1] if i + 1 < len(children) else None
+            if isinstance(child, Snake) and nxt is not None and isinstance(nxt[1], CausalConv) and nxt[1].left:
+                x = self.layout.conv(nxt[1].conv, self._snake_behind(child, nxt[1], x, state, f"{prefix}.{nxt[0]}"))
+                i += 2
+                continue
+            x = self._walk(child, x, state, f"{prefix}.{name}")
+            i += 1
+        return x
 
-    def _transformer(self, t: CodecTransformer, x: Tensor, state: dict[str, Tensor], prefix: str,
-                     pos: Tensor, time_major: bool = False) -> Tensor:
-        # x: [b, C, K] ([b, K, C] time-major, returned so too); pos: [b] absolute frame position of x's first frame
+    def _snake_behind(self, act: Snake, conv: CausalConv, x: Tensor, state: dict[str, Tensor], key: str) -> Tensor:
+        """The input of a causal conv with history that follows a Snake, without concatenating: Snake writes its
+        output right behind the conv's kept input samples in one buffer of left + L samples (the cat was ~13% of
+        the codec's time). Keeps the buffer's last `left` samples as the conv's state."""
+        t, left = self.layout.time, conv.left
+        shape = list(x.shape)
+        shape[t] += left
+        full = torch.empty(shape, dtype=x.dtype, device=x.device)  # [b, C, left + L] / [b, left + L, C]
+        full.narrow(t, 0, left).copy_(state[key])
+        self.layout.snake(x, act.alpha, out=full.narrow(t, left, x.shape[t]))
+        state[key] = full.narrow(t, -left, left)
+        return full
+
+    def _residual_unit(self, unit: ResidualUnit, x: Tensor, state: dict[str, Tensor], prefix: str) -> Tensor:
+        # x + conv1(snake(conv7(snake(x)))); where the layout folds biases (layout.TimeMajor.fold_biases), each
+        # conv's bias is added by what reads its output: the second Snake, the residual sum
+        lay = self.layout
+        if not lay.fold_biases:
+            return x + self._walk(unit.block, x, state, prefix)
+        act1, conv7, act2, conv1 = unit.block
+        if conv1.left or conv7.conv.bias is None or conv1.conv.bias is None:  # not the codec's unit: plain walk
+            return x + self._walk(unit.block, x, state, prefix)
+        h = lay.conv(conv7.conv, self._snake_behind(act1, conv7, x, state, f"{prefix}.1"), bias=False)
+        h = lay.conv(conv1.conv, lay.snake(h, act2.alpha, bias=conv7.conv.bias), bias=False)
+        return lay.residual(x, h, conv1.conv.bias)
+
+    def _transformer(self, t: CodecTransformer, h: Tensor, state: dict[str, Tensor], prefix: str,
+                     pos: Tensor) -> Tensor:
+        # h: [b, K, C] -> [b, K, C], time-major whatever the codec's layout (the transformer's own); pos: [b] the
+        # absolute frame position of h's first frame
         W = t.cfg.window
-        h = x if time_major else x.transpose(1, 2)
         b, K, _ = h.shape
         steps = torch.arange(K, device=h.device)
         q_pos = pos[:, None] + steps  # [b, K]
@@ -198,75 +208,4 @@ class StreamingCodec:
             y = att.wo(y.transpose(1, 2).reshape(b, K, att.n_head * att.head_dim))
             h = h + layer.attention_layer_scale(y)
             h = h + layer.ffn_layer_scale(layer.feed_forward(layer.ffn_norm(h)))
-        h = t.norm(h)
-        return h if time_major else h.transpose(1, 2)
-
-    # ---- time-major: [b, T, C] activations, channels-last convolutions ---------------------------------------
-    # A [b, T, C] tensor seen as [b, C, 1, T] is channels-last (NHWC) without a copy, so each conv runs as a
-    # channels-last cuDNN conv2d with a (1, k) kernel and returns channels-last, which is again [b, T', C'].
-    # The channel-major path hands cuDNN NCHW tensors, which it transposes to NHWC and back around every
-    # conv (~15% of the codec's GPU time at 64 streams on an H100); Snake, adds and the ConvNeXt pointwise
-    # layers do not care (the latter even lose two transposes). Same math; convolution algorithms may differ.
-    def _walk_time_major(self, module: nn.Module, x: Tensor, state: dict[str, Tensor], prefix: str) -> Tensor:
-        if isinstance(module, CausalConv):
-            if not module.left:
-                return self._conv_nhwc(module.conv, x)
-            full = torch.cat([state[prefix], x], dim=1)
-            state[prefix] = full[:, -module.left:]
-            return self._conv_nhwc(module.conv, full)
-        if isinstance(module, CausalTransConv):
-            conv = module.conv
-            y = self._conv_nhwc(conv, x, transposed=True)  # [b, (L-1)s + k, C], no bias; ours to change
-            n = x.shape[1] * conv.stride[0]
-            if module.trim:
-                y[:, :module.trim] += state[prefix]  # the overlap in place: no copy of the whole output
-                state[prefix] = y[:, n:]
-            return y[:, :n] + conv.bias
-        if isinstance(module, Snake):
-            return self.snake_time_major(x, module.alpha)
-        if isinstance(module, ResidualUnit):
-            return self._residual_unit_time_major(module, x, state, prefix + ".block")
-        if isinstance(module, ConvNeXtBlock):
-            y = self._walk_time_major(module.dwconv, x, state, prefix + ".dwconv")
-            return x + module.pointwise_time_major(y)
-        if isinstance(module, nn.Tanh):
-            return torch.tanh(x)
-        if isinstance(module, DecoderBlock):
-            return self._walk_time_major(module.block, x, state, prefix + ".block")
-        if isinstance(module, nn.Sequential):
-            return _walk_sequential(module, x, state, prefix, self._walk_time_major, self._snake_into_conv_time_major)
-        raise TypeError(f"no streaming rule for {type(module).__name__} at {prefix}")
-
-    def _residual_unit_time_major(self, unit: ResidualUnit, x: Tensor, state: dict[str, Tensor], prefix: str) -> Tensor:
-        # x + conv1(snake(conv7(snake(x)))), each conv's bias added by what reads its output (cuDNN adds a bias
-        # in a pass of its own over the output: ~19% of the codec's GPU time at 64 streams on an H100)
-        act1, conv7, act2, conv1 = unit.block
-        if conv1.left or conv7.conv.bias is None or conv1.conv.bias is None:  # not the codec's unit: plain walk
-            return x + self._walk_time_major(unit.block, x, state, prefix)
-        h = self._snake_into_conv_time_major(act1, conv7, x, state, f"{prefix}.1", bias=False)
-        h = self._conv_nhwc(conv1.conv, self.snake_time_major(h, act2.alpha, bias=conv7.conv.bias), bias=False)
-        return self.residual_bias(x, h, conv1.conv.bias)
-
-    def _snake_into_conv_time_major(self, act: Snake, conv: CausalConv, x: Tensor, state: dict[str, Tensor],
-                                    key: str, bias: bool = True) -> Tensor:
-        # _snake_into_conv on [b, T, C]: Snake writes behind the kept samples of one [b, left + L, C] buffer
-        left = conv.left
-        full = torch.empty(x.shape[0], left + x.shape[1], x.shape[2], dtype=x.dtype, device=x.device)
-        full[:, :left] = state[key]
-        self.snake_time_major(x, act.alpha, out=full[:, left:])
-        state[key] = full[:, -left:]
-        return self._conv_nhwc(conv.conv, full, bias=bias)
-
-    def _conv_nhwc(self, conv: nn.Module, x: Tensor, transposed: bool = False, bias: bool = True) -> Tensor:
-        # x [b, T, Ci] -> conv(x) [b, T', Co] (a ConvTranspose1d, or bias=False: without the bias)
-        w = self._nhwc.get(id(conv))
-        if w is None:
-            w = self._nhwc[id(conv)] = conv.weight.detach()[:, :, None].contiguous(memory_format=torch.channels_last)
-        x4 = x.transpose(1, 2)[:, :, None]  # [b, Ci, 1, T], channels-last strides
-        if transposed:
-            y = F.conv_transpose2d(x4, w, None, stride=(1, conv.stride[0]), groups=conv.groups)
-        else:
-            with self.tune_dilated() if conv.dilation[0] > 1 else contextlib.nullcontext():
-                y = F.conv2d(x4, w, conv.bias if bias else None, stride=(1, conv.stride[0]),
-                             dilation=(1, conv.dilation[0]), groups=conv.groups)
-        return y[:, :, 0].transpose(1, 2)
+        return t.norm(h)
