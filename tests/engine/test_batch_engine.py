@@ -341,7 +341,7 @@ def test_streams_ending_together_share_their_last_codec_call(eager_engine):
 
     eng = Engine.load(EngineConfig(model_dir=MODEL_DIR, device="cpu", max_batch=4, codec_rounds="off"))
     releases: list[tuple[int, int]] = []  # (jobs with audio left, codec calls queued while releasing them)
-    decode, release = eng.vocoder.decode, eng._release  # noqa: SLF001
+    decode, release = eng.vocoder.decode, eng._finished  # noqa: SLF001
     calls = []
 
     def counting_decode(slots, codes, deliveries):
@@ -354,7 +354,7 @@ def test_streams_ending_together_share_their_last_codec_call(eager_engine):
         release(jobs)
         releases.append((left, len(calls) - before))
 
-    eng.vocoder.decode, eng._release = counting_decode, counting_release  # noqa: SLF001
+    eng.vocoder.decode, eng._finished = counting_decode, counting_release  # noqa: SLF001
     try:
         plans = []
         for i in range(4):  # kept codes: the delivered audio is checked against their whole decode

@@ -93,8 +93,11 @@ class ScriptedDevice:
     def bind_thread(self) -> None:
         pass
 
-    def warm_up(self) -> None:
-        pass
+    def warm_up(self) -> float:
+        return 0.0  # nothing to compile or capture
+
+    def describe(self) -> str:
+        return "scripted device"
 
     def graphs_pending(self) -> bool:
         return False

@@ -35,7 +35,7 @@ from .control.prefill_budget import PrefillBudget
 from .control.prefix_cache import PrefixCache, prefix_key
 from .control.scheduler import Job, Scheduler
 from .control.step_plan import StepResult
-from .device.device import Device, kernel_cache
+from .device.device import Device, kernel_cache, units_text
 from .device.in_flight import InFlight
 from .device.runner import Runner
 from .device.vocoder import VOCODER_GRAPH_ROWS, Vocoder
@@ -60,12 +60,12 @@ class Engine:
         self.ckpt, self.config = checkpoint, config
         self.settings = s = BatchSettings.resolve(config, checkpoint)
         # one CUDA graph capture at a time: decode step or codec
-        self._capture_lock = capture_lock if capture_lock is not None else threading.RLock()
+        self.capture_lock = capture_lock if capture_lock is not None else threading.RLock()
         self._faults, self._fail_at = FaultCounter(), fail_at_step
         self.down: str | None = None  # why the engine was taken out of service (faults.py)
         # voice encoding's convolutions wait for the codec's autotuned capture windows (cudnn_autotune_mode)
         self.planner = Planner(checkpoint, config, self.kv_positions,
-                               encode_lock=self._capture_lock if s.cudnn_autotune == "graphs" else None)
+                               encode_lock=self.capture_lock if s.cudnn_autotune == "graphs" else None)
         self.kernel_cache = kernel_cache(config, checkpoint, s)
         # the prefix cache: admission counts its pages, the page pool evicts from it (both the scheduler's)
         self.prefix_cache = PrefixCache() if s.prefix_cache else None
@@ -76,9 +76,9 @@ class Engine:
         self._forget: deque[str] = deque()  # prefix keys to drop (a voice deleted or replaced), any thread
         self.metrics = EngineMetrics()
         self.vocoder = Vocoder(checkpoint.codec, s.runner.max_slots, checkpoint.config.max_seq_len,
-                               chunk_sizes(s.first_chunk_frames, s.stream_chunk_frames), s.buckets, self._capture_lock,
+                               chunk_sizes(s.first_chunk_frames, s.stream_chunk_frames), s.buckets, self.capture_lock,
                                self.metrics.vocoded, self.metrics.completed, s.codec_channels_last)
-        self._gate = capture_gate
+        self.capture_gate = capture_gate
         self.device = (device or _real_device)(self)
         self.rounds = CodecRounds(s.first_chunk_frames, s.stream_chunk_frames,
                                   checkpoint.codec.frame_length / checkpoint.codec.sample_rate, s.codec_rounds,
@@ -246,26 +246,22 @@ class Engine:
 
     @property
     def precompiled(self) -> str:
-        """The decode step's precompiled units (engine/device/compile/precompiled.py): "off", or variants loaded from
-        the cache / traced by this process."""
-        counts = self.device.precompiled()
-        return "off" if counts is None else f"{counts['loaded']} loaded, {counts['compiled']} traced"
+        """The decode step's precompiled units (device/compile/precompiled.py): "off", or "N loaded, M traced"."""
+        return units_text(self.device.precompiled())
+
+    @property
+    def failure(self) -> BaseException | None:
+        """What warm-up raised (start() re-raises it), or None."""
+        return self._failed
 
     # ---- the loop -----------------------------------------------------------------------------
     def _run(self) -> None:
         try:  # whatever fails before ready is start()'s error: never a start() that waits forever
             self.device.bind_thread()
             with torch.inference_mode():
-                start = time.perf_counter()
-                self.device.warm_up()
-                self.warmup_seconds = time.perf_counter() - start
-                self.metrics.warmup_seconds = self.warmup_seconds
-            s = self.settings
-            log.info("engine ready: %d slots, %d KV pages of %d, graphs %s, compile %s, fused %s, quantization %s, "
-                     "kernel cache %s, precompiled %s, warm-up %.1f s", s.max_slots, s.runner.num_pages,
-                     s.runner.page_size, "on" if self.device.graphs else "off", "on" if self.device.compiled else "off",
-                     ",".join(sorted(self.device.fused_in_use)) or "off", self.ckpt.quantization,
-                     self.kernel_cache.status, self.precompiled, self.warmup_seconds)
+                self.warmup_seconds = self.metrics.warmup_seconds = self.device.warm_up()
+            log.info("engine ready: %s, quantization %s, warm-up %.1f s", self.device.describe(),
+                     self.ckpt.quantization, self.warmup_seconds)
         except BaseException as e:  # noqa: BLE001 - reported to start()
             log.exception("engine warm-up failed")
             self._failed = e
@@ -507,5 +503,5 @@ def _real_device(engine: Engine) -> Device:
     """The device plane of a real engine: a Runner over the checkpoint's model behind Device."""
     s, config = engine.settings, engine.config
     return Device(Runner(engine.ckpt.model, s.runner), engine.vocoder, s, config, engine.kernel_cache,
-                  engine._capture_lock, engine._gate, engine.ckpt.config.num_codebooks, engine.metrics.prefill,
+                  engine.capture_lock, engine.capture_gate, engine.ckpt.config.num_codebooks, engine.metrics.prefill,
                   lambda: snake_kernel_usable(config, engine.vocoder.device.type == "cuda"))

@@ -91,7 +91,7 @@ class Fleet:
         end = None if timeout is None else time.monotonic() + timeout
         while not self.ready:
             if all(e.ready.is_set() for e in self.engines):  # all warmed up, none ready: all failed
-                raise next(e._failed for e in self.engines if e._failed is not None)
+                raise next(e.failure for e in self.engines if e.failure is not None)
             if end is not None and time.monotonic() > end:
                 return False
             time.sleep(0.02)

@@ -28,6 +28,11 @@ from .vocoder import VOCODER_GRAPH_ROWS, Vocoder
 log = logging.getLogger(__name__)
 
 
+def units_text(counts: dict[str, int] | None) -> str:
+    """Precompiled-unit counts (device/compile/precompiled.py) for a log or a status: "off" or "N loaded, M traced"."""
+    return "off" if counts is None else f"{counts['loaded']} loaded, {counts['compiled']} traced"
+
+
 def kernel_cache(config: EngineConfig, checkpoint, settings) -> KernelCache:
     """The compile cache of this engine's model and settings (set up where anything compiles or captures): its key
     holds whatever decides the traced code."""
@@ -135,12 +140,23 @@ class Device:
             stream.wait_stream(torch.cuda.current_stream(self.device))  # buffers made on the old one
             torch.cuda.set_stream(stream)
 
-    def warm_up(self) -> None:
+    def warm_up(self) -> float:
         """Compiles and captures the decode step for every bucket (all slots idle: no side effects); a compile that
-        fails falls back to eager (compile_error says why). Saves the kernel cache's description after a compile."""
+        fails falls back to eager (compile_error says why). Saves the kernel cache's description after a compile.
+        -> seconds it took."""
+        start = time.perf_counter()
         self._warm_up()
         if self.runner.compiled and self.kernel_cache.status in ("miss", "mismatch"):
             self.kernel_cache.save_metadata()
+        return time.perf_counter() - start
+
+    def describe(self) -> str:
+        """One line for the ready log: slots, pages, graphs, compile, fused kernels, kernel cache, precompiled."""
+        s = self.settings
+        return (f"{s.max_slots} slots, {s.runner.num_pages} KV pages of {s.runner.page_size}, "
+                f"graphs {'on' if self.graphs else 'off'}, compile {'on' if self.compiled else 'off'}, "
+                f"fused {','.join(sorted(self.fused_in_use)) or 'off'}, kernel cache {self.kernel_cache.status}, "
+                f"precompiled {units_text(self.precompiled())}")
 
     def _warm_up(self) -> None:
         if self.graphs is None and not self.runner.compiled:
