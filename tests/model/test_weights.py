@@ -11,8 +11,8 @@ from conftest import MODEL_DIR
 from safetensors.torch import save_file
 
 from ttsengine.errors import CheckpointError
-from ttsengine.model.checkpoint import load_checkpoint
-from ttsengine.model.weights import fold_weight_norm, fuse_qkv, read_state_dict
+from ttsengine.model.loading.checkpoint import load_checkpoint
+from ttsengine.model.loading.weights import fold_weight_norm, fuse_qkv, read_state_dict
 
 
 @pytest.fixture()

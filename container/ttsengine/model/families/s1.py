@@ -13,9 +13,9 @@ from pathlib import Path
 from torch import Tensor
 
 from ..dual_ar_config import DualARConfig, load_dual_ar_config
+from ..loading.weights import StateDict, fold_weight_norm, fuse_qkv, strip_prefix
 from ..prompt import CodesPart, TextPart, assemble
 from ..tokenizer import IM_END, INTERLEAVE, Tokenizer
-from ..weights import StateDict, fold_weight_norm, fuse_qkv, strip_prefix
 
 NAME = "s1"
 SPEAKER = "<|speaker:0|>"  # plain text in S1's tokenizer, BPE-encoded like any other text

@@ -12,8 +12,8 @@ from pathlib import Path
 import torch
 from torch import Tensor, nn
 
-from ..compat import load_torch_file
-from ..errors import CheckpointError
+from ...compat import load_torch_file
+from ...errors import CheckpointError
 
 StateDict = dict[str, Tensor]
 

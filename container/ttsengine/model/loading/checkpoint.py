@@ -8,14 +8,14 @@ from types import ModuleType
 
 import torch
 
-from ..errors import CheckpointError, ConfigError
-from .codec import Codec, CodecConfig, codec_buffer_key, load_codec_config
+from ...errors import CheckpointError, ConfigError
+from ..codec import Codec, CodecConfig, codec_buffer_key, load_codec_config
+from ..dual_ar import DualAR
+from ..dual_ar_config import DualARConfig
+from ..families import detect
+from ..tokenizer import Tokenizer
 from .codec_cache import CodecCache
-from .dual_ar import DualAR
-from .dual_ar_config import DualARConfig
-from .families import detect
 from .readahead import Readahead
-from .tokenizer import Tokenizer
 from .upload import to_device
 from .weights import check_strict, read_state_dict
 

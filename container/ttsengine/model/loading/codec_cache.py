@@ -35,8 +35,8 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from ..compat import load_torch_file, torch_version
-from ..errors import CheckpointError
+from ...compat import load_torch_file, torch_version
+from ...errors import CheckpointError
 from .weights import StateDict
 
 log = logging.getLogger(__name__)
