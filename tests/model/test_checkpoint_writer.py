@@ -17,7 +17,7 @@ from ttsengine.model.loading import synthetic
 from ttsengine.model.loading.checkpoint import load_checkpoint
 from ttsengine.model.loading.checkpoint_writer import check_target, write_checkpoint, write_random_checkpoint
 from ttsengine.model.loading.codec_file_layout import to_file_layout, weight_norm_form
-from ttsengine.model.loading.weights import fold_weight_norm
+from ttsengine.model.state_dict import fold_weight_norm
 from ttsengine.model.tokenizer import read_special_tokens, read_tiktoken_ranks
 
 

@@ -33,8 +33,9 @@ from ..model.dual_ar_config import DualARConfig
 from ..model.families import s1
 from ..model.loading.checkpoint import read_model_dir
 from ..model.loading.synthetic import load_preset
-from ..model.loading.weights import StateDict, load_strict, read_state_dict
+from ..model.loading.weights import load_strict, read_state_dict
 from ..model.quant import quantizable
+from ..model.state_dict import StateDict
 from ..model.tokenizer import Tokenizer
 
 GIB = 1 << 30

@@ -13,8 +13,8 @@ from pathlib import Path
 from torch import Tensor
 
 from ..dual_ar_config import DualARConfig, load_dual_ar_config
-from ..loading.weights import StateDict, fold_weight_norm, fuse_qkv, strip_prefix
 from ..prompt import CodesPart, TextPart, assemble
+from ..state_dict import StateDict, fold_weight_norm, fuse_qkv, strip_prefix
 from ..tokenizer import IM_END, INTERLEAVE, Tokenizer
 
 NAME = "s1"

@@ -23,8 +23,9 @@ import torch
 from torch import nn
 
 from ...errors import CheckpointError
+from ..state_dict import StateDict
 from .codec_file_layout import to_file_layout
-from .weights import StateDict, upstream_order
+from .weights import upstream_order
 
 # headroom over the tensors' bytes for the pickles, zip records, tokenizer files and the file system
 _SPACE_MARGIN = 1.02
