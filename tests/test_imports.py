@@ -3,10 +3,11 @@
 handlers -> ttsengine public API only (the package root and ttsengine.serving). Inside the core the layers go
 serving -> engine -> synthesis -> model -> compat, and each folder's rule is in LAYERS below: the engine's control
 plane (engine/control/) imports no torch, numpy, device, model or synthesis module; model never imports engine,
-synthesis, serving, config, handlers or the environment; audio imports nothing of ours but errors; tools are
-imported only by the CLI; nothing in engine/ or serving/ imports the eager spec engine. The core never imports web
-frameworks or cloud SDKs (one exception: `ttsengine download` imports boto3 inside its S3 function); only config.py
-reads the environment; an adapter never imports another adapter.
+synthesis, serving, config, handlers or the environment, and its math never imports its weight I/O (model/loading/,
+which may import the math); audio imports nothing of ours but errors; tools are imported only by the CLI; nothing
+in engine/ or serving/ imports the eager spec engine. The core never imports web frameworks or cloud SDKs (one
+exception: `ttsengine download` imports boto3 inside its S3 function); only config.py reads the environment; an
+adapter never imports another adapter.
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ LAYERS = {
     "ttsengine.eager": ("ttsengine.serving", "ttsengine.tools", "ttsengine.__main__"),
     "ttsengine.config": tuple(o for o in OURS if o != "ttsengine.config"),
 }
+LOADING = "ttsengine.model.loading"  # weight I/O: may import the math beside it; the math never imports it
 CONTROL = "ttsengine.engine.control"  # torch-free: scheduler, page pool, prefix cache, prefill budget, faults, plan
 TOOL_USERS = ("ttsengine.__main__", "ttsengine.tools")  # tools are imported by the CLI and by each other only
 
@@ -101,6 +103,8 @@ def test_core_rules(path):
                 assert not name.startswith(banned), f"{mod} ({layer}) imports {name}"
         if name.startswith("ttsengine.tools"):
             assert mod.startswith(TOOL_USERS), f"{mod} imports the tool {name}: tools are used by the CLI only"
+        if _under(mod, "ttsengine.model") and not _under(mod, LOADING):  # math does not read weight files
+            assert not _under(name, LOADING), f"{mod} (model math) imports {name}: weight I/O stays in {LOADING}"
         if mod.startswith(CONTROL + ".") or mod == CONTROL:  # the control plane: host-side Python, testable alone
             assert root not in ("torch", "numpy", "triton"), f"{mod} (control plane) imports {name}"
             assert not name.startswith(("ttsengine.engine.device", "ttsengine.model", "ttsengine.synthesis")), \
@@ -111,6 +115,10 @@ def test_core_rules(path):
         assert uses and all(re.match(r'os\.environ\["[A-Z_]+"\] = ', u) for u in uses), uses
     elif mod != "ttsengine.config":
         assert "os.environ" not in source and "getenv" not in source, f"{mod} reads the environment"
+
+
+def _under(name: str, package: str) -> bool:
+    return name == package or name.startswith(package + ".")
 
 
 def _public(name: str) -> bool:

@@ -16,8 +16,8 @@ from torch import Tensor
 from .config import EngineConfig
 from .engine.loader import load
 from .errors import no_audio
-from .model.checkpoint import Checkpoint
 from .model.generation import Generation, raw_frames
+from .model.loading.checkpoint import Checkpoint
 from .model.sampling import SamplingTensors
 from .synthesis.output import AudioChunk, SynthesisResult
 from .synthesis.plan import ChunkReport, Plan, Planner

@@ -30,7 +30,7 @@ def main() -> None:
     os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", os.path.abspath(os.path.join(args.cache_dir, "inductor")))
     os.environ.setdefault("TRITON_CACHE_DIR", os.path.abspath(os.path.join(args.cache_dir, "triton")))
     from ttsengine.engine.device.vocoder import Vocoder
-    from ttsengine.model.synthetic import random_checkpoint
+    from ttsengine.model.loading.synthetic import random_checkpoint
 
     dev = torch.device("cuda")
     ckpt = random_checkpoint("s1-mini", dev, torch.bfloat16, torch.bfloat16)

@@ -39,7 +39,7 @@ if [ ! -f "$CK/codec.pth" ]; then  # the writer renames a complete directory int
   echo "## writing the real-size random checkpoint to $CK"
   timeout 240 python3 -c "
 import sys, time
-from ttsengine.model.checkpoint_writer import write_random_checkpoint
+from ttsengine.model.loading.checkpoint_writer import write_random_checkpoint
 t = time.perf_counter()
 d = write_random_checkpoint('s1-mini', sys.argv[1], 'cuda')
 print(f'wrote {d} in {time.perf_counter() - t:.1f} s:', ', '.join(f'{p.name} {p.stat().st_size / 1e9:.3f} GB'

@@ -30,9 +30,9 @@ from ttsengine.model.generation import raw_frames
 from ttsengine.model.kernels import int8 as int8_triton
 from ttsengine.model.kernels.int8 import int8_linear_config, int8_linear_triton
 from ttsengine.model.layers import causal_mask_from_positions
+from ttsengine.model.loading.synthetic import random_checkpoint
 from ttsengine.model.quant import Int8Linear, quantize, weight_bytes
 from ttsengine.model.sampling import SamplingTensors
-from ttsengine.model.synthetic import random_checkpoint
 
 DEV = torch.device("cuda")
 MODES = ("bf16", "int8", "int4")

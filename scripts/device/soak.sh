@@ -13,7 +13,7 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 python3 -c "import torch; print('torch', torch.__version__)"
 if [ ! -f "$CKPT/model.pth" ]; then
   t=$(date +%s)
-  python3 -c "import sys; from ttsengine.model.checkpoint_writer import write_random_checkpoint as w; \
+  python3 -c "import sys; from ttsengine.model.loading.checkpoint_writer import write_random_checkpoint as w; \
 w('s1-mini', sys.argv[1], 'cuda')" "$CKPT" > "$OUT/write.log" 2>&1 || { tail -20 "$OUT/write.log"; exit 1; }
   echo "wrote $CKPT in $(( $(date +%s) - t )) s: $(du -sh "$CKPT" | cut -f1)"
 fi

@@ -13,12 +13,12 @@ import torch
 from conftest import GOLDEN, MODEL_DIR
 
 from ttsengine.errors import CheckpointError
-from ttsengine.model import synthetic
-from ttsengine.model.checkpoint import load_checkpoint
-from ttsengine.model.checkpoint_writer import check_target, write_checkpoint, write_random_checkpoint
-from ttsengine.model.codec.file_layout import to_file_layout, weight_norm_form
+from ttsengine.model.loading import synthetic
+from ttsengine.model.loading.checkpoint import load_checkpoint
+from ttsengine.model.loading.checkpoint_writer import check_target, write_checkpoint, write_random_checkpoint
+from ttsengine.model.loading.codec_file_layout import to_file_layout, weight_norm_form
+from ttsengine.model.state_dict import fold_weight_norm
 from ttsengine.model.tokenizer import read_special_tokens, read_tiktoken_ranks
-from ttsengine.model.weights import fold_weight_norm
 
 
 @pytest.fixture()
@@ -111,7 +111,7 @@ def test_target_must_be_new_or_empty_and_writable(tmp_path, tiny_preset):
 
 
 def test_interrupted_write_leaves_nothing(tmp_path, tiny_preset, monkeypatch):
-    import ttsengine.model.checkpoint_writer as writer
+    import ttsengine.model.loading.checkpoint_writer as writer
 
     def fail(path, sd):
         raise OSError(28, "No space left on device")

@@ -1,4 +1,4 @@
-"""The codec converted once to its run dtype and kept in the kernel-cache directory (model/codec_cache.py): the
+"""The codec converted once to its run dtype and kept in the kernel-cache directory (model/loading/codec_cache.py): the
 same weights bit for bit as converting the fp32 file, and every damaged entry falls back to the file with one
 warning."""
 
@@ -15,8 +15,8 @@ from conftest import GOLDEN, MODEL_DIR
 
 from ttsengine.config import EngineConfig
 from ttsengine.engine.loader import load
-from ttsengine.model.checkpoint import _weight_files, load_checkpoint
-from ttsengine.model.codec_cache import CodecCache, source_identity
+from ttsengine.model.loading.checkpoint import _weight_files, load_checkpoint
+from ttsengine.model.loading.codec_cache import CodecCache, source_identity
 
 BF16 = torch.bfloat16
 

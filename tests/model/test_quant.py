@@ -12,10 +12,10 @@ from safetensors.torch import load_file
 
 from ttsengine import ConfigError, Engine, EngineConfig, SynthesisRequest, compat, from_env
 from ttsengine.model import quant
-from ttsengine.model.checkpoint import load_checkpoint
 from ttsengine.model.kernels import int8 as int8_triton
 from ttsengine.model.kernels.triton_support import triton_available
 from ttsengine.model.layers import causal_mask_from_positions
+from ttsengine.model.loading.checkpoint import load_checkpoint
 from ttsengine.model.quant import Int8Linear, quantize, weight_bytes
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ttsengine.model.replicate import copy_to
+from ttsengine.model.loading.replicate import copy_to
 
 
 class Holder(nn.Module):
@@ -33,7 +33,7 @@ def test_every_tensor_is_copied_equal_and_shared_ones_stay_shared():
 
 
 def test_a_golden_checkpoint_copy_runs_the_same(model_dir):
-    from ttsengine.model.checkpoint import load_checkpoint
+    from ttsengine.model.loading.checkpoint import load_checkpoint
 
     ckpt = load_checkpoint(model_dir)
     codec = copy_to(ckpt.codec, "cpu")

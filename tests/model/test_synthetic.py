@@ -12,7 +12,7 @@ from torch import nn
 from ttsengine.errors import ConfigError
 from ttsengine.model.codec import Codec
 from ttsengine.model.dual_ar import DualAR
-from ttsengine.model.synthetic import (
+from ttsengine.model.loading.synthetic import (
     BASE_VOCAB,
     S1_MINI_CONFIG,
     init_weights,

@@ -1,4 +1,4 @@
-"""Weights to the device through the staged copy (model/upload.py), and the background read-ahead of the files.
+"""Weights to the device through the staged copy (model/loading/upload.py), and the background read-ahead of the files.
 
 The staged path is the one CUDA takes (pinned buffers there); on the CPU it runs the same chunking with plain
 buffers, so pieces split across buffers, odd sizes, every dtype and empty tensors are checked here."""
@@ -9,8 +9,8 @@ import pytest
 import torch
 from conftest import MODEL_DIR
 
-from ttsengine.model.readahead import Readahead
-from ttsengine.model.upload import to_device
+from ttsengine.model.loading.readahead import Readahead
+from ttsengine.model.loading.upload import to_device
 
 
 def _mixed() -> dict[str, torch.Tensor]:

@@ -11,8 +11,9 @@ from conftest import MODEL_DIR
 from safetensors.torch import save_file
 
 from ttsengine.errors import CheckpointError
-from ttsengine.model.checkpoint import load_checkpoint
-from ttsengine.model.weights import fold_weight_norm, fuse_qkv, read_state_dict
+from ttsengine.model.loading.checkpoint import load_checkpoint
+from ttsengine.model.loading.weights import read_state_dict
+from ttsengine.model.state_dict import fold_weight_norm, fuse_qkv
 
 
 @pytest.fixture()

@@ -11,7 +11,7 @@ from conftest import MODEL_DIR, complete_model, run_cli
 from safetensors.torch import save_file
 
 from ttsengine.errors import CheckpointError
-from ttsengine.model.checkpoint import load_checkpoint
+from ttsengine.model.loading.checkpoint import load_checkpoint
 from ttsengine.model.quant import quantize, weight_bytes
 from ttsengine.tools import info
 

@@ -11,7 +11,7 @@ import sys
 import pytest
 from conftest import GOLDEN, MODEL_DIR, ROOT
 
-from ttsengine.model import synthetic
+from ttsengine.model.loading import synthetic
 from ttsengine.tools import warm
 
 ENV = {**os.environ, "PYTHONPATH": f"{ROOT / 'container'}:{ROOT}", "TTS_DEVICE": "cpu"}

@@ -24,7 +24,7 @@ import torch
 
 from ..config import EngineConfig
 from ..errors import BusyError, EngineDown, ShuttingDown, TTSError, no_audio
-from ..model.checkpoint import Checkpoint
+from ..model.loading.checkpoint import Checkpoint
 from ..synthesis.output import SynthesisResult
 from ..synthesis.plan import ChunkReport, Plan, Planner
 from ..synthesis.request import SynthesisRequest
@@ -138,7 +138,7 @@ class Engine:
     @property
     def codec_tag(self) -> str:
         """Identifies the codec that stored voice codes were made with."""
-        from ..model.weights import fingerprint
+        from ..model.loading.weights import fingerprint
 
         return fingerprint(self.ckpt.codec)
 

@@ -10,10 +10,10 @@ import torch
 
 from ..config import EngineConfig
 from ..errors import ConfigError
-from ..model import codec_cache
-from ..model.checkpoint import Checkpoint, load_checkpoint
+from ..model.loading import codec_cache
+from ..model.loading.checkpoint import Checkpoint, load_checkpoint
+from ..model.loading.replicate import copy_to
 from ..model.quant import quantize
-from ..model.replicate import copy_to
 
 log = logging.getLogger(__name__)
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
@@ -54,7 +54,7 @@ def load(config: EngineConfig, random_weights: str | None = None, quantize: bool
     codec_dtype = resolve_dtype(config.codec_dtype, codec_device, torch.bfloat16)
     start = time.perf_counter()
     if random_weights:
-        from ..model.synthetic import random_checkpoint
+        from ..model.loading.synthetic import random_checkpoint
 
         ckpt = random_checkpoint(random_weights, device, dtype, codec_dtype, codec_device=codec_device)
     else:

@@ -10,11 +10,11 @@ import torch
 from ..compat import compile_supported
 from ..config import PREFILL_GROUPS, EngineConfig
 from ..errors import ConfigError
-from ..model.checkpoint import Checkpoint
 from ..model.fused_layer import linear_weight
 from ..model.kernels.launch import pdl_runs
 from ..model.kernels.small_linear import SMALL_LINEAR_MAX_ROWS
 from ..model.kernels.triton_support import triton_available, triton_major
+from ..model.loading.checkpoint import Checkpoint
 from .device.runner import RunnerConfig
 from .device.vocoder import CodecSwitches
 from .presets import Preset, by_name, choose, kv_bytes

@@ -18,8 +18,8 @@ import torch
 from torch import Tensor
 
 from ..config import EngineConfig
-from ..model.checkpoint import Checkpoint
 from ..model.generation import frame_budget
+from ..model.loading.checkpoint import Checkpoint
 from ..model.prompt import check_codes
 from .capacity import Capacity
 from .request import ResolvedRequest, SynthesisRequest, resolve

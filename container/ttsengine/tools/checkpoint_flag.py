@@ -1,5 +1,5 @@
 """`--write-checkpoint DIR` of `warm` and `bench`: the random weights of `--random-weights NAME` written as a
-real-format model directory (model/checkpoint_writer.py), then loaded from there like a real model, so the
+real-format model directory (model/loading/checkpoint_writer.py), then loaded from there like a real model, so the
 measurement reads real-size files (model.pth 1.7 GB bf16, codec.pth 1.87 GB fp32 for s1-mini)."""
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ def write_if_asked(args: argparse.Namespace, config: EngineConfig) -> tuple[Engi
     if not args.random_weights:
         raise ConfigError("--write-checkpoint needs --random-weights NAME (the weights to write)")
     from ..engine.loader import resolve_device
-    from ..model.checkpoint_writer import write_random_checkpoint
+    from ..model.loading.checkpoint_writer import write_random_checkpoint
 
     start = time.perf_counter()
     # drawn on the engine's device (a GPU draws the real size in a second; the files are the same format)

@@ -20,22 +20,22 @@ import sys
 from collections import Counter
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from types import ModuleType
 
 import torch
 from torch import nn
 
 from ..engine.loader import DTYPES
 from ..errors import CheckpointError, ConfigError
-from ..model.checkpoint import read_model_dir
 from ..model.codec import Codec, CodecConfig, codec_buffer_key
 from ..model.dual_ar import DualAR
 from ..model.dual_ar_config import DualARConfig
-from ..model.families import s1
+from ..model.families import Family, s1
+from ..model.loading.checkpoint import read_model_dir
+from ..model.loading.synthetic import load_preset
+from ..model.loading.weights import load_strict, read_state_dict
 from ..model.quant import quantizable
-from ..model.synthetic import load_preset
+from ..model.state_dict import StateDict
 from ..model.tokenizer import Tokenizer
-from ..model.weights import StateDict, load_strict, read_state_dict
 
 GIB = 1 << 30
 QUANTS = ("none", "int8", "int4")
@@ -59,7 +59,7 @@ class Described:
     model dir with the files' shapes and stored dtypes assigned)."""
 
     source: str
-    family: ModuleType
+    family: Family
     config: DualARConfig
     codec_config: CodecConfig
     tokenizer: Tokenizer

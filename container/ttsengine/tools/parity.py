@@ -18,9 +18,9 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from ..model.checkpoint import Checkpoint, load_checkpoint
 from ..model.generation import Generation, raw_frames
 from ..model.layers import causal_mask_from_positions
+from ..model.loading.checkpoint import Checkpoint, load_checkpoint
 from ..model.sampling import SamplingTensors, logits_to_probs
 
 LOGITS_TOL, WAVE_TOL, PROBS_TOL = 1e-3, 1e-4, 1e-5

@@ -15,7 +15,7 @@ from ..config import from_env
 from ..engine.engine import Engine
 from ..engine.loader import load
 from ..errors import ConfigError
-from ..model.codec_cache import wait_for_writers
+from ..model.loading.codec_cache import wait_for_writers
 from ..synthesis.request import SynthesisRequest
 from .checkpoint_flag import add_write_checkpoint, write_if_asked
 

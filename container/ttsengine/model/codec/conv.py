@@ -1,5 +1,5 @@
 """Causal convolution blocks of the modded DAC codec (S1 spec §7.1). Weight norm is folded into plain
-weights at load time (model/weights.py), so these hold ordinary conv weights.
+weights at load time (model/state_dict.py), so these hold ordinary conv weights.
 
 Tensors are [B, C, L] throughout.
 """

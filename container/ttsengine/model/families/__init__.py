@@ -1,18 +1,18 @@
-"""Checkpoint families. Each module here exposes the same attributes (see s1.py); `detect` picks the
-one a model directory belongs to."""
+"""Checkpoint families: the registry. Each family is a module with the members of `Family` (family.py; s1.py is
+one), checked when this package is imported; `detect` picks the one a model directory belongs to."""
 
 from __future__ import annotations
 
 from pathlib import Path
-from types import ModuleType
 
 from ...errors import CheckpointError
 from . import s1
+from .family import Family, check
 
-FAMILIES: tuple[ModuleType, ...] = (s1,)
+FAMILIES: tuple[Family, ...] = tuple(check(family) for family in (s1,))  # a family lacking a member fails here
 
 
-def detect(model_dir: Path) -> ModuleType:
+def detect(model_dir: Path) -> Family:
     model_dir = Path(model_dir)
     if not model_dir.is_dir():
         raise CheckpointError(f"{model_dir}: model directory not found")

@@ -1,21 +1,21 @@
 """Everything specific to the OpenAudio S1 checkpoint family (fishaudio/openaudio-s1-mini).
 
-A second family (e.g. S2) gets a module beside this one with the same attributes; nothing here
-needs to change for it.
+A second family (e.g. S2) gets a module beside this one with the members of `Family` (family.py) and a place in
+the registry (__init__.py); nothing here needs to change for it.
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
 from pathlib import Path
 
 from torch import Tensor
 
 from ..dual_ar_config import DualARConfig, load_dual_ar_config
 from ..prompt import CodesPart, TextPart, assemble
+from ..state_dict import StateDict, fold_weight_norm, fuse_qkv, strip_prefix
 from ..tokenizer import IM_END, INTERLEAVE, Tokenizer
-from ..weights import StateDict, fold_weight_norm, fuse_qkv, strip_prefix
+from .family import GenerationRules
 
 NAME = "s1"
 SPEAKER = "<|speaker:0|>"  # plain text in S1's tokenizer, BPE-encoded like any other text
@@ -24,23 +24,10 @@ CODEC_FILES = ("codec.pth", "codec.safetensors")
 REQUIRED_FILES = ("config.json", "tokenizer.tiktoken", "special_tokens.json")
 
 
-@dataclass(frozen=True)
-class GenerationRules:
-    """How S1 generates (spec §6); the engine reads these instead of hard-coding them."""
-
-    penalty_window: int = 16  # frames of history the repetition penalty looks at
-    prompt_reserve: int = 2048  # a prompt may use at most max_seq_len - this many positions
-    # parameter ranges of upstream's HTTP request model, and its defaults
-    temperature_range: tuple[float, float] = (0.1, 1.0)
-    top_p_range: tuple[float, float] = (0.1, 1.0)
-    repetition_penalty_range: tuple[float, float] = (0.9, 2.0)
-    default_temperature: float = 0.8
-    default_top_p: float = 0.8
-    default_repetition_penalty: float = 1.1
-    default_max_new_tokens: int = 1024
-
-
-RULES = GenerationRules()
+# how S1 generates (spec §6); the ranges and defaults are those of upstream's HTTP request model
+RULES = GenerationRules(penalty_window=16, prompt_reserve=2048, temperature_range=(0.1, 1.0), top_p_range=(0.1, 1.0),
+                        repetition_penalty_range=(0.9, 2.0), default_temperature=0.8, default_top_p=0.8,
+                        default_repetition_penalty=1.1, default_max_new_tokens=1024)
 
 
 def matches(model_dir: Path) -> bool:

@@ -16,9 +16,9 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
+from ..codec.transformer import CodecTransformer
 from ..layers import rope_table
-from ..weights import upstream_order
-from .transformer import CodecTransformer
+from .weights import upstream_order
 
 NEW_STYLE = (".parametrizations.weight.original0", ".parametrizations.weight.original1")
 OLD_STYLE = (".weight_g", ".weight_v")

@@ -15,7 +15,7 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
-from .weights import StateDict
+from ..state_dict import StateDict
 
 CHUNK_BYTES = 64 << 20
 

@@ -4,18 +4,17 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from types import ModuleType
 
 import torch
 
-from ..errors import CheckpointError, ConfigError
-from .codec import Codec, CodecConfig, codec_buffer_key, load_codec_config
+from ...errors import CheckpointError, ConfigError
+from ..codec import Codec, CodecConfig, codec_buffer_key, load_codec_config
+from ..dual_ar import DualAR
+from ..dual_ar_config import DualARConfig
+from ..families import Family, detect
+from ..tokenizer import Tokenizer
 from .codec_cache import CodecCache
-from .dual_ar import DualAR
-from .dual_ar_config import DualARConfig
-from .families import detect
 from .readahead import Readahead
-from .tokenizer import Tokenizer
 from .upload import to_device
 from .weights import check_strict, read_state_dict
 
@@ -23,7 +22,7 @@ from .weights import check_strict, read_state_dict
 @dataclass
 class Checkpoint:
     model_dir: Path
-    family: ModuleType
+    family: Family
     config: DualARConfig
     codec_config: CodecConfig
     tokenizer: Tokenizer
@@ -59,7 +58,7 @@ def check_consistency(cfg: DualARConfig, tok: Tokenizer, codec_cfg: CodecConfig,
 class ModelFiles:
     """A model directory's configs and tokenizer, checked against each other, and where its weights are."""
 
-    family: ModuleType
+    family: Family
     config: DualARConfig
     tokenizer: Tokenizer
     codec_config: CodecConfig
@@ -120,7 +119,7 @@ def load_checkpoint(model_dir: Path, device: torch.device | str = "cpu", dtype: 
                       codec_cache=codec_cache.status if codec_cache is not None else "off")
 
 
-def _codec_state(codec: Codec, family: ModuleType, path: Path, dtype: torch.dtype, cache: CodecCache | None):
+def _codec_state(codec: Codec, family: Family, path: Path, dtype: torch.dtype, cache: CodecCache | None):
     """The codec's state dict, checked against the module: the cache's entry when it has a sound one, else the
     file's (folded; converted to `dtype` and cached when there is a cache)."""
     expected = codec.state_dict()

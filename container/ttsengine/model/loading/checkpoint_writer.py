@@ -4,7 +4,7 @@ puts on disk, so a measurement reads real-size files the way the real model is r
 Files, as fishaudio/openaudio-s1-mini ships them (spec §1): `config.json` (upstream's save routine: sorted keys,
 4-space indent), `tokenizer.tiktoken` (`base64 rank` lines), `special_tokens.json` (token -> id, in id order),
 `model.pth` (a plain state_dict in bf16) and `codec.pth` (fp32 parameters with weight norm stored as (g, v) plus
-the transformers' bf16/bool buffers: codec/file_layout.py); plus `codec_config.json` for a codec that is not
+the transformers' bf16/bool buffers: codec_file_layout.py); plus `codec_config.json` for a codec that is not
 the built-in S1 one. Everything goes into a sibling temporary directory that is renamed into place at the end,
 so an interrupted write never leaves a directory that looks complete.
 """
@@ -22,9 +22,10 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..errors import CheckpointError
-from .codec.file_layout import to_file_layout
-from .weights import StateDict, upstream_order
+from ...errors import CheckpointError
+from ..state_dict import StateDict
+from .codec_file_layout import to_file_layout
+from .weights import upstream_order
 
 # headroom over the tensors' bytes for the pickles, zip records, tokenizer files and the file system
 _SPACE_MARGIN = 1.02

@@ -35,9 +35,9 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from ..compat import load_torch_file, torch_version
-from ..errors import CheckpointError
-from .weights import StateDict
+from ...compat import load_torch_file, torch_version
+from ...errors import CheckpointError
+from ..state_dict import StateDict
 
 log = logging.getLogger(__name__)
 FORMAT = 1  # bump when what an entry holds changes

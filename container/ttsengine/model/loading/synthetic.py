@@ -18,14 +18,14 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..errors import ConfigError
-from . import families
+from ...errors import ConfigError
+from .. import families
+from ..codec import Codec, CodecConfig
+from ..codec.config import S1_CODEC, parse_codec_config
+from ..dual_ar import DualAR
+from ..dual_ar_config import DualARConfig, parse_dual_ar_config
+from ..tokenizer import Tokenizer
 from .checkpoint import Checkpoint, check_consistency
-from .codec import Codec, CodecConfig
-from .codec.config import S1_CODEC, parse_codec_config
-from .dual_ar import DualAR
-from .dual_ar_config import DualARConfig, parse_dual_ar_config
-from .tokenizer import Tokenizer
 
 S1_MINI_CONFIG: dict[str, Any] = {  # the real config.json, all keys (spec §2), in the file's order
     "attention_o_bias": False, "attention_qk_norm": True, "attention_qkv_bias": False, "codebook_size": 4096,
