@@ -1,15 +1,19 @@
 """The speed features' registry (engine/features.py): TTS_FEATURES read over the defaults, every feature's off switch,
-the defaults as the engine resolved them before the registry."""
+the defaults as the engine resolved them before the registry, and no feature name spelled outside it."""
 
 from __future__ import annotations
 
+import ast
 import itertools
 
 import pytest
+from conftest import ROOT
 
 from ttsengine.engine import features as F
 from ttsengine.engine.features import FEATURES, KERNELS, Platform, resolve
 
+CORE = ROOT / "container" / "ttsengine"
+REGISTRY = CORE / "engine" / "features.py"
 # everything there is: an H100 with Triton 3, a 16-bit model, PDL, torch with compile and precompile
 RICH = Platform(cuda=True, triton=True, triton_major=3, sixteen_bit=True, pdl=True, compile=True, precompile=True)
 
@@ -120,3 +124,35 @@ def test_the_kernel_cache_key_keeps_its_shape():
     on = resolve("auto", RICH).on
     assert F.cache_key(on) == {"fused": sorted(on & set(KERNELS)), "codec_compile": False, "snake_kernel": True,
                                "codec_channels_last": True}
+
+
+def test_the_readme_table_is_the_registry():
+    readme = (ROOT / "README.md").read_text()
+    start = "<!-- features table: rendered by ttsengine.engine.features.table() -->\n"
+    assert start in readme, "the README lost its features table"
+    table = readme.split(start, 1)[1].split("<!-- end of the features table -->", 1)[0]
+    assert table == F.table(), "README's features table differs from engine/features.py: paste features.table()"
+
+
+def _string_constants(path):
+    tree = ast.parse(path.read_text(), str(path))
+    compared = {id(c) for node in ast.walk(tree) if isinstance(node, ast.Compare)
+                for c in (node.left, *node.comparators)}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Constant) and isinstance(node.value, str):
+            yield node, id(node) in compared
+
+
+def test_no_feature_name_is_spelled_outside_the_registry():
+    # code names a feature by its constant (features.LAYER_GEMV): a kernel's name never appears as a string, and no
+    # feature's name is compared as one outside the CLI tools (whose reports and modes use words of their own)
+    files = [p for p in sorted(CORE.rglob("*.py")) if p != REGISTRY]
+    assert len(files) > 50
+    spelled = []
+    for path in files:
+        tools = path.is_relative_to(CORE / "tools")
+        for node, compared in _string_constants(path):
+            items = {i.strip().lstrip("+-") for i in node.value.split(",")}
+            if items & set(KERNELS) or (compared and not tools and node.value in F.BY_NAME):
+                spelled.append(f"{path.relative_to(ROOT)}:{node.lineno}: {node.value!r}")
+    assert not spelled, "feature names spelled as strings (use engine/features.py's constants):\n" + "\n".join(spelled)

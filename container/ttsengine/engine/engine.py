@@ -20,7 +20,6 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
-from .. import compat
 from ..config import EngineConfig
 from ..errors import BusyError, EngineDown, ShuttingDown, TTSError, no_audio
 from ..model.checkpoint import Checkpoint
@@ -29,6 +28,7 @@ from ..synthesis.output import SynthesisResult
 from ..synthesis.plan import ChunkReport, Plan, Planner
 from ..synthesis.request import SynthesisRequest
 from ..synthesis.stream import Stream
+from . import features
 from .audio_feed import CodecRounds, Task, chunk_sizes, codec_calls, final_calls, pending_codes
 from .control.faults import FaultCounter, simulated
 from .control.prefill_budget import PrefillBudget
@@ -69,10 +69,9 @@ class Engine:
             "model": repr(checkpoint.config), "codec": repr(checkpoint.codec_config),
             "dtype": str(checkpoint.model.norm.weight.dtype), "quant": checkpoint.quantization,
             "buckets": s.buckets, "chunks": (s.first_chunk_frames, s.stream_chunk_frames),
-            "codec_compile": s.codec_compile, "snake_kernel": s.snake_kernel,
-            "codec_channels_last": s.codec_channels_last, "fused": sorted(s.runner.fused),
+            **features.cache_key(s.features),  # the kernels on and the codec features that shape compiled code
             # which buckets run compiled units (those above layer_gemv's rows)
-            "layer_gemv_rows": s.runner.gemv_rows if "layer_gemv" in s.runner.fused else 0})
+            "layer_gemv_rows": s.runner.gemv_rows if features.LAYER_GEMV in s.runner.fused else 0})
         if s.compile or s.cuda_graphs:
             self.kernel_cache.setup()
         self.runner = runner(checkpoint.model, s.runner)
@@ -89,7 +88,7 @@ class Engine:
                                chunk_sizes(s.first_chunk_frames, s.stream_chunk_frames), s.buckets, self._capture_lock,
                                self.metrics.vocoded, self.metrics.completed, s.codec_channels_last)
         if s.compile:
-            precompile = config.precompile == "auto" and compat.precompile_supported()
+            precompile = features.PRECOMPILE in s.features
             self.runner.enable_compile(self.kernel_cache.precompiled_dir if precompile else None)
         self.vocoder.apply(s.codec)
         self.vocoder.set_merge(s.codec_merge_rows)
@@ -115,7 +114,7 @@ class Engine:
         self._host_out = torch.empty(2, s.runner.max_slots, checkpoint.config.num_codebooks + 1, dtype=torch.int64,
                                      pin_memory=self.runner.device.type == "cuda")
         self._flip = 0
-        self._in_flight: InFlight | None = None  # the launched step not read yet (TTS_OVERLAP_STEP)
+        self._in_flight: InFlight | None = None  # the launched step not read yet (feature overlap_step)
 
     @classmethod
     def load(cls, config: EngineConfig, start: bool = True) -> Engine:
@@ -285,10 +284,11 @@ class Engine:
                 if self.runner.compiled and self.kernel_cache.status in ("miss", "mismatch"):
                     self.kernel_cache.save_metadata()
             s = self.settings
-            log.info("engine ready: %d slots, %d KV pages of %d, graphs %s, compile %s, fused %s, quantization %s, "
-                     "kernel cache %s, precompiled %s, warm-up %.1f s", s.max_slots, s.runner.num_pages,
-                     s.runner.page_size, "on" if self.graphs else "off", "on" if self.runner.compiled else "off",
-                     ",".join(sorted(self.runner.fused_in_use)) or "off", self.ckpt.quantization,
+            log.info("engine ready: %d slots, %d KV pages of %d, graphs %s, compile %s, fused %s, features %s, "
+                     "quantization %s, kernel cache %s, precompiled %s, warm-up %.1f s", s.max_slots,
+                     s.runner.num_pages, s.runner.page_size, "on" if self.graphs else "off",
+                     "on" if self.runner.compiled else "off", ",".join(sorted(self.runner.fused_in_use)) or "off",
+                     features.describe(s.features), self.ckpt.quantization,
                      self.kernel_cache.status, self.precompiled, self.warmup_seconds)
         except BaseException as e:  # noqa: BLE001 - reported to start()
             log.exception("engine warm-up failed")
