@@ -24,6 +24,8 @@ from .presets import Preset, by_name, choose, kv_bytes
 log = logging.getLogger(__name__)
 PAGE_SIZE = 64  # KV positions per page
 CUDA_RESERVE = 3 << 30  # bytes kept free for activations, graphs and the codec
+
+
 def platform(device: torch.device, sixteen_bit: bool) -> Platform:
     """The facts the speed features' probes read (engine/features.py), for a model of 16-bit weights or not."""
     return Platform(cuda=device.type == "cuda", triton=triton_available(), triton_major=triton_major(),
