@@ -7,7 +7,7 @@
 #   HF_TOKEN          token of a Hugging Face account that accepted the S1-mini licence
 #   TTS_MODEL_SOURCE  hf://fishaudio/openaudio-s1-mini (default), s3://bucket/prefix, or /host-models/NAME
 #                     for a model dir you put under ./models
-#   TTS_PORT          host port (8080); BASE_IMAGE, TTS_IMAGE, TTS_COMPILE, TTS_MAX_BATCH, TTS_QUANT: see README
+#   TTS_PORT          host port (8080); BASE_IMAGE, TTS_IMAGE, TTS_FEATURES, TTS_MAX_BATCH, TTS_QUANT: see README
 #   TTS_CPU=1         force CPU mode
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -56,7 +56,7 @@ umask 077  # .env may hold a token
   echo "TTS_MODEL_SOURCE=$source_"
   echo "HF_TOKEN=$token"
   echo "TTS_PORT=$(setting TTS_PORT 8080)"
-  for key in BASE_IMAGE TTS_IMAGE TTS_COMPILE TTS_MAX_BATCH TTS_QUANT TTS_API_KEY TTS_DEFAULT_MAX_NEW_TOKENS; do
+  for key in BASE_IMAGE TTS_IMAGE TTS_FEATURES TTS_COMPILE TTS_MAX_BATCH TTS_QUANT TTS_API_KEY TTS_DEFAULT_MAX_NEW_TOKENS; do
     value=$(setting $key "")
     [ -z "$value" ] || echo "$key=$value"
   done

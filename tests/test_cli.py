@@ -130,12 +130,12 @@ def test_bench_with_a_stored_voice_and_poisson_arrivals(tmp_path):
 
 def test_bench_codec_only_measures_the_engines_codec_by_default(tmp_path):
     # the default mode is the codec built as the engine would build it here (a CPU: channel-major, no Snake kernel,
-    # no tuning, no graphs; TTS_CODEC_CHANNELS_LAST=on: time-major); named modes still run
+    # no tuning, no graphs; TTS_FEATURES=+codec_channels_last: time-major); named modes still run
     import json
 
     proc = run_cli("ttsengine", "bench", "--codec-only", "--model", str(MODEL_DIR), "--concurrency", "2",
                    "--chunk-frames", "4", "--seconds", "0.4", "--codec-modes", "engine,whole", "--out", str(tmp_path),
-                   env={"TTS_CODEC_CHANNELS_LAST": "on"})
+                   env={"TTS_FEATURES": "+codec_channels_last"})
     assert proc.returncode == 0, proc.stderr
     assert "engine: time-major, cuDNN untuned, graphs off" in proc.stdout
     rows = json.loads((tmp_path / "codec_bench.json").read_text())

@@ -136,10 +136,9 @@ def test_engine_config_from_env():
     assert str(cfg.model_dir) == "/m" and cfg.device == "cpu" and cfg.chunk_length == 300
     assert cfg.allow_special_tokens is True
     assert from_env({}, device="cpu").model_dir == EngineConfig().model_dir
-    speed = from_env({"TTS_CODEC_COMPILE": "on", "TTS_SNAKE_KERNEL": "off", "TTS_LAZY_GRAPHS": "0"})
-    assert (speed.codec_compile, speed.snake_kernel, speed.lazy_graphs) == ("on", "off", False)
-    assert (EngineConfig().codec_compile, EngineConfig().snake_kernel, EngineConfig().lazy_graphs) == \
-           ("off", "auto", True)  # the defaults: a fast start
+    speed = from_env({"TTS_FEATURES": "+codec_compile, -Snake_Kernel,lazy_graphs"})
+    assert speed.features == "+codec_compile,-snake_kernel,+lazy_graphs"  # one spelling: lower case, +NAME
+    assert EngineConfig().features == from_env({}).features == "auto"  # the registry's defaults
     assert from_env({"TTS_LOG_LEVEL": "debug", "TTS_DTYPE": "BFloat16"}).log_level == "DEBUG"
 
 
@@ -148,11 +147,7 @@ SWITCHES = [v for v in ENV_VARS.values() if v.kind.expected == "auto, on or off"
 
 def test_every_switch_takes_auto_on_off():
     names = {v.name for v in SWITCHES}
-    assert names == {"TTS_ALLOW_SPECIAL_TOKENS", "TTS_CUDA_GRAPHS", "TTS_LAZY_GRAPHS", "TTS_COMPILE",
-                     "TTS_CODEC_COMPILE", "TTS_SNAKE_KERNEL", "TTS_PRECOMPILE", "TTS_CUDNN_BENCHMARK",
-                     "TTS_CODEC_MERGE", "TTS_CODEC_ROUNDS", "TTS_PREFILL_GRAPHS", "TTS_STRICT_FIELDS",
-                     "TTS_CODEC_CACHE", "TTS_PREFIX_CACHE", "TTS_OVERLAP_STEP", "TTS_STEP_PRIORITY",
-                     "TTS_CODEC_CHANNELS_LAST", "TTS_ONE_ROW_BUCKET", "TTS_CODEC_PINNED_COPY"}
+    assert names == {"TTS_ALLOW_SPECIAL_TOKENS", "TTS_STRICT_FIELDS", "TTS_PREFIX_CACHE"}  # the speed features: a list
     for var in SWITCHES:
         for word in ("auto", "on", "off", "AUTO", "On", "1", "0", "true", "false", "yes", "no"):
             from_env({var.name: word})  # no error
@@ -160,25 +155,69 @@ def test_every_switch_takes_auto_on_off():
 
 @pytest.mark.parametrize("name, field, words", [
     # word: value; the words 1/0, true/false, yes/no are what the boolean switches took before
-    ("TTS_CUDA_GRAPHS", "cuda_graphs", {"auto": "auto", "on": "on", "off": "off", "1": "on", "false": "off"}),
-    ("TTS_COMPILE", "compile", {"auto": "auto", "yes": "on", "no": "off"}),
-    ("TTS_CODEC_COMPILE", "codec_compile", {"auto": "auto", "on": "on", "off": "off", "true": "on"}),  # auto = off
-    # on = auto where the feature runs only where auto already runs it: `on` never turns it off
-    ("TTS_SNAKE_KERNEL", "snake_kernel", {"auto": "auto", "on": "auto", "1": "auto", "off": "off", "0": "off"}),
-    ("TTS_PRECOMPILE", "precompile", {"auto": "auto", "on": "auto", "off": "off"}),
-    ("TTS_PREFILL_GRAPHS", "prefill_graphs", {"auto": "auto", "on": "auto", "no": "off"}),
-    ("TTS_CUDNN_BENCHMARK", "cudnn_benchmark", {"auto": "auto", "on": "on", "0": "off"}),
-    ("TTS_CODEC_MERGE", "codec_merge", {"auto": "auto", "yes": "on", "off": "off"}),
-    ("TTS_CODEC_ROUNDS", "codec_rounds", {"auto": "auto", "on": "on", "0": "off"}),
-    ("TTS_CODEC_CHANNELS_LAST", "codec_channels_last", {"auto": "auto", "on": "on", "no": "off"}),
-    ("TTS_LAZY_GRAPHS", "lazy_graphs", {"auto": True, "on": True, "1": True, "off": False, "0": False}),
-    ("TTS_ONE_ROW_BUCKET", "one_row_bucket", {"auto": True, "on": True, "off": False, "0": False}),
-    ("TTS_CODEC_PINNED_COPY", "codec_pinned_copy", {"auto": True, "on": True, "off": False, "no": False}),
     ("TTS_ALLOW_SPECIAL_TOKENS", "allow_special_tokens", {"auto": False, "on": True, "true": True, "no": False}),
+    ("TTS_PREFIX_CACHE", "prefix_cache", {"auto": True, "on": True, "off": False, "0": False}),
 ])
 def test_switch_words(name, field, words):
     for word, value in words.items():
         assert getattr(from_env({name: word}), field) == value, word
+
+
+@pytest.mark.parametrize("text, kept", [
+    ("auto", "auto"), ("", "auto"), (" -cuda_graphs , +PDL ", "-cuda_graphs,+pdl"), ("layer_gemv", "+layer_gemv"),
+    ("none,+merged_ffn", "none,+merged_ffn"), ("all,-fast_stack", "all,-fast_stack"), ("-kernels", "-kernels"),
+])
+def test_features_list_is_kept_in_one_spelling(text, kept):
+    assert from_env({"TTS_FEATURES": text}).features == kept
+
+
+@pytest.mark.parametrize("text, bad", [("+cuda_graph", "'+cuda_graph'"), ("-fused", "'-fused'"), ("+", "'+'"),
+                                       ("++pdl", "'++pdl'"), ("on", "'on'"), ("+auto", "'+auto'")])
+def test_an_unknown_feature_is_one_line_naming_the_valid_ones(text, bad):
+    with pytest.raises(ConfigError, match=f"TTS_FEATURES: {re.escape(bad)} is not a feature: give auto, none, all, "
+                                          "kernels or [+]NAME / -NAME of cuda_graphs, .*, layer_gemv, .*codec_cache$") \
+            as e:
+        from_env({"TTS_FEATURES": text})
+    assert "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("env, features", [
+    ({"TTS_COMPILE": "off"}, "-compile"),
+    ({"TTS_CUDA_GRAPHS": "on", "TTS_LAZY_GRAPHS": "0"}, "+cuda_graphs,-lazy_graphs"),
+    ({"TTS_FUSED_KERNELS": "off"}, "-kernels"),
+    ({"TTS_FUSED_KERNELS": "auto", "TTS_CODEC_MERGE": "auto"}, "auto"),
+    ({"TTS_FUSED_KERNELS": "merged_ffn,layer_gemv"}, "-kernels,+merged_ffn,+layer_gemv"),
+    ({"TTS_CUDNN_BENCHMARK": "on"}, "+cudnn_benchmark"),
+    ({"TTS_CUDNN_BENCHMARK": "off"}, "-cudnn_tuning,-cudnn_benchmark"),
+    ({"TTS_CODEC_COMPILE": "yes", "TTS_FEATURES": "-codec_compile"}, "+codec_compile,-codec_compile"),  # the new wins
+])
+def test_the_replaced_switches_still_read_with_a_warning(caplog, monkeypatch, env, features):
+    import ttsengine.config
+
+    monkeypatch.setattr(ttsengine.config, "_WARNED", set())  # a warning once a process: this test's own
+    with caplog.at_level("WARNING", logger="ttsengine.config"):
+        assert from_env(env).features == features
+    old = [name for name in env if name != "TTS_FEATURES"]  # set, even to auto: each says to move
+    assert [r.getMessage().split()[0] for r in caplog.records] == old
+    assert all("replaced by TTS_FEATURES" in r.getMessage() for r in caplog.records)
+    caplog.clear()
+    assert from_env(env).features == features and not caplog.records  # said once
+
+
+@pytest.mark.parametrize("env, pattern", [
+    ({"TTS_COMPILE": "fast"}, r"TTS_COMPILE='fast': expected auto, on or off"),
+    ({"TTS_FUSED_KERNELS": "merged_ffn,turbo"}, r"TTS_FUSED_KERNELS: 'turbo' not one of fast_attention, "),
+])
+def test_the_replaced_switches_refuse_what_they_refused(env, pattern):
+    with pytest.raises(ConfigError, match=pattern):
+        from_env(env)
+
+
+def test_developer_settings_are_few():
+    # the speed features' on/off switches are one list (TTS_FEATURES); what is left are sizes and test hooks
+    assert sorted(n for n, v in ENV_VARS.items() if v.dev) == [
+        "TTS_FEATURES", "TTS_FIRST_CHUNK_FRAMES", "TTS_INT8_KERNEL", "TTS_LAYER_GEMV_ROWS", "TTS_PREFILL_GROUP",
+        "TTS_PREFILL_TOKENS", "TTS_STREAM_CHUNK_FRAMES", "TTS_TEST_FAIL_ENGINE"]
 
 
 @pytest.mark.parametrize("env, pattern", [
@@ -193,9 +232,7 @@ def test_switch_words(name, field, words):
     ({"TTS_MAX_REFERENCE_SECONDS": "0"}, r"TTS_MAX_REFERENCE_SECONDS: must be > 0"),
     ({"TTS_LOG_LEVEL": "LOUD"}, r"TTS_LOG_LEVEL: 'LOUD' is not one of DEBUG"),
     ({"TTS_ALLOW_SPECIAL_TOKENS": "maybe"}, r"TTS_ALLOW_SPECIAL_TOKENS='maybe': expected auto, on or off"),
-    ({"TTS_CODEC_COMPILE": "fast"}, r"TTS_CODEC_COMPILE='fast': expected auto, on or off"),
-    ({"TTS_SNAKE_KERNEL": "triton"}, r"TTS_SNAKE_KERNEL='triton': expected auto, on or off"),
-    ({"TTS_LAZY_GRAPHS": "later"}, r"TTS_LAZY_GRAPHS='later': expected auto, on or off"),
+    ({"TTS_PREFIX_CACHE": "later"}, r"TTS_PREFIX_CACHE='later': expected auto, on or off"),
     ({"TTS_QUANT": "int2"}, r"TTS_QUANT: 'int2' is not one of bf16, none, int8, int4"),
 ])
 def test_engine_config_errors(env, pattern):
@@ -207,8 +244,8 @@ def test_engine_config_errors(env, pattern):
 def test_overrides_are_checked_like_the_environment():
     with pytest.raises(ConfigError, match="TTS_DEVICE: 'tpu'"):
         from_env({}, device="tpu")  # e.g. `synth --device tpu`
-    with pytest.raises(ConfigError, match="TTS_SNAKE_KERNEL: 'on' is not one of auto, off"):
-        from_env({}, snake_kernel="on")  # the engine would read it as off
+    with pytest.raises(ConfigError, match="TTS_FEATURES: 'snake' is not a feature"):
+        from_env({}, features="snake")  # e.g. bench's --no-graphs adds to the list
     with pytest.raises(ConfigError, match="unknown EngineConfig setting"):
         from_env({}, bogus=1)
 

@@ -2,12 +2,13 @@
 
 handlers -> ttsengine public API only (the package root and ttsengine.serving). Inside the core the layers go
 serving -> engine -> synthesis -> model -> compat, and each folder's rule is in LAYERS below: the engine's control
-plane (engine/control/) imports no torch, numpy, device, model or synthesis module; model never imports engine,
-synthesis, serving, config, handlers or the environment, and its math never imports its weight I/O (model/loading/,
-which may import the math); audio imports nothing of ours but errors; tools are imported only by the CLI; nothing
-in engine/ or serving/ imports the eager spec engine. The core never imports web frameworks or cloud SDKs (one
-exception: `ttsengine download` imports boto3 inside its S3 function); only config.py reads the environment; an
-adapter never imports another adapter.
+plane (engine/control/) imports no torch, numpy, device, model or synthesis module; the speed features' registry
+(engine/features.py) imports nothing of ours and no torch, and is the one module of ours config.py may import; model
+never imports engine, synthesis, serving, config, handlers or the environment, and its math never imports its weight
+I/O (model/loading/, which may import the math); audio imports nothing of ours but errors; tools are imported only by
+the CLI; nothing in engine/ or serving/ imports the eager spec engine. The core never imports web frameworks or cloud
+SDKs (one exception: `ttsengine download` imports boto3 inside its S3 function); only config.py reads the
+environment; an adapter never imports another adapter.
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ LAYERS = {
 }
 LOADING = "ttsengine.model.loading"  # weight I/O: may import the math beside it; the math never imports it
 CONTROL = "ttsengine.engine.control"  # torch-free: scheduler, page pool, prefix cache, prefill budget, faults, plan
+FEATURES = "ttsengine.engine.features"  # the speed features' registry: plain data that config.py reads too
 TOOL_USERS = ("ttsengine.__main__", "ttsengine.tools")  # tools are imported by the CLI and by each other only
 
 
@@ -100,7 +102,8 @@ def test_core_rules(path):
         assert root not in FORBIDDEN_IN_CORE, f"{mod} imports {name}"
         for layer, banned in LAYERS.items():
             if mod == layer or mod.startswith(layer + "."):
-                assert not name.startswith(banned), f"{mod} ({layer}) imports {name}"
+                allowed = mod == "ttsengine.config" and name == FEATURES
+                assert allowed or not name.startswith(banned), f"{mod} ({layer}) imports {name}"
         if name.startswith("ttsengine.tools"):
             assert mod.startswith(TOOL_USERS), f"{mod} imports the tool {name}: tools are used by the CLI only"
         if _under(mod, "ttsengine.model") and not _under(mod, LOADING):  # math does not read weight files
@@ -109,6 +112,8 @@ def test_core_rules(path):
             assert root not in ("torch", "numpy", "triton"), f"{mod} (control plane) imports {name}"
             assert not name.startswith(("ttsengine.engine.device", "ttsengine.model", "ttsengine.synthesis")), \
                 f"{mod} (control plane) imports {name}: it may import only itself and ttsengine.errors"
+        if mod == FEATURES:  # a leaf: the configuration imports it, so it imports nothing of ours, no torch
+            assert root not in ("torch", "numpy", "triton", "ttsengine"), f"{mod} (the registry) imports {name}"
     source = path.read_text()
     if mod == "ttsengine.engine.device.compile.kernel_cache":  # points torch's caches at TTS_CACHE_DIR: writes only
         uses = [line.strip() for line in source.splitlines() if "os.environ" in line]

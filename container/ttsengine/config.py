@@ -4,12 +4,14 @@ variables that one function (`read`) parses.
 This is the only module of the core that reads the environment. Every variable is listed once, in the
 tables below (and in the README, which a test keeps in sync); `dev=True` marks the experiment knobs the
 README lists under "Developer settings". Every switch takes auto | on | off (1/0, true/false and yes/no
-too, which the boolean switches took before). Platform defaults (RunPod's network volume, SageMaker's body
-limit) are not named here: the adapters pass them to `read` as `defaults`, below the environment.
+too); the speed features are one list, TTS_FEATURES, over the defaults of their registry (engine/features.py).
+Platform defaults (RunPod's network volume, SageMaker's body limit) are not named here: the adapters pass them
+to `read` as `defaults`, below the environment.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 from collections.abc import Callable, Mapping
@@ -17,8 +19,10 @@ from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import TypeVar
 
+from .engine import features
 from .errors import ConfigError
 
+log = logging.getLogger(__name__)
 DEFAULT_MODEL_DIR = "/opt/ml/model"  # SageMaker's path, used everywhere
 C = TypeVar("C")
 
@@ -84,18 +88,6 @@ def _switch_word(text: str) -> str:
         raise ValueError(text) from None
 
 
-def switch(forceable: bool = True) -> Kind:
-    """auto | on | off, kept as that word for the engine to resolve (auto depends on the device). A feature
-    that can only run where `auto` already runs it (a Triton kernel, torch's precompile) has nothing more for
-    `on` to force: `on` is read as `auto` there, so it never turns the feature off."""
-    def parse(text: str) -> str:
-        word = _switch_word(text)
-        return "auto" if word == "on" and not forceable else word
-
-    allowed = ("auto", "on", "off") if forceable else ("auto", "off")
-    return Kind(parse, "auto, on or off", choice(*allowed).check)
-
-
 def toggle(auto: bool) -> Kind:
     """auto | on | off for a plain yes/no setting: the value is a bool, `auto` its default."""
     def parse(text: str) -> bool:
@@ -130,27 +122,8 @@ DEVICE = Kind(str.lower, "auto | cpu | cuda | cuda:N", _device)
 DTYPE = choice("auto", "bfloat16", "float16", "float32")
 DEVICES = Kind(lambda text: ",".join(d.strip() for d in text.lower().split(",")),
                "auto or a comma-separated list of cpu, cuda, cuda:N", _devices)
-# the decode step's fused pieces (TTS_FUSED_KERNELS); engine/settings.py resolves them
-FUSED_KERNEL_NAMES = ("fast_attention", "codebook_sampler", "vocab_scan", "vocab_sampler", "merged_ffn", "layer_gemv",
-                      "fast_stack", "pdl", "split_attention", "step_glue")
-
-
-def _fused(value) -> str | None:
-    if value in ("auto", "off"):
-        return None
-    bad = [k for k in value.split(",") if k not in FUSED_KERNEL_NAMES]
-    return f"{', '.join(map(repr, bad))} not one of {', '.join(FUSED_KERNEL_NAMES)}" if bad else None
-
-
-def _fused_words(text: str) -> str:
-    # auto/on/off words as switches; otherwise a list of kernel names, kept in the given order
-    word = SWITCH_WORDS.get(text.strip().lower())
-    if word is not None:
-        return "auto" if word == "on" else word
-    return ",".join(k.strip() for k in text.lower().split(",") if k.strip())
-
-
-FUSED = Kind(_fused_words, "auto | off | a comma-separated list of " + ", ".join(FUSED_KERNEL_NAMES), _fused)
+# TTS_FEATURES: a list of +NAME / -NAME over the speed features' defaults (engine/features.py, their registry)
+FEATURE_LIST = Kind(features.normalise, "a comma-separated list of auto, none, all, +NAME, -NAME", features.check)
 
 
 @dataclass(frozen=True)
@@ -222,25 +195,9 @@ class EngineConfig:
     prefix_cache: bool = True  # share the KV pages of prompt prefixes (a voice's references) between requests
     first_chunk_frames: int = 4  # frames before a stream's first audio chunk (21.5 frames = 1 s)
     stream_chunk_frames: int = 8  # the largest later audio chunk (they grow from the first: 4, 4, 8, 8, ...)
-    cuda_graphs: str = "auto"  # auto (on with CUDA) | on | off
-    overlap_step: str = "auto"  # launch the next step before reading the last one's frames: auto (= on with CUDA)
-    step_priority: bool = True  # the engine loop's CUDA stream at high priority: step kernels before the codec's
-    lazy_graphs: bool = True  # capture only the smallest bucket before ready, the others when idle or first used
-    one_row_bucket: bool = True  # one stream steps alone (a 1-row bucket) where compiled buckets would start at 2
-    prefill_graphs: str = "auto"  # the prefill as CUDA graphs per padded shape: auto (= on with graphs) | off
-    compile: str = "auto"  # torch.compile of the decode step: auto (on with CUDA, torch >= 2.6) | on | off
-    fused_kernels: str = "auto"  # the decode step's fused Triton kernels: auto (all, on CUDA) | off | a list of names
+    features: str = "auto"  # the speed features over their defaults: +NAME / -NAME (engine/features.py)
     layer_gemv_rows: int = 0  # steps of up to this many rows run layer_gemv's kernels (1-64; 0 = auto), larger cuBLAS
-    codec_compile: str = "off"  # torch.compile the streaming codec too: on | off, auto = off (~18 s per start)
-    snake_kernel: str = "auto"  # Snake as one Triton kernel in the eager codec: auto (on CUDA with Triton) | off
-    cudnn_benchmark: str = "auto"  # cuDNN autotuning: auto = codec graph captures only | on | off
-    codec_merge: str = "auto"  # queued codec decodes join into one batched call: auto (= on) | on | off
-    codec_rounds: str = "auto"  # later audio chunks of every stream go to the codec together: auto (= on) | off
-    codec_pinned_copy: bool = True  # the codec's audio reaches the host through a pinned buffer (vocoder._to_host)
-    codec_channels_last: str = "auto"  # streaming codec time-major, channels-last convs: auto (CUDA + cuDNN tuning)
     cache_dir: Path | None = None  # torch.compile kernel cache (Inductor + Triton); None = torch's default
-    precompile: str = "auto"  # keep the step's traced units in cache_dir: auto (torch >= 2.10 with a cache dir) | off
-    codec_cache: str = "auto"  # keep the codec converted to its run dtype in cache_dir: auto (= on) | off
     quant: str = "bf16"  # weight-only quantization of linear layers: bf16 (none) | int8 | int4
     int8_kernel: str = "auto"  # int8 implementation: auto | fused | tile | dequant | off (model/quant.py)
     default_max_new_tokens: int = 0  # frames per chunk when a request does not say; 0 = the family's (1024)
@@ -308,42 +265,11 @@ ENGINE_VARS = (
         "frames of the largest later audio chunk: later chunks grow from the first, each at most the audio already "
         "made (with 32: 4, 4, 8, 16, 32, 32, ...)",
         dev=True),
-    Var("TTS_CUDA_GRAPHS", "cuda_graphs", switch(), "auto | on | off: replay the decode step as CUDA graphs",
-        dev=True),
-    Var("TTS_OVERLAP_STEP", "overlap_step", switch(),
-        "auto (= on with CUDA) | on | off: the next decode step is queued on the GPU before the host reads the last "
-        "step's frames, so the GPU never waits for the host's bookkeeping (a finishing stream computes one frame that "
-        "is dropped); on a CPU the host does the step's work itself, nothing to overlap", dev=True),
-    Var("TTS_STEP_PRIORITY", "step_priority", toggle(auto=True),
-        "on (default) | off: the decode step and prefill run on a high-priority CUDA stream, so where the codec's and "
-        "the step's kernels both wait for the GPU the step's go first", dev=True),
-    Var("TTS_CODEC_PINNED_COPY", "codec_pinned_copy", toggle(auto=True),
-        "on (default) | off: the codec's audio is copied to the host through a pinned buffer; a copy into pageable "
-        "memory waits for the codec's kernels in the driver, and the decode loop's launches were seen to block "
-        "meanwhile (H100, 64 streams: ~0.5 s of a 1.5 s run)", dev=True),
-    Var("TTS_LAZY_GRAPHS", "lazy_graphs", toggle(auto=True),
-        "auto | on: capture the smallest batch's graph before ready and the others while idle or at first use; "
-        "off: all before ready", dev=True),
-    Var("TTS_ONE_ROW_BUCKET", "one_row_bucket", toggle(auto=True),
-        "auto | on: a lone stream's decode step runs at one row (a compiled unit's size-1 variant, its own CUDA graph) "
-        "before the 2-row bucket; off: with compile, it shares the 2-row bucket (one compiled variant fewer per unit; "
-        "without compile buckets always start at one row)", dev=True),
-    Var("TTS_PREFILL_GRAPHS", "prefill_graphs", switch(forceable=False),
-        "auto (= on with CUDA graphs) | off: each new request's prefill replays a CUDA graph of its padded shape "
-        "(rows 1-8, positions 64-2048) instead of ~2,000 eager kernel launches", dev=True),
-    Var("TTS_COMPILE", "compile", switch(), "auto | on | off: torch.compile the decode step", dev=True),
-    Var("TTS_FUSED_KERNELS", "fused_kernels", FUSED,
-        "auto (= all but the opt-in ones, on CUDA with Triton) | off | a comma-separated list of fast_attention (the "
-        "fast layers' cache write + attention as one Triton kernel) and codebook_sampler (a codebook's penalty, "
-        "top-p, temperature and draw as one kernel) and vocab_scan (top-p's cumulative sum over the slow vocabulary "
-        "in 1,024-wide blocks, in parallel) and vocab_sampler (the slow token's penalty, top-p, temperature and draw "
-        "without a sort: a histogram of the 16-bit logits near the max, six kernels) and merged_ffn (each layer's W1 "
-        "and W3 as one matmul) and layer_gemv (at up to 64 rows, TTS_LAYER_GEMV_ROWS, each layer as five Triton "
-        "kernels: norm + GEMV, attention with q/k-norm + RoPE, GEMV + residual, norm + GEMV + SwiGLU, GEMV + "
-        "residual; merges W1|W3, bf16 or int8) and pdl"
-        " and split_attention (opt-in: at few rows the slow attention's pages shared by up to 8 programs per head; "
-        "for long contexts) and step_glue (the step's input embedding + RoPE row and its end: window record, state "
-        "and counters, as two kernels instead of ~35 small ones): the decode step's fused kernels", dev=True),
+    Var("TTS_FEATURES", "features", FEATURE_LIST,
+        "auto (default: every speed feature that is on by default where it runs) | a comma-separated list over "
+        "that: -NAME turns a feature off, +NAME (or NAME) on where it can run (a warning where it cannot), none / all "
+        "every feature off / on, kernels the decode step's fused kernels as a group, later items win (e.g. "
+        "-cuda_graphs,-kernels,+merged_ffn); the features and their defaults: README, 'Speed features'", dev=True),
     Var("TTS_LAYER_GEMV_ROWS", "layer_gemv_rows", integer(0, 64, note=" (0 = auto)"),
         "0 = auto (default: 64 with PDL, i.e. H100/H200, and 16-bit weights; else 16) | 1-64: decode steps whose "
         "bucket holds up to this many rows (buckets 1, 2, 4, ...) run layer_gemv's fused kernels (each layer as "
@@ -352,38 +278,7 @@ ENGINE_VARS = (
         "kernels of their own (H100, 64 streams: 8,730 frames/s against 7,700 with 16, which restores the cuBLAS "
         "step above 16 rows)",
         dev=True),
-    Var("TTS_CODEC_COMPILE", "codec_compile", switch(),
-        "on | off (auto = off): torch.compile the streaming codec as well (~1 ms faster per small chunk on an H100; "
-        "its trace adds ~18 s to every start)", dev=True),
-    Var("TTS_SNAKE_KERNEL", "snake_kernel", switch(forceable=False),
-        "auto (= on) | off: the codec's Snake activation as one Triton kernel (on CUDA when the codec is not "
-        "compiled)", dev=True),
-    Var("TTS_CUDNN_BENCHMARK", "cudnn_benchmark", switch(),
-        "auto: cuDNN times its convolution algorithms only while the codec's CUDA graphs are captured (the graphs "
-        "keep the fastest; voice encoding waits for those windows) | on: everywhere, every new shape (its timing "
-        "syncs the GPU and can fail a capture on the other thread) | off: cuDNN's heuristics", dev=True),
-    Var("TTS_CODEC_CHANNELS_LAST", "codec_channels_last", switch(),
-        "auto (= on with CUDA where cuDNN tunes the codec: TTS_CUDNN_BENCHMARK on, or auto with CUDA graphs) | on | "
-        "off: the streaming codec's activations time-major ([rows, samples, channels]) "
-        "with every convolution a channels-last cuDNN convolution (no layout transposes around each conv) and the "
-        "convs' biases folded into the Snake and residual kernels: codec-only at 64 streams 17,400 -> 27,700 "
-        "frames/s on an H100", dev=True),
-    Var("TTS_CODEC_MERGE", "codec_merge", switch(),
-        "auto (= on) | on | off: codec decodes queued behind a busy codec thread join into one batched call",
-        dev=True),
-    Var("TTS_CODEC_ROUNDS", "codec_rounds", switch(),
-        "auto (= on) | on | off: a stream's later audio chunks wait for the engine's next codec round (every "
-        "TTS_STREAM_CHUNK_FRAMES steps, or the first chunk's frames if larger), so the running streams' chunks make "
-        "one batched codec call instead of many "
-        "small ones; a first chunk, and a stream whose listener holds little audio, never wait; with more than 128 "
-        "streams running nothing waits (the codec thread then merges its queue)", dev=True),
     Var("TTS_CACHE_DIR", "cache_dir", PATH, "directory of the torch.compile kernel cache (keep it on a volume)"),
-    Var("TTS_PRECOMPILE", "precompile", switch(forceable=False),
-        "auto (= on) | off: keep the decode step's traced units in TTS_CACHE_DIR (torch's AOT precompile, "
-        "torch >= 2.10), so a warm start skips Dynamo's trace", dev=True),
-    Var("TTS_CODEC_CACHE", "codec_cache", switch(forceable=False),
-        "auto (= on) | off: keep the codec's weights converted to their run dtype (bf16) in TTS_CACHE_DIR, so later "
-        "starts read ~0.8 GB instead of the 1.87 GB fp32 codec.pth", dev=True),
     Var("TTS_QUANT", "quant", choice("bf16", "none", "int8", "int4"),
         "bf16 (no quantization) | int8 | int4: weight-only quantization of linear layers"),
     Var("TTS_INT8_KERNEL", "int8_kernel", choice("auto", "fused", "tile", "dequant", "off"),
@@ -401,7 +296,61 @@ def from_env(env: Mapping[str, str] | None = None, defaults: Mapping[str, object
              **overrides) -> EngineConfig:
     """Builds the engine config from TTS_* variables; `defaults` (a platform's) yield to them, keyword
     overrides (e.g. from CLI flags) win."""
-    return read(EngineConfig, ENGINE_VARS, env, defaults, overrides)
+    env = os.environ if env is None else env
+    cfg = read(EngineConfig, ENGINE_VARS, env, defaults, overrides)
+    old = _retired(env)
+    if not old:
+        return cfg
+    return replace(cfg, features=features.normalise(",".join(old + ([] if cfg.features == "auto" else [cfg.features]))))
+
+
+# the on/off variables TTS_FEATURES replaced, still read for one release (a warning names the replacement):
+# variable -> the feature (or group) it switched
+RETIRED = {"TTS_CUDA_GRAPHS": features.CUDA_GRAPHS, "TTS_COMPILE": features.COMPILE,
+           "TTS_PRECOMPILE": features.PRECOMPILE, "TTS_ONE_ROW_BUCKET": features.ONE_ROW_BUCKET,
+           "TTS_LAZY_GRAPHS": features.LAZY_GRAPHS, "TTS_PREFILL_GRAPHS": features.PREFILL_GRAPHS,
+           "TTS_OVERLAP_STEP": features.OVERLAP_STEP, "TTS_STEP_PRIORITY": features.STEP_PRIORITY,
+           "TTS_FUSED_KERNELS": "kernels", "TTS_CODEC_COMPILE": features.CODEC_COMPILE,
+           "TTS_SNAKE_KERNEL": features.SNAKE_KERNEL, "TTS_CUDNN_BENCHMARK": features.CUDNN_BENCHMARK,
+           "TTS_CODEC_CHANNELS_LAST": features.CODEC_CHANNELS_LAST, "TTS_CODEC_MERGE": features.CODEC_MERGE,
+           "TTS_CODEC_ROUNDS": features.CODEC_ROUNDS, "TTS_CODEC_PINNED_COPY": features.CODEC_PINNED_COPY,
+           "TTS_CODEC_CACHE": features.CODEC_CACHE}
+
+
+_WARNED: set[tuple[str, str]] = set()
+
+
+def _retired(env: Mapping[str, str]) -> list[str]:
+    """TTS_FEATURES items that say what the replaced variables set in `env` said, with one warning each."""
+    items: list[str] = []
+    for var, name in RETIRED.items():
+        text = env.get(var, "").strip().lower()
+        if not text:
+            continue
+        word = SWITCH_WORDS.get(text)
+        if word is None and name == "kernels":  # a list of kernels: those on, the others off
+            bad = [k for k in _names(text) if k not in features.KERNELS]
+            if bad:
+                raise ConfigError(f"{var}: {', '.join(map(repr, bad))} not one of {', '.join(features.KERNELS)}")
+            new = ["-kernels"] + ["+" + k for k in _names(text)]
+        elif word is None:
+            raise ConfigError(f"environment variable {var}={text!r}: expected auto, on or off")
+        elif word == "auto":
+            new = []
+        elif name == features.CUDNN_BENCHMARK and word == "off":  # it was both: in graph captures and everywhere
+            new = ["-" + features.CUDNN_TUNING, "-" + name]
+        else:
+            new = [("+" if word == "on" else "-") + name]
+        if (var, text) not in _WARNED:  # once a process: the CLI and the adapters read the config more than once
+            _WARNED.add((var, text))
+            log.warning("%s is replaced by TTS_FEATURES and goes in the next release: read as TTS_FEATURES=%s", var,
+                        ",".join(new) or "auto")
+        items += new
+    return items
+
+
+def _names(text: str) -> list[str]:
+    return [k.strip() for k in text.split(",") if k.strip()]
 
 
 # ---- the network adapters (HTTP, SageMaker serve) ----------------------------------------------------------

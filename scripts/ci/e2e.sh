@@ -77,7 +77,7 @@ complete_model(Path('models/e2e-tiny'))"
 step "1. scripts/setup.sh (non-interactive, CPU)"
 PORT=$("$PY" -c "import sys; sys.path.insert(0, 'tests'); from conftest import free_port; print(free_port())")
 export BASE_IMAGE=$BASE TTS_IMAGE=$IMAGE TTS_MODEL_SOURCE=/host-models/e2e-tiny TTS_PORT=$PORT \
-  TTS_COMPILE=on TTS_MAX_BATCH=2 TTS_DEFAULT_MAX_NEW_TOKENS=16  # compile on CPU: the cache has real kernels
+  TTS_FEATURES=+compile TTS_MAX_BATCH=2 TTS_DEFAULT_MAX_NEW_TOKENS=16  # compile on CPU: the cache has real kernels
 t0=$(date +%s)
 scripts/setup.sh </dev/null | tee "$CACHE/setup.log"
 echo "setup.sh took $(( $(date +%s) - t0 )) s (build + model + cold compile)"

@@ -1,5 +1,5 @@
 """Compiled vs eager streaming codec on the GPU, per chunk and row, with and without CUDA graphs and with
-and without duplicate padding rows: where a TTS_CODEC_COMPILE mismatch comes from."""
+and without duplicate padding rows: where a codec_compile mismatch comes from."""
 import sys
 import threading
 

@@ -1,4 +1,4 @@
-"""layer_gemv with and without programmatic dependent launch (TTS_FUSED_KERNELS pdl), S1-mini shapes, bf16, in a
+"""layer_gemv with and without programmatic dependent launch (TTS_FEATURES pdl), S1-mini shapes, bf16, in a
 CUDA graph: one frame's decoder-layer work (28 slow layers, then 10 positions x 4 fast layers, 140 + 200 kernels),
 and the 4 fast layers of one position alone. Usage: python3 scripts/device/pdl_bench.py [rows ...] (default 1 2 8)
 TILES="swiglu:4x1024w4 all:16x1024w8 ..." (bf16 only): the frame again with the 1-2-row CUDA-core tiles replaced

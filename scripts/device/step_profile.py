@@ -2,8 +2,8 @@
 step's time per bucket; the timeline of its graph replays per bucket (kernels per frame, their time, the time each
 class adds to the frame: kernels overlap under PDL, so a kernel's share is how far it moves the end of the work
 done so far); then a profile of the (compiled, uncaptured) step at the first bucket: GPU time per kernel class.
-Usage: python3 scripts/device/step_profile.py [ROWS ...] (default 2 8 64). Env as the engine's (TTS_COMPILE,
-TTS_QUANT, TTS_FUSED_KERNELS ...)."""
+Usage: python3 scripts/device/step_profile.py [ROWS ...] (default 2 8 64). Env as the engine's (TTS_FEATURES,
+TTS_QUANT ...)."""
 import os
 import re
 import sys

@@ -67,13 +67,13 @@ def test_more_requests_than_slots_all_finish_equal(engine, eager_engine):
 
 
 def test_the_fused_fast_attention_path_equals_the_reference(eager_engine):
-    # TTS_FUSED_KERNELS=fast_attention on CPU: the fast layers read their cache as a paged pool through the
+    # TTS_FEATURES=+fast_attention on CPU: the fast layers read their cache as a paged pool through the
     # slow layers' write + attention op (its reference path here; the Triton kernel on the GPU, test_gpu.py)
     from conftest import MODEL_DIR
 
     from ttsengine import Engine, EngineConfig
 
-    eng = Engine.load(EngineConfig(model_dir=MODEL_DIR, device="cpu", max_batch=4, fused_kernels="fast_attention"))
+    eng = Engine.load(EngineConfig(model_dir=MODEL_DIR, device="cpu", max_batch=4, features="fast_attention"))
     try:
         frame = eng.runner.ops.frame
         assert frame.paged_fast and frame.sample_codebook is frame.sample  # the codebooks: the reference sampler
@@ -137,7 +137,7 @@ def test_max_new_tokens_one_is_no_audio(engine):
 
 @pytest.mark.parametrize("int8_kernel", ["off", "dequant"])
 def test_merged_ffn_leaves_quantized_layers_alone(int8_kernel):
-    # merged_ffn is in TTS_FUSED_KERNELS=auto: a quantized model must still start. Our int8 layers are not nn.Linear;
+    # merged_ffn is on by default on CUDA: a quantized model must still start. Our int8 layers are not nn.Linear;
     # torchao's (int8_kernel=off with torchao installed) are nn.Linear with a quantized weight tensor, which a cat of
     # W1 and W3 cannot take: both stay unmerged and the engine serves as without merged_ffn
     from conftest import MODEL_DIR
@@ -146,8 +146,8 @@ def test_merged_ffn_leaves_quantized_layers_alone(int8_kernel):
 
     config = EngineConfig(model_dir=MODEL_DIR, device="cpu", max_batch=4, quant="int8", int8_kernel=int8_kernel)
     plain = Engine.load(config)
-    eng = Engine.load(config.with_(fused_kernels="merged_ffn"))
-    gemv = Engine.load(config.with_(fused_kernels="fast_attention,layer_gemv", max_batch=2))
+    eng = Engine.load(config.with_(features="merged_ffn"))
+    gemv = Engine.load(config.with_(features="fast_attention,layer_gemv", max_batch=2))
     try:
         assert not any(hasattr(layer.feed_forward, "w13") for layer in eng.runner.model.layers)
         req = SynthesisRequest(text="Quantized.", seed=7, max_new_tokens=12)
@@ -164,7 +164,7 @@ def test_merged_ffn_leaves_quantized_layers_alone(int8_kernel):
 
 
 def test_merged_ffn_equals_the_reference_and_adds_no_memory(eager_engine):
-    # TTS_FUSED_KERNELS=merged_ffn,fast_attention on CPU: the step's layers run W1|W3 as one matmul (the fast
+    # TTS_FEATURES=+merged_ffn,+fast_attention on CPU: the step's layers run W1|W3 as one matmul (the fast
     # layers too: they share the slow layers' function with fast_attention); w1/w3 become views of the merged weight
     from conftest import MODEL_DIR
 
@@ -173,7 +173,7 @@ def test_merged_ffn_equals_the_reference_and_adds_no_memory(eager_engine):
 
     config = EngineConfig(model_dir=MODEL_DIR, device="cpu", max_batch=4)
     plain = Engine.load(config)
-    eng = Engine.load(config.with_(fused_kernels="merged_ffn,fast_attention"))
+    eng = Engine.load(config.with_(features="merged_ffn,fast_attention"))
     try:
         ff = eng.runner.model.layers[0].feed_forward
         assert ff.w13.data_ptr() == ff.w1.weight.data_ptr() and not hasattr(plain.runner.model.layers[0].feed_forward,
@@ -187,13 +187,13 @@ def test_merged_ffn_equals_the_reference_and_adds_no_memory(eager_engine):
 
 
 def test_channels_last_codec_equals_the_reference(eager_engine):
-    # TTS_CODEC_CHANNELS_LAST=on (auto turns it on with CUDA only): the engine's streaming codec time-major, each conv
-    # a channels-last convolution, biases folded into Snake / the residual sums; the audio is the eager engine's
+    # TTS_FEATURES=+codec_channels_last (on by default with CUDA only): the engine's streaming codec time-major, each
+    # conv a channels-last convolution, biases folded into Snake / the residual sums; the audio is the eager engine's
     from conftest import MODEL_DIR
 
     from ttsengine import Engine, EngineConfig
 
-    eng = Engine.load(EngineConfig(model_dir=MODEL_DIR, device="cpu", max_batch=2, codec_channels_last="on"))
+    eng = Engine.load(EngineConfig(model_dir=MODEL_DIR, device="cpu", max_batch=2, features="+codec_channels_last"))
     try:
         assert eng.settings.codec_channels_last and eng.vocoder.codec.time_major
         serve_all(eng, eager_engine, [SynthesisRequest(text=f"Layout {i}.", seed=60 + i, max_new_tokens=10 + 7 * i)
@@ -209,7 +209,7 @@ def test_channels_last_codec_equals_the_reference(eager_engine):
 
 @pytest.mark.parametrize("overlap", [True, False])
 def test_overlapped_and_serial_steps_equal_the_reference_and_free_every_page(eager_engine, overlap):
-    # TTS_OVERLAP_STEP: step k+1 is launched before step k's frames are read, so a stream that ends at step k makes
+    # overlap_step: step k+1 is launched before step k's frames are read, so a stream that ends at step k makes
     # one more frame in step k+1 that must be dropped (and its KV position must lie in its own pages); off: the
     # serial loop. Both equal the eager engine, and every page is back in the pool once the streams are done.
     from conftest import MODEL_DIR
@@ -217,7 +217,7 @@ def test_overlapped_and_serial_steps_equal_the_reference_and_free_every_page(eag
     from ttsengine import Engine, EngineConfig
 
     eng = Engine.load(EngineConfig(model_dir=MODEL_DIR, device="cpu", max_batch=3, max_queue=8,
-                                   overlap_step="on" if overlap else "off", prefix_cache=False))
+                                   features="+overlap_step" if overlap else "-overlap_step", prefix_cache=False))
     try:
         assert eng.settings.overlap_step is overlap
         # 7 requests through 3 slots, ending at every step
@@ -237,7 +237,7 @@ def test_overlapped_and_serial_steps_equal_the_reference_and_free_every_page(eag
 
 @pytest.mark.skipif(triton_major() < 3, reason="needs Triton >= 3 (its interpreter on CPU)")
 def test_fast_stack_equals_the_reference(eager_engine):
-    # TTS_FUSED_KERNELS=fast_stack on CPU: steps of one or two rows run every fast layer at a position as the one
+    # TTS_FEATURES=+fast_stack on CPU: steps of one or two rows run every fast layer at a position as the one
     # persistent kernel (interpreted, one program, fp32; native with grid barriers: tests/model/test_fast_stack.py);
     # steps of 3-4 rows the layer_gemv kernels; the tokens are the eager engine's
     from conftest import MODEL_DIR
@@ -245,7 +245,7 @@ def test_fast_stack_equals_the_reference(eager_engine):
     from ttsengine import Engine, EngineConfig
 
     eng = Engine.load(EngineConfig(model_dir=MODEL_DIR, device="cpu", max_batch=4,
-                                   fused_kernels="fast_attention,layer_gemv,fast_stack"))
+                                   features="fast_attention,layer_gemv,fast_stack"))
     try:
         r = eng.runner
         assert r.stack_rows == 2 and "fast_stack" in r.fused_in_use
@@ -265,7 +265,7 @@ def test_layer_gemv_rows_bound_the_steps_that_run_it(eager_engine):
     from ttsengine import Engine, EngineConfig
 
     eng = Engine.load(EngineConfig(model_dir=MODEL_DIR, device="cpu", max_batch=4, layer_gemv_rows=2,
-                                   fused_kernels="fast_attention,layer_gemv"))
+                                   features="fast_attention,layer_gemv"))
     try:
         r = eng.runner
         assert r.gemv_rows == 2 and "layer_gemv" in r.fused_in_use
@@ -284,7 +284,7 @@ def test_split_attention_is_reported_only_where_it_runs():
     from ttsengine import Engine, EngineConfig
 
     eng = Engine.load(EngineConfig(model_dir=MODEL_DIR, device="cpu", max_batch=2,
-                                   fused_kernels="merged_ffn,split_attention"))
+                                   features="merged_ffn,split_attention"))
     try:
         assert eng.runner.splits == 1 and "split_attention" not in eng.runner.fused_in_use
         assert len(eng.submit(SynthesisRequest(text="Unsplit.", seed=3, max_new_tokens=3)).result().audio) > 0
@@ -302,7 +302,7 @@ def test_pdl_named_where_it_cannot_run_is_dropped_with_a_warning(caplog):
 
     with caplog.at_level("WARNING"):
         eng = Engine.load(EngineConfig(model_dir=MODEL_DIR, device="cpu", max_batch=2,
-                                       fused_kernels="fast_attention,layer_gemv,pdl"))
+                                       features="fast_attention,layer_gemv,pdl"))
     try:
         assert not eng.runner.pdl and "layer_gemv" in eng.runner.fused_in_use
         assert "pdl" not in eng.runner.fused_in_use
@@ -314,7 +314,7 @@ def test_pdl_named_where_it_cannot_run_is_dropped_with_a_warning(caplog):
 
 @pytest.mark.skipif(triton_major() < 3, reason="needs Triton >= 3 (its interpreter on CPU)")
 def test_layer_gemv_equals_the_reference(eager_engine):
-    # TTS_FUSED_KERNELS=layer_gemv on CPU: steps of up to 16 rows (auto, off an H100) run each layer as the five fused
+    # TTS_FEATURES=+layer_gemv on CPU: steps of up to 16 rows (auto, off an H100) run each layer as the five fused
     # kernels (Triton's interpreter here, fp32; the native kernels on the GPU, test_gpu_fused.py); buckets above run
     # the plain layers
     from conftest import MODEL_DIR
@@ -322,7 +322,7 @@ def test_layer_gemv_equals_the_reference(eager_engine):
     from ttsengine import Engine, EngineConfig
 
     eng = Engine.load(EngineConfig(model_dir=MODEL_DIR, device="cpu", max_batch=4,
-                                   fused_kernels="fast_attention,layer_gemv"))
+                                   features="fast_attention,layer_gemv"))
     try:
         assert eng.runner.gemv_rows == 16 and eng.runner.step_ops(4).slow_layer is not eng.runner.ops.slow_layer
         serve_all(eng, eager_engine, [SynthesisRequest(text=f"Gemv {i}.", seed=80 + i, max_new_tokens=4 + 3 * i)
@@ -339,7 +339,7 @@ def test_streams_ending_together_share_their_last_codec_call(eager_engine):
 
     from ttsengine import Engine, EngineConfig
 
-    eng = Engine.load(EngineConfig(model_dir=MODEL_DIR, device="cpu", max_batch=4, codec_rounds="off"))
+    eng = Engine.load(EngineConfig(model_dir=MODEL_DIR, device="cpu", max_batch=4, features="-codec_rounds"))
     releases: list[tuple[int, int]] = []  # (jobs with audio left, codec calls queued while releasing them)
     decode, release = eng.vocoder.decode, eng._finished  # noqa: SLF001
     calls = []

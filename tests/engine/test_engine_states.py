@@ -226,7 +226,8 @@ def test_cancel_while_running_frees_the_slot_after_the_step_in_flight(ckpt, over
     # 4, 4, 8; the next chunk is 8). With overlap the 21st step was launched before the 20th was read: the cancel
     # comes with 19 read (16 as audio), the 20th is read after it (kept: 19, not a whole chunk more) and the 21st is
     # dropped
-    with scripted_engine(ckpt, max_batch=2, overlap_step="on" if overlap else "off") as (eng, runner, script):
+    overlapped = "+overlap_step" if overlap else "-overlap_step"
+    with scripted_engine(ckpt, max_batch=2, features=overlapped) as (eng, runner, script):
         runner.pause()
         stream = eng.submit(SynthesisRequest(text="Long one.", seed=3, max_new_tokens=500), ignore_stop=True)
         runner.allow(20)

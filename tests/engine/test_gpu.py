@@ -90,23 +90,23 @@ def test_triton_kernel_equals_reference_on_gpu():
 def test_graphs_equal_eager_tokens_bf16(lazy):
     # lazy: only batch 1 is captured before ready; the 4 requests need batch 4 at once, which is then
     # run for real and recorded at first use (cuda_graphs.py), later buckets while idle or on first use
-    graphed = tokens(cfg(cuda_graphs="on", compile="off", lazy_graphs=lazy))
-    eager = tokens(cfg(cuda_graphs="off", compile="off"))
+    graphed = tokens(cfg(features="+cuda_graphs,-compile" + ("" if lazy else ",-lazy_graphs")))
+    eager = tokens(cfg(features="-cuda_graphs,-compile"))
     for g, e in zip(graphed, eager):
         assert len(g) == len(e) and all(np.array_equal(a, b) for a, b in zip(g, e))
 
 
 def test_int8_graphs_equal_eager_tokens_bf16():
     # the fused int8 op (Triton GEMV at 1-2 rows, tiles at 4 and 8) replayed in graphs == run eagerly
-    graphed = tokens(cfg(cuda_graphs="on", compile="off", quant="int8"))
-    eager = tokens(cfg(cuda_graphs="off", compile="off", quant="int8"))
+    graphed = tokens(cfg(features="+cuda_graphs,-compile", quant="int8"))
+    eager = tokens(cfg(features="-cuda_graphs,-compile", quant="int8"))
     for g, e in zip(graphed, eager):
         assert len(g) == len(e) and all(np.array_equal(a, b) for a, b in zip(g, e))
 
 
 def test_compiled_graphs_equal_eager_tokens_fp32():
-    compiled = tokens(cfg(cuda_graphs="on", compile="on", dtype="float32", codec_dtype="float32"))
-    eager = tokens(cfg(cuda_graphs="off", compile="off", dtype="float32", codec_dtype="float32"))
+    compiled = tokens(cfg(features="+cuda_graphs,+compile", dtype="float32", codec_dtype="float32"))
+    eager = tokens(cfg(features="-cuda_graphs,-compile", dtype="float32", codec_dtype="float32"))
     for c, e in zip(compiled, eager):
         assert len(c) == len(e) and all(np.array_equal(a, b) for a, b in zip(c, e))
 
@@ -114,19 +114,19 @@ def test_compiled_graphs_equal_eager_tokens_fp32():
 @pytest.mark.skipif(not precompile_supported(), reason="torch's AOT precompile needs torch >= 2.10")
 def test_precompiled_graphs_equal_eager_tokens_fp32(tmp_path):
     # first engine: traces, compiles and saves the units; second: loads them (no trace), same tokens
-    config = cfg(cuda_graphs="on", compile="on", dtype="float32", codec_dtype="float32", cache_dir=tmp_path,
-                 fused_kernels="off")  # every unit traced (the fused sampler replaces the codebooks' sample unit)
+    config = cfg(features="+cuda_graphs,+compile,-kernels", dtype="float32", codec_dtype="float32",
+                 cache_dir=tmp_path)  # every unit traced (the fused sampler replaces the codebooks' sample unit)
     first, second = {}, {}
     traced = tokens(config, first)
     saved = sorted(p.name for p in tmp_path.glob("precompiled-*/*.pt2"))
-    # each unit twice: its size-1 variant (the one-row bucket, TTS_ONE_ROW_BUCKET) and its dynamic one (2 and up);
+    # each unit twice: its size-1 variant (the one-row bucket, one_row_bucket) and its dynamic one (2 and up);
     # sampling for two shape families (the vocabulary, a codebook)
     units = Counter(name.split(".")[0] for name in saved)
     assert units == {"fast_head": 2, "fast_layer": 2, "sample": 4, "slow_layer": 2}, saved
     loaded = tokens(config, second)
     n = len(saved)
     assert (first["precompiled"], second["precompiled"]) == (f"0 loaded, {n} traced", f"{n} loaded, 0 traced")
-    eager = tokens(cfg(cuda_graphs="off", compile="off", dtype="float32", codec_dtype="float32"))
+    eager = tokens(cfg(features="-cuda_graphs,-compile", dtype="float32", codec_dtype="float32"))
     for t, lo, e in zip(traced, loaded, eager):
         assert len(t) == len(lo) == len(e)
         assert all(np.array_equal(a, b) and np.array_equal(b, c) for a, b, c in zip(t, lo, e))
@@ -141,7 +141,7 @@ def exact_fp32():
 
 
 def test_batched_gpu_engine_equals_reference_engine_fp32(exact_fp32):
-    config = cfg(cuda_graphs="on", compile="off", dtype="float32", codec_dtype="float32")
+    config = cfg(features="+cuda_graphs,-compile", dtype="float32", codec_dtype="float32")
     ref = EagerEngine.load(config)
     eng = Engine.load(config)
     try:
@@ -158,8 +158,8 @@ def test_batched_gpu_engine_equals_reference_engine_fp32(exact_fp32):
 def test_lazy_start_fills_in_codec_graphs_and_matches_eager(exact_fp32):
     # lazy start-up: the codec's smallest batch is captured before ready, the others while idle (or at
     # first use); then a concurrent batch through every graph equals the graph-free engine's audio
-    # with the default TTS_CUDNN_BENCHMARK=auto: cuDNN autotunes inside the codec's capture windows only
-    config = cfg(cuda_graphs="on", compile="off", dtype="float32", codec_dtype="float32")
+    # with the default cudnn_tuning: cuDNN autotunes inside the codec's capture windows only
+    config = cfg(features="+cuda_graphs,-compile", dtype="float32", codec_dtype="float32")
     eng = Engine.load(config)
     try:
         assert eng.settings.cudnn_autotune == "graphs" and not torch.backends.cudnn.benchmark
@@ -171,7 +171,7 @@ def test_lazy_start_fills_in_codec_graphs_and_matches_eager(exact_fp32):
         got = [s.result() for s in [eng.submit(r) for r in REQUESTS]]
     finally:
         eng.close()
-    plain = Engine.load(config.with_(cuda_graphs="off"))
+    plain = Engine.load(config.with_(features="-cuda_graphs,-compile"))
     try:
         want = [s.result() for s in [plain.submit(r) for r in REQUESTS]]
     finally:
@@ -181,7 +181,7 @@ def test_lazy_start_fills_in_codec_graphs_and_matches_eager(exact_fp32):
 
 
 def test_compiled_codec_graphs_equal_eager_codec_fp32(exact_fp32):
-    # TTS_CODEC_COMPILE=on: one static-shape compile per (rows, chunk) key, replayed in graphs; slots join
+    # codec_compile on: one static-shape compile per (rows, chunk) key, replayed in graphs; slots join
     # and leave between chunks, so state rows move through compiled gathers and scatters
     import threading
 
@@ -346,7 +346,7 @@ def test_snake_kernel_equals_snake():
 
 
 def test_pinned_audio_copy_delivers_what_the_plain_copy_does():
-    # TTS_CODEC_PINNED_COPY: the codec's audio reaches the host through one pinned staging buffer that each call
+    # codec_pinned_copy: the codec's audio reaches the host through one pinned staging buffer that each call
     # overwrites (it grows for a larger call): every chunk delivered must be its own copy, equal to the plain
     # copy's bit for bit (the same kernels; only the copy differs)
     import threading

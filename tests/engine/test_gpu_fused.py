@@ -1,4 +1,4 @@
-"""The decode step's fused kernels (TTS_FUSED_KERNELS) against the unfused path on the GPU (marker `gpu`).
+"""The decode step's fused kernels (TTS_FEATURES) against the unfused path on the GPU (marker `gpu`).
 
 fp32: tokens must be equal exactly. bf16: the fused kernels round differently from the unfused ones (the
 attention's dot products run on tensor cores in bf16, the sampler keeps every probability tied at the
@@ -110,15 +110,14 @@ def test_paged_kernel_as_the_fast_layers_attention():
             assert torch.equal(kv.k, ref.k) and torch.equal(kv.v, ref.v)
 
 
-@pytest.mark.parametrize("graphs,compile_", [("on", "on"), ("off", "off")])
+@pytest.mark.parametrize("graphs,compile_", [("+", "+"), ("-", "-")])
 def test_fused_step_equals_unfused_tokens_fp32(graphs, compile_):
     # fp32 caches: the fast attention runs its reference path inside the fused layer (the Triton kernel is
     # 16-bit), the codebook sampler its kernel, W1|W3 one matmul; compiled units + graphs and eager both
     with no_tf32():
-        fused = tokens(cfg(cuda_graphs=graphs, compile=compile_, dtype="float32", codec_dtype="float32",
-                           fused_kernels="fast_attention,codebook_sampler,vocab_scan,merged_ffn"))
-        plain = tokens(cfg(cuda_graphs="off", compile="off", dtype="float32", codec_dtype="float32",
-                           fused_kernels="off"))
+        fused = tokens(cfg(features=f"{graphs}cuda_graphs,{compile_}compile,-kernels,+fast_attention,+codebook_sampler,"
+                                    "+vocab_scan,+merged_ffn", dtype="float32", codec_dtype="float32"))
+        plain = tokens(cfg(features="-cuda_graphs,-compile,-kernels", dtype="float32", codec_dtype="float32"))
     assert len(fused) == len(REQUESTS)
     for f, e in zip(fused, plain):
         assert len(f) == len(e) and all(np.array_equal(a, b) for a, b in zip(f, e))
@@ -126,8 +125,8 @@ def test_fused_step_equals_unfused_tokens_fp32(graphs, compile_):
 
 def test_fused_bf16_graphs_equal_fused_bf16_eager():
     # every fused piece (auto, bf16: the fast attention's Triton kernel too) replayed in graphs == run eagerly
-    graphed = tokens(cfg(cuda_graphs="on", compile="off"))
-    eager = tokens(cfg(cuda_graphs="off", compile="off"))
+    graphed = tokens(cfg(features="+cuda_graphs,-compile"))
+    eager = tokens(cfg(features="-cuda_graphs,-compile"))
     for g, e in zip(graphed, eager):
         assert len(g) == len(e) and all(np.array_equal(a, b) for a, b in zip(g, e))
 
@@ -175,9 +174,9 @@ def test_gemv_layer_close_to_the_unfused_layer(quant, fast):
 def test_layer_gemv_graphs_equal_layer_gemv_eager(quant):
     # the fused layers (every step of the tiny model's <= 8 rows) replayed in CUDA graphs == run eagerly: the same
     # kernels, and none of them depends on the batch beside it
-    fused = "fast_attention,codebook_sampler,vocab_scan,merged_ffn,layer_gemv"
-    graphed = tokens(cfg(cuda_graphs="on", compile="off", fused_kernels=fused, quant=quant))
-    eager = tokens(cfg(cuda_graphs="off", compile="off", fused_kernels=fused, quant=quant))
+    fused = "-kernels,+fast_attention,+codebook_sampler,+vocab_scan,+merged_ffn,+layer_gemv"
+    graphed = tokens(cfg(features="+cuda_graphs,-compile," + fused, quant=quant))
+    eager = tokens(cfg(features="-cuda_graphs,-compile," + fused, quant=quant))
     for g, e in zip(graphed, eager):
         assert len(g) == len(e) and all(np.array_equal(a, b) for a, b in zip(g, e))
 
@@ -185,9 +184,9 @@ def test_layer_gemv_graphs_equal_layer_gemv_eager(quant):
 def test_split_attention_graphs_equal_eager_and_splits_run():
     # split_attention (the slow layers' pages shared by several programs per row and head, then a combine kernel):
     # replayed in CUDA graphs == run eagerly (the combine's scratch and the splits' partials live in the graph)
-    fused = "fast_attention,codebook_sampler,vocab_scan,merged_ffn,layer_gemv,split_attention"
-    graphed = tokens(cfg(cuda_graphs="on", compile="off", fused_kernels=fused))
-    eager = tokens(cfg(cuda_graphs="off", compile="off", fused_kernels=fused))
+    fused = "-kernels,+fast_attention,+codebook_sampler,+vocab_scan,+merged_ffn,+layer_gemv,+split_attention"
+    graphed = tokens(cfg(features="+cuda_graphs,-compile," + fused))
+    eager = tokens(cfg(features="-cuda_graphs,-compile," + fused))
     for g, e in zip(graphed, eager):
         assert len(g) == len(e) and all(np.array_equal(a, b) for a, b in zip(g, e))
 
@@ -204,11 +203,11 @@ def test_layer_gemv_fp32_tokens_equal_unfused(wide):
     kw = {"max_batch": 32, "layer_gemv_rows": 64} if wide else {}  # fp32: auto would give 16
     waves = (WIDE_WAVE,) if wide else (REQUESTS,)
     with no_tf32():
-        fused = tokens(replace(cfg(cuda_graphs="on", compile="on", dtype="float32", codec_dtype="float32",
-                                   fused_kernels="fast_attention,codebook_sampler,vocab_scan,merged_ffn,layer_gemv"),
+        fused = tokens(replace(cfg(features="+cuda_graphs,+compile,-kernels,+fast_attention,+codebook_sampler,"
+                                            "+vocab_scan,+merged_ffn,+layer_gemv", dtype="float32",
+                                   codec_dtype="float32"), **kw), waves=waves)
+        plain = tokens(replace(cfg(features="-cuda_graphs,-compile,-kernels", dtype="float32", codec_dtype="float32"),
                                **kw), waves=waves)
-        plain = tokens(replace(cfg(cuda_graphs="off", compile="off", dtype="float32", codec_dtype="float32",
-                                   fused_kernels="off"), **kw), waves=waves)
     for f, e in zip(fused, plain):
         assert len(f) == len(e) and all(np.array_equal(a, b) for a, b in zip(f, e))
 
@@ -223,7 +222,7 @@ def _no_pdl_launch(monkeypatch):
 @pytest.mark.parametrize("B", [2, 8, 64])  # 64: the 64-row tile and its norm kernel (TTS_LAYER_GEMV_ROWS)
 @pytest.mark.parametrize("quant", [False, True], ids=["bf16", "int8"])
 def test_pdl_layers_equal_plain_layers_in_graphs(quant, B, monkeypatch):
-    # layer_gemv's kernels launched as programmatic dependents (TTS_FUSED_KERNELS pdl, kernels/launch.py), each
+    # layer_gemv's kernels launched as programmatic dependents (the feature pdl, kernels/launch.py), each
     # loading weights before it waits on the previous kernel: a chain of slow and fast layers (every kernel reads the
     # one before, each layer's second pass the cache slot its first wrote) replayed in a CUDA graph with new inputs
     # and positions every replay equals the same kernels launched as usual, bit for bit, replay by replay
@@ -291,13 +290,13 @@ def test_pdl_engine_tokens_equal_plain_engine(monkeypatch):
 
     if not pdl_runs(torch.device("cuda")):
         pytest.skip("no programmatic dependent launch here (sm_90+, CUDA 12.3+ driver, Triton's gdc_wait)")
-    names = "fast_attention,codebook_sampler,vocab_scan,merged_ffn,layer_gemv,pdl"
+    names = "-kernels,+fast_attention,+codebook_sampler,+vocab_scan,+merged_ffn,+layer_gemv,+pdl"
     stats: dict = {}
-    with_pdl = tokens(cfg(cuda_graphs="on", compile="on", fused_kernels=names), stats)
+    with_pdl = tokens(cfg(features="+cuda_graphs,+compile," + names), stats)
     assert "pdl" in stats["fused"]
     with monkeypatch.context() as m:
         _no_pdl_launch(m)
-        plain = tokens(cfg(cuda_graphs="on", compile="on", fused_kernels=names))
+        plain = tokens(cfg(features="+cuda_graphs,+compile," + names))
     for a, b in zip(with_pdl, plain):
         assert len(a) == len(b) and all(np.array_equal(x, y) for x, y in zip(a, b))
 
@@ -339,9 +338,8 @@ def test_step_glue_kernels_equal_the_eager_ops_bf16(scale, monkeypatch):
 def test_step_glue_engine_tokens_equal_the_eager_glue():
     # the whole engine (bf16, graphs, the default fused kernels) with and without the glue kernels: the same tokens
     stats: dict = {}
-    glued = tokens(cfg(cuda_graphs="on", compile="on"), stats)
+    glued = tokens(cfg(features="+cuda_graphs,+compile"), stats)
     assert "step_glue" in stats["fused"]
-    names = ",".join(sorted(set(stats["fused"]) - {"step_glue"}))
-    plain = tokens(cfg(cuda_graphs="on", compile="on", fused_kernels=names))
+    plain = tokens(cfg(features="+cuda_graphs,+compile,-step_glue"))  # every other default kernel as in `glued`
     for a, b in zip(glued, plain):
         assert len(a) == len(b) and all(np.array_equal(x, y) for x, y in zip(a, b))

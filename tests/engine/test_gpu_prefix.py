@@ -37,7 +37,7 @@ LATER = [  # concurrent, all hits, one a long text whose continuation chunks hit
 
 
 def cfg(**kw) -> EngineConfig:
-    return EngineConfig(model_dir=MODEL_DIR, device="cuda", max_batch=8, cuda_graphs="on", compile="off",
+    return EngineConfig(model_dir=MODEL_DIR, device="cuda", max_batch=8, features="+cuda_graphs,-compile",
                         dtype="float32", codec_dtype="float32", **kw)
 
 

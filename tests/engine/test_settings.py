@@ -7,15 +7,18 @@ import torch
 from conftest import MODEL_DIR
 
 from ttsengine import EngineConfig
+from ttsengine.engine import features as F
+from ttsengine.engine.features import Platform, resolve
 from ttsengine.engine.loader import load
 from ttsengine.engine.settings import (
     BatchSettings,
     CodecSwitches,
-    codec_channels_last,
     codec_switches,
     cudnn_autotune_mode,
 )
 from ttsengine.model.quant import Int8Linear
+
+GPU = Platform(cuda=True, triton=True, triton_major=3, sixteen_bit=True)
 
 
 @pytest.fixture(scope="module")
@@ -23,24 +26,24 @@ def ckpt():
     return load(EngineConfig(model_dir=MODEL_DIR, device="cpu"))
 
 
-@pytest.mark.parametrize("merge, rows", [("auto", 8), ("on", 8), ("off", 0)])
+@pytest.mark.parametrize("merge, rows", [("auto", 8), ("+codec_merge", 8), ("-codec_merge", 0)])
 def test_codec_merge_follows_the_switch(ckpt, merge, rows):
-    s = BatchSettings.resolve(EngineConfig(model_dir=MODEL_DIR, device="cpu", max_batch=8, codec_merge=merge), ckpt)
+    s = BatchSettings.resolve(EngineConfig(model_dir=MODEL_DIR, device="cpu", max_batch=8, features=merge), ckpt)
     assert s.codec_merge_rows == rows
 
 
-@pytest.mark.parametrize("value", ["auto", "on", "off"])
+@pytest.mark.parametrize("value", ["auto", "+cudnn_benchmark", "+cudnn_tuning", "-cudnn_tuning"])
 def test_cudnn_autotune_is_off_on_cpu(ckpt, value):
-    s = BatchSettings.resolve(EngineConfig(model_dir=MODEL_DIR, device="cpu", cudnn_benchmark=value), ckpt)
+    s = BatchSettings.resolve(EngineConfig(model_dir=MODEL_DIR, device="cpu", features=value), ckpt)
     assert s.cudnn_autotune == "off"
 
 
-@pytest.mark.parametrize("switch, graphs, want", [
-    ("auto", True, "graphs"),  # the default: only inside the codec's capture windows
-    ("auto", False, "off"),  # no graphs: no window that keeps the tuned algorithms
-    ("on", True, "process"), ("on", False, "process"), ("off", True, "off")])
-def test_cudnn_autotune_mode_on_cuda(switch, graphs, want):
-    assert cudnn_autotune_mode(switch, cuda=True, graphs=graphs) == want
+@pytest.mark.parametrize("text, want", [
+    ("auto", "graphs"),  # the default: only inside the codec's capture windows
+    ("-cuda_graphs", "off"),  # no graphs: no window that keeps the tuned algorithms
+    ("+cudnn_benchmark", "process"), ("-cuda_graphs,+cudnn_benchmark", "process"), ("-cudnn_tuning", "off")])
+def test_cudnn_autotune_mode_on_cuda(text, want):
+    assert cudnn_autotune_mode(resolve(text, GPU).on) == want
 
 
 def test_cpu_defaults(ckpt):
@@ -48,78 +51,77 @@ def test_cpu_defaults(ckpt):
     assert not s.cuda_graphs and not s.compile and not s.snake_kernel and s.buckets[-1] == 8
 
 
-def test_fused_kernels_resolve_per_device():
-    from ttsengine.engine.settings import fused_kernels
-    from ttsengine.model.kernels.triton_support import triton_available, triton_major
-
-    assert fused_kernels("off", True, True) == frozenset()
-    assert fused_kernels("auto", False, False) == frozenset()  # CPU: the reference step
-    triton_ones = ({"fast_attention"} if triton_available() else set()) | \
-        ({"codebook_sampler", "vocab_sampler", "layer_gemv", "step_glue"} if triton_major() >= 3 else set())
-    everything = {"vocab_scan", "merged_ffn"} | triton_ones
-    assert fused_kernels("auto", True, True) == everything
-    assert not {"fast_attention", "layer_gemv"} & fused_kernels("auto", True, False)  # fp32 cache: no 16-bit kernel
-    # pdl where the device launches programmatic dependents, and only with layer_gemv (whose kernels take it)
-    assert fused_kernels("auto", True, True, True) == everything | ({"pdl"} if "layer_gemv" in everything else set())
-    assert "pdl" not in fused_kernels("auto", True, False, True)
-    # a named list as asked (CPU tests run the fast attention's reference path), but never the samplers on CPU
-    assert fused_kernels("fast_attention,codebook_sampler,vocab_sampler,step_glue", False, False) == {"fast_attention"}
+def test_cpu_defaults_are_what_they_were_before_the_registry(ckpt):
+    # every switch at auto on a CPU, as BatchSettings.resolve gave it with the on/off variables
+    s = BatchSettings.resolve(EngineConfig(model_dir=MODEL_DIR, device="cpu"), ckpt)
+    assert (s.cuda_graphs, s.overlap_step, s.step_priority, s.lazy_graphs, s.prefill_graphs, s.compile) == (
+        False, False, False, True, False, False)
+    assert s.codec == CodecSwitches(compile=False, snake_kernel=False, cudnn_autotune="off", channels_last=False)
+    assert (s.codec_merge_rows, s.codec_rounds, s.codec_pinned_copy) == (8, True, True)
+    assert (s.buckets, s.warm_buckets, s.runner.fused, s.runner.gemv_rows, s.runner.triton_attention) == (
+        (1, 2, 4, 8), (1,), frozenset(), 16, False)
+    assert s.features == {F.ONE_ROW_BUCKET, F.LAZY_GRAPHS, F.CODEC_MERGE, F.CODEC_ROUNDS, F.CODEC_PINNED_COPY,
+                          F.CODEC_CACHE}
 
 
-def test_named_fused_kernels_need_their_triton(monkeypatch):
-    # a CUDA machine whose Triton is 2.x (the torch 2.2 lane's): the samplers run, step_glue's aranges would not
+def test_named_kernels_reach_the_runner_and_those_that_cannot_run_warn(ckpt, caplog):
+    # a CPU: the fast attention's reference path runs (CPU tests use it), the samplers' kernels would crawl in Triton's
+    # interpreter; every feature turned off is off
+    with caplog.at_level("WARNING", logger="ttsengine.engine.settings"):
+        s = BatchSettings.resolve(EngineConfig(model_dir=MODEL_DIR, device="cpu",
+                                               features="+fast_attention,codebook_sampler,-codec_merge"), ckpt)
+    assert s.runner.fused == {F.FAST_ATTENTION} and s.codec_merge_rows == 0
+    assert [r.getMessage().split(" needs ")[0] for r in caplog.records] == ["TTS_FEATURES: codebook_sampler"]
+    assert caplog.records[0].getMessage().endswith("; it is off")  # "needs CUDA" (and Triton, where it is missing)
+    from ttsengine.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"features='\+turbo': '\+turbo' is not a feature.* \(TTS_FEATURES\)"):
+        BatchSettings.resolve(EngineConfig(model_dir=MODEL_DIR, device="cpu", features="+turbo"), ckpt)
+
+
+def test_the_platform_is_probed_from_the_device(monkeypatch):
     from ttsengine.engine import settings
 
     monkeypatch.setattr(settings, "triton_available", lambda: True)
     monkeypatch.setattr(settings, "triton_major", lambda: 2)
-    assert settings.fused_kernels("codebook_sampler,vocab_sampler,step_glue", True, True) == {
-        "codebook_sampler", "vocab_sampler"}
-    monkeypatch.setattr(settings, "triton_major", lambda: 3)
-    assert "step_glue" in settings.fused_kernels("step_glue", True, True)
-    monkeypatch.setattr(settings, "triton_available", lambda: False)
-    assert settings.fused_kernels("codebook_sampler,step_glue,merged_ffn", True, True) == {"merged_ffn"}
+    p = settings.platform(torch.device("cpu"), True)
+    assert (p.cuda, p.triton, p.triton_major, p.sixteen_bit, p.pdl) == (False, True, 2, True, False)
 
 
-def test_codec_channels_last_auto_needs_cuda_and_tuned_convs():
-    # auto: CUDA with cuDNN tuning the codec's convs (untuned heuristics made the time-major codec 10x slower at one
-    # stream); on / off as asked
-    assert codec_channels_last("auto", True, "graphs") and codec_channels_last("auto", True, "process")
-    assert not codec_channels_last("auto", True, "off") and not codec_channels_last("auto", False, "off")
-    assert codec_channels_last("on", False, "off") and not codec_channels_last("off", True, "graphs")
-
-
-def test_codec_switches_follow_the_engines_rules(monkeypatch):
+def test_codec_switches_follow_the_engines_rules():
     # what bench --codec-only's engine mode builds its codec from: the switches the engine resolves
-    from ttsengine.engine import settings
-
-    monkeypatch.setattr(settings, "triton_available", lambda: True)
-    cfg = EngineConfig(model_dir=MODEL_DIR)
-    gpu = codec_switches(cfg, True, True, True)  # a GPU with graphs and compile: tuned in captures, time-major
+    gpu = codec_switches(resolve("auto", GPU).on)  # a GPU with graphs and compile: tuned in captures, time-major
     assert gpu == CodecSwitches(compile=False, snake_kernel=True, cudnn_autotune="graphs", channels_last=True)
     assert gpu.describe() == "time-major, Snake kernel, cuDNN tuned in graph captures"
-    assert codec_switches(cfg, True, False, True).describe() == "channel-major, Snake kernel, cuDNN untuned"
-    assert codec_switches(cfg, False, False, False).describe() == "channel-major, cuDNN untuned"  # CPU
-    no_snake = codec_switches(EngineConfig(model_dir=MODEL_DIR, snake_kernel="off"), True, True, True)
+    assert codec_switches(resolve("-cuda_graphs", GPU).on).describe() == "channel-major, Snake kernel, cuDNN untuned"
+    assert codec_switches(resolve("auto", Platform()).on).describe() == "channel-major, cuDNN untuned"  # CPU
+    no_snake = codec_switches(resolve("-snake_kernel", GPU).on)
     assert not no_snake.snake_kernel and no_snake.channels_last
-    assert codec_switches(EngineConfig(model_dir=MODEL_DIR, cudnn_benchmark="on"), True, True, True
-                          ).cudnn_autotune == "process"
-    compiled = codec_switches(EngineConfig(model_dir=MODEL_DIR, codec_compile="on"), True, True, True)
+    assert codec_switches(resolve("+cudnn_benchmark", GPU).on).cudnn_autotune == "process"
+    compiling = Platform(cuda=True, triton=True, triton_major=3, compile=True)
+    compiled = codec_switches(resolve("+codec_compile", compiling).on)
     assert compiled.compile and not compiled.snake_kernel  # the compiled codec fuses Snake itself
-    assert not codec_switches(EngineConfig(model_dir=MODEL_DIR, codec_compile="on"), True, True, False).compile
+    assert not codec_switches(resolve("+codec_compile,-compile", compiling).on).compile
+    # the channels-last layout: on by default with CUDA where cuDNN tunes the codec's convs (untuned heuristics made
+    # the time-major codec 10x slower at one stream); asked for, it runs anywhere
+    assert codec_switches(resolve("-cudnn_tuning,+cudnn_benchmark", GPU).on).channels_last
+    assert not codec_switches(resolve("-cudnn_tuning", GPU).on).channels_last
+    assert codec_switches(resolve("+codec_channels_last", Platform()).on).channels_last
+    assert not codec_switches(resolve("-codec_channels_last", GPU).on).channels_last
 
 
 def test_batch_settings_hold_the_codec_switches(ckpt):
-    cfg = EngineConfig(model_dir=MODEL_DIR, device="cpu", codec_channels_last="on")
+    cfg = EngineConfig(model_dir=MODEL_DIR, device="cpu", features="+codec_channels_last")
     s = BatchSettings.resolve(cfg, ckpt)
-    sw = codec_switches(cfg, False, s.cuda_graphs, s.compile)
+    sw = codec_switches(s.features)
     assert sw.channels_last and s.codec_channels_last  # the switch asked for, in both
     assert (s.codec_compile, s.snake_kernel, s.cudnn_autotune, s.codec_channels_last) == (
         sw.compile, sw.snake_kernel, sw.cudnn_autotune, sw.channels_last)
 
 
-@pytest.mark.parametrize("switch, on", [("auto", True), ("on", True), ("off", False)])
+@pytest.mark.parametrize("switch, on", [("auto", True), ("+codec_rounds", True), ("-codec_rounds", False)])
 def test_codec_rounds_follow_the_switch(ckpt, switch, on):
-    s = BatchSettings.resolve(EngineConfig(model_dir=MODEL_DIR, device="cpu", codec_rounds=switch), ckpt)
+    s = BatchSettings.resolve(EngineConfig(model_dir=MODEL_DIR, device="cpu", features=switch), ckpt)
     assert s.codec_rounds is on
 
 
@@ -147,7 +149,8 @@ def test_the_prefill_group_reaches_the_runner(ckpt, group, rows):
 def test_the_pinned_copy_switch_reaches_the_vocoder(on):
     from ttsengine import Engine
 
-    eng = Engine.load(EngineConfig(model_dir=MODEL_DIR, device="cpu", max_batch=2, codec_pinned_copy=on))
+    eng = Engine.load(EngineConfig(model_dir=MODEL_DIR, device="cpu", max_batch=2,
+                                   features="+codec_pinned_copy" if on else "-codec_pinned_copy"))
     try:  # on a CPU codec the switch is kept but has nothing to do (Vocoder._decode_deliver: CUDA only)
         assert eng.settings.codec_pinned_copy is on and eng.vocoder.pinned_copy is on
     finally:
@@ -160,16 +163,16 @@ def test_compiled_buckets_start_at_one_row_unless_off(ckpt, one_row, buckets, wa
 
     if not compile_supported():
         pytest.skip("torch.compile is not supported by this torch")
-    s = BatchSettings.resolve(EngineConfig(model_dir=MODEL_DIR, device="cpu", max_batch=8, compile="on",
-                                           one_row_bucket=one_row), ckpt)
+    s = BatchSettings.resolve(EngineConfig(model_dir=MODEL_DIR, device="cpu", max_batch=8,
+                                           features="+compile" + ("" if one_row else ",-one_row_bucket")), ckpt)
     # a lone stream steps at one row (its own compiled variant); warm-up compiles it and the dynamic variant (2)
     assert s.compile and (s.buckets, s.warm_buckets) == (buckets, warm)
     assert s.bucket(1) == buckets[0] and s.bucket(3) == 4
 
 
 def test_without_compile_buckets_start_at_one_row_and_only_it_warms_up(ckpt):
-    s = BatchSettings.resolve(EngineConfig(model_dir=MODEL_DIR, device="cpu", max_batch=8, compile="off",
-                                           one_row_bucket=False), ckpt)
+    s = BatchSettings.resolve(EngineConfig(model_dir=MODEL_DIR, device="cpu", max_batch=8,
+                                           features="-compile,-one_row_bucket"), ckpt)
     assert (s.buckets, s.warm_buckets) == ((1, 2, 4, 8), (1,))
 
 
@@ -197,8 +200,8 @@ def test_layer_gemv_rows_auto_is_64_only_with_pdl_and_16_bit_weights(ckpt):
 
     assert BatchSettings.resolve(EngineConfig(model_dir=MODEL_DIR, device="cpu"), ckpt).runner.gemv_rows == 16
     bf16 = copy.deepcopy(ckpt.model).to(torch.bfloat16)
-    pdl = frozenset({"layer_gemv", "pdl"})
-    assert settings.auto_gemv_rows(bf16, frozenset({"layer_gemv"})) == 16  # no PDL
+    pdl = frozenset({F.LAYER_GEMV, F.PDL})
+    assert settings.auto_gemv_rows(bf16, frozenset({F.LAYER_GEMV})) == 16  # no PDL
     assert settings.auto_gemv_rows(bf16, pdl) == 64
     assert settings.auto_gemv_rows(ckpt.model, pdl) == 16  # fp32 weights
     int8 = copy.deepcopy(bf16)

@@ -143,7 +143,7 @@ def test_the_loader_uses_the_kernel_cache_dir_and_the_off_switch(ckdir, tmp_path
             break
         time.sleep(0.05)
     assert load(config, quantize=False).codec_cache == "hit"
-    off = load(config.with_(codec_cache="off", cache_dir=tmp_path / "kc2"), quantize=False)
+    off = load(config.with_(features="-codec_cache", cache_dir=tmp_path / "kc2"), quantize=False)
     assert off.codec_cache == "off" and not (tmp_path / "kc2").exists()
     assert load(config.with_(cache_dir=None), quantize=False).codec_cache == "off"
     assert load(config.with_(codec_dtype="auto"), quantize=False).codec_cache == "off"  # fp32 on the CPU

@@ -93,7 +93,7 @@ class Engine:
         self.ready = threading.Event()
         self.warmup_seconds: float | None = None
         self._failed: BaseException | None = None  # what warm-up raised, re-raised by start()
-        self._in_flight: InFlight | None = None  # the launched step not read yet (TTS_OVERLAP_STEP)
+        self._in_flight: InFlight | None = None  # the launched step not read yet (feature overlap_step)
 
     @property
     def runner(self) -> Runner | None:

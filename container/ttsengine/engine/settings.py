@@ -7,7 +7,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from ..compat import compile_supported
+from ..compat import compile_supported, precompile_supported
 from ..config import PREFILL_GROUPS, EngineConfig
 from ..errors import ConfigError
 from ..model.fused_layer import linear_weight
@@ -15,62 +15,60 @@ from ..model.kernels.launch import pdl_runs
 from ..model.kernels.small_linear import SMALL_LINEAR_MAX_ROWS
 from ..model.kernels.triton_support import triton_available, triton_major
 from ..model.loading.checkpoint import Checkpoint
+from . import features
 from .device.runner import RunnerConfig
 from .device.vocoder import CodecSwitches
+from .features import Platform
 from .presets import Preset, by_name, choose, kv_bytes
 
 log = logging.getLogger(__name__)
 PAGE_SIZE = 64  # KV positions per page
 CUDA_RESERVE = 3 << 30  # bytes kept free for activations, graphs and the codec
-# fused kernels with no path but Triton's, and the Triton major version each needs when named (0: any); named where
-# that is missing they are dropped with a warning (step_glue's aranges fail in Triton 2.2)
-TRITON_ONLY = {"codebook_sampler": 0, "vocab_sampler": 0, "step_glue": 3}
+
+
+def platform(device: torch.device, sixteen_bit: bool) -> Platform:
+    """The facts the speed features' probes read (engine/features.py), for a model of 16-bit weights or not."""
+    return Platform(cuda=device.type == "cuda", triton=triton_available(), triton_major=triton_major(),
+                    sixteen_bit=sixteen_bit, pdl=pdl_runs(device), compile=compile_supported(),
+                    precompile=precompile_supported())
+
+
+def features_on(config: EngineConfig, where: Platform) -> frozenset[str]:
+    """TTS_FEATURES on this platform: the features in effect; one warning for each asked-for one that cannot run."""
+    try:
+        resolved = features.resolve(config.features, where)
+    except ValueError as e:  # the env's check, for Python callers too
+        raise ConfigError(f"features={config.features!r}: {e} (TTS_FEATURES)") from None
+    for name, why in resolved.refused:
+        log.warning("TTS_FEATURES: %s %s; it is off", name, why)
+    return resolved.on
 
 
 def snake_kernel_usable(config: EngineConfig, cuda: bool) -> bool:
-    """The eager codec may run Snake as one Triton kernel: on CUDA, with Triton, unless switched off."""
-    return cuda and triton_available() and config.snake_kernel == "auto"
+    """The eager codec may run Snake as one Triton kernel: on CUDA, with Triton, unless switched off (what a codec
+    whose compile failed falls back to)."""
+    return cuda and triton_available() and not features.switched_off(config.features, features.SNAKE_KERNEL)
 
 
-def cudnn_autotune_mode(switch: str, cuda: bool, graphs: bool) -> str:
-    """TTS_CUDNN_BENCHMARK -> "off" | "graphs" | "process". cuDNN's autotuning times every algorithm at a
+def cudnn_autotune_mode(on: frozenset[str]) -> str:
+    """The cuDNN features -> "off" | "graphs" | "process". cuDNN's autotuning times every algorithm at a
     conv shape's first call and keeps the fastest (the codec: +28% at 64 streams on an H100), but the
     timing synchronizes the GPU, which fails a CUDA graph capture running on another thread. "graphs"
-    (auto with CUDA graphs) turns it on only inside the codec's capture windows, which hold the capture
+    (cudnn_tuning, with CUDA graphs) turns it on only inside the codec's capture windows, which hold the capture
     lock (so no other capture runs) and which voice encoding waits for; a captured graph keeps the tuned
-    algorithms. "process" (on) leaves it on everywhere: every new shape is timed, also voice encodings'."""
-    if not cuda or switch == "off":
-        return "off"
-    if switch == "on":
+    algorithms. "process" (cudnn_benchmark) leaves it on everywhere: every new shape is timed, also voice
+    encodings'."""
+    if features.CUDNN_BENCHMARK in on:
         return "process"
-    return "graphs" if graphs else "off"
+    return "graphs" if features.CUDNN_TUNING in on else "off"
 
 
-def codec_channels_last(switch: str, cuda: bool, cudnn_autotune: str) -> bool:
-    """TTS_CODEC_CHANNELS_LAST -> whether the streaming codec runs time-major with channels-last convolutions.
-    auto: with CUDA where cuDNN tunes the codec's convolutions (its untuned heuristics pick an algorithm ~35x slower
-    for two dilated convs at a few rows, on an H100 with torch 2.11: the codec 10x slower at one stream)."""
-    if switch in ("on", "off"):
-        return switch == "on"
-    return cuda and cudnn_autotune != "off"
-
-
-def graphs_and_compile(config: EngineConfig, cuda: bool) -> tuple[bool, bool]:
-    """TTS_CUDA_GRAPHS and TTS_COMPILE -> (CUDA graphs, torch.compile) in effect."""
-    graphs = {"on": True, "off": False}.get(config.cuda_graphs, cuda)
-    if graphs and not cuda:
-        log.warning("TTS_CUDA_GRAPHS=on ignored: no CUDA device")
-        graphs = False
-    compile_ = {"on": True, "off": False}.get(config.compile, cuda)
-    return graphs, compile_ and compile_supported()
-
-
-def codec_switches(config: EngineConfig, cuda: bool, graphs: bool, compile_: bool) -> CodecSwitches:
-    """The codec's switches from the config, given graphs and compile in effect (graphs_and_compile)."""
-    codec_compile = compile_ and config.codec_compile == "on"
-    tune = cudnn_autotune_mode(config.cudnn_benchmark, cuda, graphs)
-    return CodecSwitches(compile=codec_compile, snake_kernel=snake_kernel_usable(config, cuda) and not codec_compile,
-                         cudnn_autotune=tune, channels_last=codec_channels_last(config.codec_channels_last, cuda, tune))
+def codec_switches(on: frozenset[str]) -> CodecSwitches:
+    """How the codec runs, from the features in effect (features_on). The channels-last layout is on by default
+    only where cuDNN tunes the codec's convolutions: its untuned heuristics pick an algorithm ~35x slower for two
+    dilated convs at a few rows (H100, torch 2.11: the codec 10x slower at one stream)."""
+    return CodecSwitches(compile=features.CODEC_COMPILE in on, snake_kernel=features.SNAKE_KERNEL in on,
+                         cudnn_autotune=cudnn_autotune_mode(on), channels_last=features.CODEC_CHANNELS_LAST in on)
 
 
 def auto_gemv_rows(model, fused: frozenset[str]) -> int:
@@ -79,51 +77,7 @@ def auto_gemv_rows(model, fused: frozenset[str]) -> int:
     without PDL or with int8 weights is unmeasured)."""
     lw = linear_weight(model.layers[0].attention.wqkv)  # (weight, int8 scale or None), None: no plain weight
     sixteen_bit = lw is not None and lw[1] is None and lw[0].dtype in (torch.bfloat16, torch.float16)
-    return SMALL_LINEAR_MAX_ROWS if sixteen_bit and "pdl" in fused else 16
-
-
-def fused_kernels(switch: str, cuda: bool, triton_attention: bool, pdl: bool = False) -> frozenset[str]:
-    """TTS_FUSED_KERNELS -> the decode step's fused kernels in use. auto: the measured ones where they are fast
-    (CUDA; the Triton ones with Triton, the fast attention with the 16-bit cache its Triton kernel reads; pdl with
-    layer_gemv where the device launches programmatic dependents: `pdl`, kernels/launch.pdl_runs). A named
-    list is taken as asked, except the samplers without CUDA (Triton's interpreter would crawl): the fast
-    attention then runs its reference path (gather + SDPA), which CPU tests use."""
-    if switch == "off":
-        return frozenset()
-    if switch == "auto":
-        if not cuda:
-            return frozenset()
-        # merged_ffn: bucket 2 3.72 -> 3.47 ms, 64 rows 5.34 -> 5.10 ms (H100, torch 2.11, fused_ab.sh); int8/int4
-        # linears are left unmerged by merge_inputs. The sampler's tl.sort / tl.cumsum: tested on Triton 3.x (torch
-        # 2.2's Triton 2.2 keeps the unfused sampler). layer_gemv (with the fast attention's 16-bit kernel): step at
-        # bucket 2 3.52 -> 2.65 ms, one stream 259 -> 324 frames/s (H200, torch 2.11, Triton 3.6)
-        # fast_stack stays opt-in: 136 us per fast position at one row vs layer_gemv's 108 (H100, torch 2.11,
-        # scripts/device/fast_stack_bench.py): its 21 grid barriers a position cost 1.8 us each
-        # pdl (layer_gemv's kernels as programmatic dependents, their 1-2-row tiles holding all of K): the layers of
-        # a frame at one row 1,892 -> 1,571 us bf16, 1,874 -> 1,509 int8 (H100, torch 2.11, Triton 3.6,
-        # scripts/device/pdl_bench.py); one stream 323 -> 369 frames/s (bench, two device calls)
-        # split_attention stays opt-in: one row at 600 positions 16.4 -> 10.6 us a slow layer, at 2,000 42.6 -> 14.1,
-        # but at 150 8.1 -> 8.9 (the combine kernel) and 8 streams of the bench 2,320 -> 2,170 frames/s (H100,
-        # scripts/device/attention_bench.py, bench): a graph cannot pick by context length
-        # vocab_sampler (the slow token without a sort, kernels/vocab_sampler.py): 215 -> 42 us at one row, 1,412 ->
-        # 291 us at 64 (scripts/device/vocab_sampler_bench.py); one stream 371 -> 399 frames/s, 64 streams 6,090 ->
-        # 6,870 (bench, one device call; H100, torch 2.11, Triton 3.6). Counting only entries above the floor and
-        # skipping chunks without window ids or kept entries (stop 40): 64 rows 326 -> 287 us flat, 319 -> 120 peaked
-        # step_glue (the step's start and end as two Triton kernels, kernels/step_glue.py, instead of ~35 torch ones):
-        # bench 1,8,64, one device call: 455 -> 463, 2,420 -> 2,540, 7,260 -> 7,740 frames/s (H100, torch 2.11)
-        triton3 = triton_major() >= 3
-        gemv = triton_attention and triton3
-        return frozenset({"vocab_scan", "merged_ffn"} | ({"codebook_sampler", "vocab_sampler", "step_glue"} if triton3
-                                                         else set())
-                         | ({"fast_attention"} if triton_attention else set())
-                         | ({"layer_gemv"} if gemv else set()) | ({"pdl"} if gemv and pdl else set()))
-    names = frozenset(switch.split(","))
-    for name, major in TRITON_ONLY.items():
-        if name in names and not (cuda and triton_available() and triton_major() >= major):
-            log.warning("TTS_FUSED_KERNELS: %s needs CUDA and Triton%s; its step runs unfused", name,
-                        f" >= {major}" if major else "")
-            names -= {name}
-    return names
+    return SMALL_LINEAR_MAX_ROWS if sixteen_bit and features.PDL in fused else 16
 
 
 def choose_preset(config: EngineConfig, device: torch.device) -> Preset:
@@ -154,6 +108,8 @@ class BatchSettings:
     codec_pinned_copy: bool  # the codec's audio to the host through a pinned buffer, where the codec is on CUDA
     buckets: tuple[int, ...]  # batch sizes a decode step is captured for
     preset: Preset  # the memory preset, with the values in effect (env overrides applied)
+    features: frozenset[str] = frozenset()  # the speed features in effect (engine/features.py); the fields above
+    # that switch one are read from it
 
     @property
     def codec_compile(self) -> bool:  # torch.compile the streaming codec
@@ -233,20 +189,21 @@ class BatchSettings:
         log.info("memory preset %s: %d streams, KV cache %d positions in %d pages, %.2f GB (memory share %g)",
                  preset.name, max_batch, (num_pages - 1) * PAGE_SIZE, num_pages,
                  num_pages * PAGE_SIZE * bytes_per_token / 1e9, utilization)
-        graphs, compile_ = graphs_and_compile(config, cuda)
-        codec = codec_switches(config, cuda, graphs, compile_)
+        sixteen_bit = model.norm.weight.element_size() == 2
+        on = features_on(config, platform(device, sixteen_bit))
+        graphs, compile_ = features.CUDA_GRAPHS in on, features.COMPILE in on
         buckets = []
         # compiled units are dynamic from 2 (size 1 specialises): a 1-row bucket is a second variant of each; worth
         # it for the lone stream (one stream 407 -> 460 frames/s with an engine sized 1 vs 64, H100, bench, call 1
         # of stop 34): at 2 rows the GEMVs, attention, samplers and codec compute a padding row
-        b = 2 if compile_ and max_batch > 1 and not config.one_row_bucket else 1
+        b = 2 if compile_ and max_batch > 1 and features.ONE_ROW_BUCKET not in on else 1
         while b < max_batch:
             buckets.append(b)
             b *= 2
         buckets.append(max_batch)
         # the kernel's dot products are 16-bit; an fp32 cache keeps the exact path
-        triton_attention = cuda and triton_available() and model.norm.weight.element_size() == 2
-        fused = fused_kernels(config.fused_kernels, cuda, triton_attention, pdl_runs(device))
+        triton_attention = cuda and triton_available() and sixteen_bit
+        fused = frozenset(n for n in on if n in features.KERNELS)
         runner = RunnerConfig(max_slots=max_batch, page_size=PAGE_SIZE, num_pages=num_pages,
                               penalty_window=ckpt.family.RULES.penalty_window, triton_attention=triton_attention,
                               fused=fused, gemv_rows=config.layer_gemv_rows or auto_gemv_rows(model, fused),
@@ -255,12 +212,11 @@ class BatchSettings:
                              prefill_tokens=config.prefill_tokens, prefix_cache=config.prefix_cache,
                              first_chunk_frames=config.first_chunk_frames,
                              stream_chunk_frames=config.stream_chunk_frames, cuda_graphs=graphs,
-                             overlap_step={"on": True, "off": False}.get(config.overlap_step, cuda),
-                             step_priority=config.step_priority and cuda,
-                             lazy_graphs=config.lazy_graphs, prefill_graphs=graphs and config.prefill_graphs != "off",
-                             compile=compile_, codec=codec,
-                             codec_merge_rows=0 if config.codec_merge == "off" else max_batch,
-                             codec_rounds=config.codec_rounds != "off",
-                             codec_pinned_copy=config.codec_pinned_copy,
+                             overlap_step=features.OVERLAP_STEP in on, step_priority=features.STEP_PRIORITY in on,
+                             lazy_graphs=features.LAZY_GRAPHS in on, prefill_graphs=features.PREFILL_GRAPHS in on,
+                             compile=compile_, codec=codec_switches(on),
+                             codec_merge_rows=max_batch if features.CODEC_MERGE in on else 0,
+                             codec_rounds=features.CODEC_ROUNDS in on,
+                             codec_pinned_copy=features.CODEC_PINNED_COPY in on,
                              buckets=tuple(buckets),
-                             preset=replace(preset, max_batch=max_batch, memory_utilization=utilization))
+                             preset=replace(preset, max_batch=max_batch, memory_utilization=utilization), features=on)

@@ -1,4 +1,4 @@
-"""The fast layers as one stack (TTS_FUSED_KERNELS=fast_stack): their weights on a leading layer axis, run at one
+"""The fast layers as one stack (TTS_FEATURES=+fast_stack): their weights on a leading layer axis, run at one
 codebook position by one persistent kernel (model/kernels/fast_stack.py) at one or two rows.
 
 `stack_fast_layers` copies each kind of weight of the fast layers into one [NL, ...] tensor and makes the modules'

@@ -1,4 +1,4 @@
-"""A decoder layer at a few rows as five fused kernels (TTS_FUSED_KERNELS=layer_gemv).
+"""A decoder layer at a few rows as five fused kernels (TTS_FEATURES layer_gemv).
 
 At 1-64 rows (TTS_LAYER_GEMV_ROWS) every linear is a memory-bound GEMV, and the norms, RoPE, residual
 adds and SwiGLU around them are as many kernels again, each a few microseconds of launch and round trip. Here a layer is
@@ -58,9 +58,9 @@ def make_layer(use_triton: bool, pdl: bool = False, max_splits: int = 1) -> Call
     """-> fn with the slow layer unit's signature (engine/device/compile/units.make_slow_layer) running the five
     kernels.
     pdl: each loads its first weights before waiting on the previous kernel, launched as a programmatic dependent
-    where the GPU has it (kernels/launch.py: TTS_FUSED_KERNELS pdl). max_splits > 1: the attention shares each row and
+    where the GPU has it (kernels/launch.py: TTS_FEATURES pdl). max_splits > 1: the attention shares each row and
     KV head's pages among up to that many programs where the rows are few (paged_attention.attention_splits:
-    TTS_FUSED_KERNELS split_attention); a pool of one page per row (the fast layers') is never split."""
+    TTS_FEATURES split_attention); a pool of one page per row (the fast layers') is never split."""
     lin = small_linear_op() or _plain_linear
     attend = write_and_attend_qkv_op()
 

@@ -20,10 +20,11 @@ import numpy as np
 import torch
 
 from ..config import from_env
+from ..engine import features
 from ..engine.fleet import Fleet
 from ..engine.loader import load
 from ..engine.placement import engine_configs
-from ..engine.settings import codec_switches, graphs_and_compile
+from ..engine.settings import codec_switches, features_on, platform
 from ..errors import BusyError, TTSError
 from ..model.quant import weight_bytes
 from ..synthesis.request import Reference, SynthesisRequest
@@ -311,7 +312,7 @@ def main(argv: list[str] | None = None) -> int:
                             f"environment's TTS_* settings: layout, Snake kernel, compile, cuDNN tuning, graphs of up "
                             f"to 64 rows), {', '.join(codec_bench.MODES)} (each of these may end in +cudnn or +tuned)")
     codec.add_argument("--no-graphs", action="store_true",
-                       help="codec without CUDA graphs (as with TTS_CUDA_GRAPHS=off)")
+                       help="codec without CUDA graphs (as with TTS_FEATURES=-cuda_graphs)")
     codec.add_argument("--profile-mode", help="top GPU kernels of this mode")
     args = ap.parse_args(argv)
     rate = _arrival_rate(args.arrivals) if args.arrivals else None
@@ -409,16 +410,18 @@ def _codec_only(args) -> int:
     config, random_weights, _ = write_if_asked(args, from_env(model_dir=args.model))
     ckpt = load(config, random_weights)
     cuda = next(ckpt.codec.parameters()).device.type == "cuda"  # TTS_DEVICE=cpu on a GPU host: the CPU's codec
-    graphs, compile_ = graphs_and_compile(config, cuda)
-    graphs = graphs and not args.no_graphs  # --no-graphs: as with TTS_CUDA_GRAPHS=off, for the engine's switches too
-    switches = codec_switches(config, cuda, graphs, compile_)
+    if args.no_graphs:  # as with TTS_FEATURES=-cuda_graphs, for the engine's switches too
+        config = config.with_(features=features.normalise(f"{config.features},-{features.CUDA_GRAPHS}"))
+    on = features_on(config, platform(next(ckpt.codec.parameters()).device, False))
+    graphs = features.CUDA_GRAPHS in on
+    switches = codec_switches(on)
     modes = args.codec_modes.split(",")
     known = (codec_bench.ENGINE, *codec_bench.MODES)
     unknown = sorted({m.partition("+")[0] for m in modes} - set(known))
     if unknown:
         raise TTSError(f"--codec-modes: unknown {', '.join(unknown)} (known: {', '.join(known)})")
     if any(m.startswith(codec_bench.ENGINE + "+") for m in modes):
-        raise TTSError("--codec-modes: engine takes no +option (its cuDNN tuning is the engine's: TTS_CUDNN_BENCHMARK)")
+        raise TTSError("--codec-modes: engine takes no +option (its cuDNN tuning is the engine's: TTS_FEATURES)")
     print(f"{torch.cuda.get_device_name() if cuda else 'cpu'} | torch {torch.__version__} | "
           f"codec {ckpt.codec.cfg.decoder_dim} dim, dtype {next(ckpt.codec.parameters()).dtype} | engine: "
           f"{switches.describe()}, graphs {'on' if graphs else 'off'}", flush=True)

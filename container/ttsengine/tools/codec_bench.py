@@ -21,7 +21,7 @@ from ..engine.device.vocoder import VOCODER_GRAPH_ROWS, CodecSwitches, Vocoder
 from ..model.codec import Codec
 
 # each mode may end in "+cudnn" (cudnn.benchmark on for the whole run) or "+tuned" (on only while the codec's
-# graphs are first run and recorded: the engine's default, TTS_CUDNN_BENCHMARK=auto)
+# graphs are first run and recorded: the engine's default, the feature cudnn_tuning)
 MODES = ("eager", "snake", "time_major", "compile", "whole")  # time_major: snake + [b, T, C] channels-last convs
 # `engine` (no option): the codec as Engine builds it from CodecSwitches: its layout, Snake kernel, compile and cuDNN
 # tuning, graphs of at most VOCODER_GRAPH_ROWS rows (more streams decode in pieces of that many)

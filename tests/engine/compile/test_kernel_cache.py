@@ -250,14 +250,13 @@ def test_the_engines_cache_key_holds_the_layer_gemv_rows():
 
     ckpt = load(EngineConfig(model_dir=MODEL_DIR, device="cpu"))
     keys = {}
-    for fused in ("layer_gemv", "off"):
+    for fused in ("+layer_gemv", "-kernels"):
         for rows in (8, 16):
-            eng = Engine(ckpt, EngineConfig(model_dir=MODEL_DIR, device="cpu", fused_kernels=fused,
-                                            layer_gemv_rows=rows))
+            eng = Engine(ckpt, EngineConfig(model_dir=MODEL_DIR, device="cpu", features=fused, layer_gemv_rows=rows))
             try:
-                assert eng.kernel_cache.describe["layer_gemv_rows"] == (rows if fused != "off" else 0)
+                assert eng.kernel_cache.describe["layer_gemv_rows"] == (rows if fused != "-kernels" else 0)
                 keys[fused, rows] = eng.kernel_cache.key
             finally:
                 eng.close()
-    assert keys["layer_gemv", 8] != keys["layer_gemv", 16]
-    assert keys["off", 8] == keys["off", 16]  # without layer_gemv the rows change nothing compiled
+    assert keys["+layer_gemv", 8] != keys["+layer_gemv", 16]
+    assert keys["-kernels", 8] == keys["-kernels", 16]  # without layer_gemv the rows change nothing compiled

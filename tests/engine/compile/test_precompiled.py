@@ -168,8 +168,8 @@ def test_the_engine_precompiles_into_its_cache_and_has_an_off_switch(tmp_path):
 
     from ttsengine import Engine, EngineConfig
 
-    base = EngineConfig(model_dir=MODEL_DIR, device="cpu", compile="on", max_batch=4, cache_dir=tmp_path)
-    for config, want in ((base, "0 loaded, 0 traced"), (base.with_(precompile="off"), "off"),
+    base = EngineConfig(model_dir=MODEL_DIR, device="cpu", features="+compile", max_batch=4, cache_dir=tmp_path)
+    for config, want in ((base, "0 loaded, 0 traced"), (base.with_(features="+compile,-precompile"), "off"),
                          (base.with_(cache_dir=None), "off")):  # nowhere to keep them
         engine = Engine.load(config, start=False)  # built, not warmed up: nothing compiles here
         try:

@@ -16,8 +16,8 @@ from collections.abc import Callable
 
 import torch
 
-from ... import compat
 from ...config import EngineConfig
+from .. import features
 from ..control.step_plan import Move, StepPlan
 from .compile.kernel_cache import KernelCache
 from .cuda_graphs import GraphSet
@@ -41,10 +41,9 @@ def kernel_cache(config: EngineConfig, checkpoint, settings) -> KernelCache:
         "model": repr(checkpoint.config), "codec": repr(checkpoint.codec_config),
         "dtype": str(checkpoint.model.norm.weight.dtype), "quant": checkpoint.quantization,
         "buckets": s.buckets, "chunks": (s.first_chunk_frames, s.stream_chunk_frames),
-        "codec_compile": s.codec_compile, "snake_kernel": s.snake_kernel,
-        "codec_channels_last": s.codec_channels_last, "fused": sorted(s.runner.fused),
+        **features.cache_key(s.features),  # the kernels on and the codec features that shape compiled code
         # which buckets run compiled units (those above layer_gemv's rows)
-        "layer_gemv_rows": s.runner.gemv_rows if "layer_gemv" in s.runner.fused else 0})
+        "layer_gemv_rows": s.runner.gemv_rows if features.LAYER_GEMV in s.runner.fused else 0})
     if s.compile or s.cuda_graphs:
         cache.setup()
     return cache
@@ -61,7 +60,7 @@ class Device:
         self._lock, self._gate, self._on_prefill, self._snake_fallback = capture_lock, gate, on_prefill, snake_fallback
         s = settings
         if s.compile:
-            precompile = config.precompile == "auto" and compat.precompile_supported()
+            precompile = features.PRECOMPILE in s.features
             runner.enable_compile(kernel_cache.precompiled_dir if precompile else None)
         vocoder.apply(s.codec)
         vocoder.set_merge(s.codec_merge_rows)
@@ -131,7 +130,7 @@ class Device:
 
     # ---- before ready -----------------------------------------------------------------------------
     def bind_thread(self) -> None:
-        """The loop thread's CUDA device, and with TTS_STEP_PRIORITY its high-priority stream."""
+        """The loop thread's CUDA device, and with the step_priority feature its high-priority stream."""
         if self.device.type != "cuda":
             return
         torch.cuda.set_device(self.device)  # Triton launches on the thread's current device
@@ -155,7 +154,8 @@ class Device:
         s = self.settings
         return (f"{s.max_slots} slots, {s.runner.num_pages} KV pages of {s.runner.page_size}, "
                 f"graphs {'on' if self.graphs else 'off'}, compile {'on' if self.compiled else 'off'}, "
-                f"fused {','.join(sorted(self.fused_in_use)) or 'off'}, kernel cache {self.kernel_cache.status}, "
+                f"fused {','.join(sorted(self.fused_in_use)) or 'off'}, features {features.describe(s.features)}, "
+                f"kernel cache {self.kernel_cache.status}, "
                 f"precompiled {units_text(self.precompiled())}")
 
     def _warm_up(self) -> None:

@@ -1,7 +1,7 @@
 """A decode step on its way back to the host: the pinned copy of its frames, the event that says the copy landed,
 and which job made each row.
 
-With TTS_OVERLAP_STEP (engine._iteration) the engine queues step k+1 on the GPU before it reads step k, so the GPU
+With overlap_step (engine._iteration) the engine queues step k+1 on the GPU before it reads step k, so the GPU
 never waits while the host records frames, finishes streams and feeds the codec. Rows are read by who made them
 at launch: slots may have moved since, and a job that finished in step k made a frame in step k+1 that is not its
 own (it is dropped; its KV position is inside the job's reservation, scheduler.Job.max_len).

@@ -22,6 +22,7 @@ from ...model.kernels.launch import pdl_runs
 from ...model.kernels.paged_attention import PagedKV, write_and_attend_op
 from ...model.layers import attend
 from ...model.sampling import RepetitionWindow, SamplingTensors, register_top_p_op
+from ..features import FAST_STACK, LAYER_GEMV, MERGED_FFN, PDL, SPLIT_ATTENTION, STEP_GLUE
 from .compile.units import StepOps
 
 log = logging.getLogger(__name__)
@@ -48,7 +49,7 @@ class RunnerConfig:
     num_pages: int  # including the scratch page 0
     penalty_window: int
     triton_attention: bool  # the Triton paged kernel (CUDA) instead of the gather + SDPA reference
-    fused: frozenset[str] = frozenset()  # the step's fused kernels (settings.fused_kernels; compile/units.py)
+    fused: frozenset[str] = frozenset()  # the step's fused kernels on (engine/features.py; compile/units.py)
     gemv_rows: int = 16  # with layer_gemv, steps of up to this many rows run its kernels (TTS_LAYER_GEMV_ROWS)
     prefill_group: int = 8  # prompts per prefill call with prefill graphs, a power of two (TTS_PREFILL_GROUP)
 
@@ -102,8 +103,8 @@ class Runner:
         self.fresh = torch.zeros(S, dtype=torch.bool, device=dev)  # the next frame is the stream's first
         self.out = torch.zeros(S, n + 1, dtype=torch.int64, device=dev)  # frames made by the last step
         self._attend = write_and_attend_op()
-        gemv = "layer_gemv" in cfg.fused
-        if "merged_ffn" in cfg.fused or gemv:  # W1|W3 as one matmul in the step's layers (their weights become views)
+        gemv = LAYER_GEMV in cfg.fused
+        if MERGED_FFN in cfg.fused or gemv:  # W1|W3 as one matmul in the step's layers (their weights become views)
             for layer in (*model.layers, *model.fast_layers):
                 layer.feed_forward.merge_inputs()
                 if gemv:
@@ -118,31 +119,31 @@ class Runner:
                 and fused_layer.linear_weight(model.fast_output) is not None):
             self.gemv_rows = min(cfg.gemv_rows, fused_layer.MAX_ROWS)
             # pdl: its kernels launched as programmatic dependents, each loading weights while the previous runs
-            self.pdl = "pdl" in cfg.fused and pdl_runs(self.device)
+            self.pdl = PDL in cfg.fused and pdl_runs(self.device)
             # split_attention: at few rows each row and KV head's pages shared by several programs (+ one combine)
-            self.splits = fused_layer.MAX_SPLITS if "split_attention" in cfg.fused and cfg.triton_attention else 1
+            self.splits = fused_layer.MAX_SPLITS if SPLIT_ATTENTION in cfg.fused and cfg.triton_attention else 1
             self._gemv_layer = fused_layer.make_layer(cfg.triton_attention, self.pdl, self.splits)
             self._gemv_head = fused_layer.make_fast_head(self.pdl)
         elif gemv:
-            log.warning("TTS_FUSED_KERNELS: layer_gemv needs bias-free bf16/fp16/fp32 or int8 linears; the step runs "
+            log.warning("TTS_FEATURES: layer_gemv needs bias-free bf16/fp16/fp32 or int8 linears; the step runs "
                         "without it")
         # fast_stack: steps of up to fast_stack.MAX_ROWS rows run all fast layers at a position as one persistent
         # kernel (model/fast_stack.py); on top of layer_gemv, whose layout (merged W1|W3) it reads
         self.stack_rows = 0
-        if "fast_stack" in cfg.fused and self.gemv_rows and fast_stack.kernel_runs(self.device):
+        if FAST_STACK in cfg.fused and self.gemv_rows and fast_stack.kernel_runs(self.device):
             weights = fast_stack.stack_fast_layers(model)
             if weights is not None:
                 self.stack_rows = fast_stack.MAX_ROWS
                 self._fast_stack = fast_stack.make_fast_stack(weights)
-        if "pdl" in cfg.fused and not self.pdl and (self.gemv_rows or "layer_gemv" not in cfg.fused):
+        if PDL in cfg.fused and not self.pdl and (self.gemv_rows or LAYER_GEMV not in cfg.fused):
             # (layer_gemv asked for but not usable has its own warning above)
-            log.warning("TTS_FUSED_KERNELS: pdl needs layer_gemv, an NVIDIA GPU of compute capability 9.0+ with a "
+            log.warning("TTS_FEATURES: pdl needs layer_gemv, an NVIDIA GPU of compute capability 9.0+ with a "
                         "CUDA 12.3+ driver and a Triton with grid dependency control; its kernels launch as usual")
-        if "fast_stack" in cfg.fused and not self.stack_rows:
-            log.warning("TTS_FUSED_KERNELS: fast_stack needs layer_gemv, Triton on CUDA (or its interpreter) and fast "
+        if FAST_STACK in cfg.fused and not self.stack_rows:
+            log.warning("TTS_FEATURES: fast_stack needs layer_gemv, Triton on CUDA (or its interpreter) and fast "
                         "layers it reads (power-of-two heads); the step runs without it")
         # step_glue: the step's start and end as two Triton kernels (model/kernels/step_glue.py), else the eager ops
-        glue = "step_glue" in cfg.fused and self.device.type == "cuda"
+        glue = STEP_GLUE in cfg.fused and self.device.type == "cuda"
         self._finish_step = step_glue.finish_step if glue else step_glue.finish_step_reference
         self._step_inputs = (step_glue.step_inputs if glue and step_glue.inputs_supported(model)
                              else step_glue.step_inputs_reference)
@@ -359,9 +360,9 @@ class Runner:
         """The fused kernels the step runs: the configured ones less layer_gemv where the model's layers cannot take
         it, and those that need it (pdl, split_attention) without it (what the ready log and the bench report, so a
         figure never names a kernel that did not run)."""
-        off = {"layer_gemv": not self.gemv_rows, "fast_stack": not self.stack_rows, "pdl": not self.pdl,
+        off = {LAYER_GEMV: not self.gemv_rows, FAST_STACK: not self.stack_rows, PDL: not self.pdl,
                # step_glue: its end kernel runs at every dtype, its start one for 16-bit embeddings only
-               "split_attention": self.splits == 1, "step_glue": self._finish_step is step_glue.finish_step_reference}
+               SPLIT_ATTENTION: self.splits == 1, STEP_GLUE: self._finish_step is step_glue.finish_step_reference}
         return self.cfg.fused - frozenset(name for name, dropped in off.items() if dropped)
 
     def step_ops(self, bb: int) -> StepOps:

@@ -83,7 +83,7 @@ class Vocoder:
         """max_frames: the longest stream a slot decodes; capture_lock: held by every CUDA graph capture (reentrant:
         the codec holds it around first uses that may capture);
         on_decoded(frames, seconds) after each decode; on_finished(stream) when a stream completed; time_major:
-        the streaming codec's layout (StreamingCodec, TTS_CODEC_CHANNELS_LAST)."""
+        the streaming codec's layout (StreamingCodec, feature codec_channels_last)."""
         self.codec = StreamingCodec(codec, slots + 1, max_frames, time_major)
         self.device, self.frame_length = self.codec.device, self.codec.frame_length
         self.chunk_sizes, self.buckets = tuple(sorted(chunk_sizes)), tuple(sorted(buckets))
@@ -99,7 +99,7 @@ class Vocoder:
         self._q: queue.SimpleQueue = queue.SimpleQueue()
         self._cuda = self.device.type == "cuda"
         self._stream = torch.cuda.Stream(self.device) if self._cuda else None
-        self.pinned_copy = True  # audio reaches the host through a pinned buffer (TTS_CODEC_PINNED_COPY)
+        self.pinned_copy = True  # audio reaches the host through a pinned buffer (feature codec_pinned_copy)
         self._staging: Tensor | None = None  # float32, pinned: the last decode's audio (_to_host)
         self._copied = torch.cuda.Event() if self._cuda else None
         self._thread = threading.Thread(target=self._run, name="tts-vocoder", daemon=True)

@@ -1,5 +1,5 @@
 """The fast transformer's layers at one codebook position as ONE persistent Triton kernel, for 1-2 rows
-(TTS_FUSED_KERNELS=fast_stack, opt-in).
+(TTS_FEATURES=+fast_stack, opt-in).
 
 At one or two streams each fast layer is five kernels of a few microseconds (layer_gemv: model/fused_layer.py),
 and a frame runs 10 positions x 4 layers of them: ~200 launches whose fixed costs, not their 96 MB of weights per

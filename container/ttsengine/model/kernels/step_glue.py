@@ -1,4 +1,4 @@
-"""The decode step's bookkeeping around the layers as two Triton kernels (TTS_FUSED_KERNELS=step_glue).
+"""The decode step's bookkeeping around the layers as two Triton kernels (TTS_FEATURES step_glue).
 
 Between its fused layers and samplers the step ran ~35 small torch kernels a frame that move a few hundred bytes
 each (H100, one row: ~30 us of them before the first layer, ~25 us after the last sampler, of a ~2.1 ms frame):

@@ -21,6 +21,7 @@ from ....model.frame import FrameOps, fast_layer_step, fast_logits, sample_token
 from ....model.kernels.codebook_sampler import sample_codebook_embed
 from ....model.kernels.vocab_sampler import sample_vocab_triton
 from ....model.layers import swiglu
+from ...features import CODEBOOK_SAMPLER, FAST_ATTENTION, VOCAB_SAMPLER, VOCAB_SCAN
 
 
 def make_slow_layer(attend: Callable, use_triton: bool) -> Callable:
@@ -43,20 +44,20 @@ def frame_ops(attend: Callable, use_triton: bool, fused: frozenset[str], wrap: C
     # fast_attention: the fast layer is the slow layer's function (one Triton kernel for the cache write +
     # GQA attention on CUDA instead of scatter, repeat, mask and SDPA) over a cache seen as a paged pool
     fast_layer = (wrap(make_slow_layer(attend, use_triton), "fast_layer_paged", (1, 2, 5, 6))
-                  if "fast_attention" in fused else wrap(fast_layer_step, "fast_layer", (1, 2, 3, 4, 5, 6)))
-    sample = (wrap(sample_token_blocked, "sample_blocked", (0, 1, 2, 3, 4, 5, 6, 7)) if "vocab_scan" in fused
+                  if FAST_ATTENTION in fused else wrap(fast_layer_step, "fast_layer", (1, 2, 3, 4, 5, 6)))
+    sample = (wrap(sample_token_blocked, "sample_blocked", (0, 1, 2, 3, 4, 5, 6, 7)) if VOCAB_SCAN in fused
               else wrap(sample_token, "sample", (0, 1, 2, 3, 4, 5, 6, 7)))
     # the codebooks: their kernel, else the reference (never the vocab sampler: five launches and a 256 KB histogram
     # for 1,024 logits)
-    fused_codebook = "codebook_sampler" in fused
+    fused_codebook = CODEBOOK_SAMPLER in fused
     codebook_reference = sample
-    if "vocab_sampler" in fused:
+    if VOCAB_SAMPLER in fused:
         sample = SixteenBit(sample_vocab_triton, sample)
     return FrameOps(sample=sample, fast_layer=fast_layer,
                     fast_head=wrap(fast_logits, "fast_head", (1,)),
                     sample_codebook=None if fused_codebook else codebook_reference,
                     sample_embed=sample_codebook_embed if fused_codebook else None,
-                    paged_fast="fast_attention" in fused)
+                    paged_fast=FAST_ATTENTION in fused)
 
 
 @dataclass(frozen=True)

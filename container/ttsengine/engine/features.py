@@ -1,0 +1,311 @@
+"""The speed features, declared once: every fused kernel of the decode step, every way the codec can run faster and
+every switchable engine behaviour, with what it needs to run, when it is on by default, its reference and fast
+paths and where it plugs in.
+
+TTS_FEATURES (config.py) reads a list over the defaults: `auto` (the defaults), `none`, `all`, `kernels` (the step's
+fused kernels as a group) and `+NAME` / `-NAME` (a bare NAME is `+NAME`), later items winning. `resolve` turns that
+list and a `Platform` (the device's facts, probed by engine/settings.py) into the features on; settings, the runner,
+the compile units, the vocoder, the kernel-cache key, the ready log and the README's table read the result. Code
+names a feature by its constant here (`features.LAYER_GEMV`), never by a string of its own.
+
+This module is plain data: it imports neither torch nor anything of ours, so config.py may read the names.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+KERNEL, CODEC, ENGINE = "step kernel", "codec", "engine"  # kinds
+GROUPS = {"kernels": KERNEL}  # group words: every feature of that kind
+
+# the decode step's fused kernels (engine/device/runner.py, engine/device/compile/units.py)
+FAST_ATTENTION = "fast_attention"
+CODEBOOK_SAMPLER = "codebook_sampler"
+VOCAB_SCAN = "vocab_scan"
+VOCAB_SAMPLER = "vocab_sampler"
+MERGED_FFN = "merged_ffn"
+LAYER_GEMV = "layer_gemv"
+FAST_STACK = "fast_stack"
+PDL = "pdl"
+SPLIT_ATTENTION = "split_attention"
+STEP_GLUE = "step_glue"
+# the engine: graphs, compile, the loop
+CUDA_GRAPHS = "cuda_graphs"
+COMPILE = "compile"
+PRECOMPILE = "precompile"
+ONE_ROW_BUCKET = "one_row_bucket"
+LAZY_GRAPHS = "lazy_graphs"
+PREFILL_GRAPHS = "prefill_graphs"
+OVERLAP_STEP = "overlap_step"
+STEP_PRIORITY = "step_priority"
+# the codec (engine/device/vocoder.py, engine/audio_feed.py, model/codec_cache.py)
+CODEC_COMPILE = "codec_compile"
+SNAKE_KERNEL = "snake_kernel"
+CUDNN_TUNING = "cudnn_tuning"
+CUDNN_BENCHMARK = "cudnn_benchmark"
+CODEC_CHANNELS_LAST = "codec_channels_last"
+CODEC_MERGE = "codec_merge"
+CODEC_ROUNDS = "codec_rounds"
+CODEC_PINNED_COPY = "codec_pinned_copy"
+CODEC_CACHE = "codec_cache"
+
+
+@dataclass(frozen=True)
+class Platform:
+    """What the features' probes read about the engine's device (engine/settings.py `platform` fills it in)."""
+
+    cuda: bool = False  # the DualAR's device is a CUDA GPU
+    triton: bool = False  # Triton imports
+    triton_major: int = 0  # its major version (0: none)
+    sixteen_bit: bool = False  # the model (and so the KV cache) is bf16 / fp16
+    pdl: bool = False  # kernels launch as programmatic dependents: sm_90+, a CUDA 12.3+ driver, Triton's gdc
+    compile: bool = False  # torch.compile of the step works here (torch >= 2.6 with custom ops)
+    precompile: bool = False  # torch's AOT precompile (torch >= 2.10)
+
+
+@dataclass(frozen=True)
+class Condition:
+    text: str  # in the README's table and in warnings: "needs <text>"
+    holds: Callable[[Platform, frozenset[str]], bool]  # (platform, the features resolved on so far) -> holds?
+
+
+CUDA = Condition("CUDA", lambda p, on: p.cuda)
+TRITON = Condition("Triton", lambda p, on: p.triton)
+TRITON3 = Condition("Triton >= 3", lambda p, on: p.triton and p.triton_major >= 3)
+SIXTEEN_BIT = Condition("a 16-bit model", lambda p, on: p.sixteen_bit)
+SM90_PDL = Condition("an sm_90+ GPU launching programmatic dependents", lambda p, on: p.pdl)
+TORCH_COMPILE = Condition("torch >= 2.6", lambda p, on: p.compile)
+TORCH_PRECOMPILE = Condition("torch >= 2.10", lambda p, on: p.precompile)
+
+
+def feature(name: str) -> Condition:
+    """Holds where the feature `name` (earlier in FEATURES) is on."""
+    return Condition(f"`{name}`", lambda p, on: name in on)
+
+
+TUNED_CODEC = Condition(f"cuDNN tuning the codec (`{CUDNN_TUNING}` or `{CUDNN_BENCHMARK}`)",
+                        lambda p, on: CUDNN_TUNING in on or CUDNN_BENCHMARK in on)
+
+
+@dataclass(frozen=True)
+class Feature:
+    name: str
+    kind: str  # KERNEL | CODEC | ENGINE
+    does: str  # one line: what it does
+    reference: str  # what runs when it is off
+    plugs_in: str  # where the fast path is chosen
+    requires: tuple[Condition, ...] = ()  # it cannot run without these: off, with a warning if asked for
+    auto: tuple[Condition, ...] = ()  # on by default only where these hold as well
+    default: bool = True  # False: opt-in, on only when asked for
+    unless: str = ""  # a feature that replaces it: off where that one is on
+    keyed: bool = False  # shapes compiled code: part of the kernel-cache key (kernels always are)
+
+    def why_not(self, platform: Platform, on: frozenset[str]) -> str | None:
+        """Why it cannot run here ("needs CUDA"), or None."""
+        missing = [c.text for c in self.requires if not c.holds(platform, on)]
+        if missing:
+            return "needs " + " and ".join(missing)
+        return f"`{self.unless}` replaces it" if self.unless in on else None
+
+    def by_default(self, platform: Platform, on: frozenset[str]) -> bool:
+        return self.default and all(c.holds(platform, on) for c in self.auto)
+
+
+_GEMV = (feature(LAYER_GEMV),)
+RUNNER, UNITS = "engine/device/runner.py", "engine/device/compile/units.py `frame_ops`"  # where most plug in
+FEATURES = (
+    # ---- the engine (first: kernels and the codec read graphs and compile) ----
+    Feature(CUDA_GRAPHS, ENGINE, "replay each batch size's decode step as a CUDA graph", "eager launches",
+            "engine/engine.py `_step_graphs`", requires=(CUDA,)),
+    Feature(COMPILE, ENGINE, "torch.compile the decode step's units", "eager units", "engine/device/compile/units.py",
+            requires=(TORCH_COMPILE,), auto=(CUDA,)),
+    Feature(PRECOMPILE, ENGINE, "keep the compiled units in TTS_CACHE_DIR (AOT precompile): a warm start skips Dynamo",
+            "Dynamo traces at every start", "engine/device/compile/precompiled.py",
+            requires=(feature(COMPILE), TORCH_PRECOMPILE)),
+    Feature(ONE_ROW_BUCKET, ENGINE, "a lone stream steps at one row (its own graph and compiled variant)",
+            "with compile, the 2-row bucket with a padding row", "engine/settings.py buckets"),
+    Feature(LAZY_GRAPHS, ENGINE, "capture the smallest bucket before ready, the others when idle or at first use",
+            "every graph before ready", "engine/engine.py `_warm_up`"),
+    Feature(PREFILL_GRAPHS, ENGINE, "the prefill as CUDA graphs of a few padded shapes", "eager prefill launches",
+            "engine/engine.py, engine/device/runner.py `prefill`", requires=(feature(CUDA_GRAPHS),)),
+    Feature(OVERLAP_STEP, ENGINE, "queue the next decode step before reading the last one's frames",
+            "each step waits for the host", "engine/engine.py `_iteration`", auto=(CUDA,)),
+    Feature(STEP_PRIORITY, ENGINE, "the decode step and prefill on a high-priority CUDA stream",
+            "the default stream's priority", "engine/engine.py `_run`", requires=(CUDA,)),
+    # ---- the decode step's fused kernels ----
+    # Why the defaults (docs/performance.md has the rest): merged_ffn: bucket 2 3.72 -> 3.47 ms, 64 rows 5.34 -> 5.10
+    # ms (H100, torch 2.11, fused_ab.sh); int8/int4 linears are left unmerged by merge_inputs. The samplers' tl.sort /
+    # tl.cumsum: tested on Triton 3.x (torch 2.2's Triton 2.2 keeps the unfused sampler). layer_gemv (with the fast
+    # attention's 16-bit kernel): step at bucket 2 3.52 -> 2.65 ms, one stream 259 -> 324 frames/s (H200, torch 2.11,
+    # Triton 3.6). fast_stack stays opt-in: 136 us per fast position at one row vs layer_gemv's 108 (H100, torch 2.11,
+    # scripts/device/fast_stack_bench.py): its 21 grid barriers a position cost 1.8 us each. pdl (layer_gemv's kernels
+    # as programmatic dependents, their 1-2-row tiles holding all of K): the layers of a frame at one row 1,892 ->
+    # 1,571 us bf16, 1,874 -> 1,509 int8 (H100, torch 2.11, Triton 3.6, scripts/device/pdl_bench.py); one stream 323
+    # -> 369 frames/s (bench, two device calls). split_attention stays opt-in: one row at 600 positions 16.4 -> 10.6
+    # us a slow layer, at 2,000 42.6 -> 14.1, but at 150 8.1 -> 8.9 (the combine kernel) and 8 streams of the bench
+    # 2,320 -> 2,170 frames/s (H100, scripts/device/attention_bench.py, bench): a graph cannot pick by context length.
+    # vocab_sampler (kernels/vocab_sampler.py): 215 -> 42 us at one row, 1,412 -> 291 us at 64
+    # (scripts/device/vocab_sampler_bench.py); one stream 371 -> 399 frames/s, 64 streams 6,090 -> 6,870 (bench, one
+    # device call; H100, torch 2.11, Triton 3.6); counting only entries above the floor and skipping chunks without
+    # window ids or kept entries (stop 40): 64 rows 326 -> 287 us flat, 319 -> 120 peaked. step_glue
+    # (kernels/step_glue.py, instead of ~35 torch ops): bench 1,8,64, one device call: 455 -> 463, 2,420 -> 2,540,
+    # 7,260 -> 7,740 frames/s (H100, torch 2.11); its aranges fail in Triton 2.2
+    Feature(FAST_ATTENTION, KERNEL, "the fast layers' cache write + attention as one Triton kernel over paged KV",
+            "gather + SDPA (also what CPUs run when it is asked for)", UNITS,
+            auto=(CUDA, TRITON, SIXTEEN_BIT)),
+    Feature(MERGED_FFN, KERNEL, "each layer's W1 and W3 as one matmul", "two matmuls", RUNNER, auto=(CUDA,)),
+    Feature(VOCAB_SCAN, KERNEL, "top-p's cumulative sum over the vocabulary in 1,024-wide blocks",
+            "one sort + cumsum", UNITS, auto=(CUDA,)),
+    Feature(CODEBOOK_SAMPLER, KERNEL, "a codebook's penalty, top-p, temperature and draw as one kernel",
+            "the torch sampler", UNITS, requires=(CUDA, TRITON), auto=(TRITON3,)),
+    Feature(VOCAB_SAMPLER, KERNEL, "the slow token's sampling without a sort (a histogram of the 16-bit logits)",
+            "the sorted sampler", UNITS, requires=(CUDA, TRITON), auto=(TRITON3,)),
+    Feature(STEP_GLUE, KERNEL, "the step's input embedding + RoPE and its end as two kernels", "~35 torch ops",
+            RUNNER, requires=(CUDA, TRITON3)),
+    Feature(LAYER_GEMV, KERNEL, "at up to TTS_LAYER_GEMV_ROWS rows each layer as five Triton kernels",
+            "compiled units over cuBLAS", "engine/device/runner.py `step_ops`", auto=(CUDA, TRITON3, SIXTEEN_BIT)),
+    Feature(PDL, KERNEL, "layer_gemv's kernels launched as programmatic dependents", "plain launches",
+            "model/kernels/launch.py", requires=_GEMV, auto=(SM90_PDL,)),
+    Feature(FAST_STACK, KERNEL, "all fast layers of a position as one persistent kernel", "layer_gemv's kernels",
+            "engine/device/runner.py `step_ops`", requires=_GEMV, default=False),
+    Feature(SPLIT_ATTENTION, KERNEL, "at few rows the slow attention's pages shared by up to 8 programs a head",
+            "one program a head", "model/fused_layer.py", requires=_GEMV, default=False),
+    # ---- the codec ----
+    Feature(CODEC_COMPILE, CODEC, "torch.compile the streaming codec too (~18 s more per start)", "the eager codec",
+            "engine/device/vocoder.py `apply`", requires=(feature(COMPILE),), default=False, keyed=True),
+    Feature(SNAKE_KERNEL, CODEC, "the codec's Snake activation as one Triton kernel", "five torch ops",
+            "engine/device/vocoder.py `apply`", requires=(CUDA, TRITON), unless=CODEC_COMPILE, keyed=True),
+    Feature(CUDNN_TUNING, CODEC, "cuDNN times the codec's convolutions while its CUDA graphs are captured",
+            "cuDNN's heuristics", "engine/device/vocoder.py `cudnn_autotuned`", requires=(CUDA, feature(CUDA_GRAPHS))),
+    Feature(CUDNN_BENCHMARK, CODEC, "cuDNN times every new convolution shape, everywhere (syncs the GPU)",
+            "tuning in graph captures only", "engine/engine.py", requires=(CUDA,), default=False),
+    Feature(CODEC_CHANNELS_LAST, CODEC, "the streaming codec time-major with channels-last convolutions",
+            "channel-major convolutions", "model/codec/streaming.py", auto=(CUDA, TUNED_CODEC), keyed=True),
+    Feature(CODEC_MERGE, CODEC, "codec decodes queued behind a busy codec thread join into one call",
+            "one call per decode step", "engine/device/vocoder.py `set_merge`"),
+    Feature(CODEC_ROUNDS, CODEC, "later audio chunks of every stream go to the codec together",
+            "each chunk when it is due", "engine/audio_feed.py `CodecRounds`"),
+    Feature(CODEC_PINNED_COPY, CODEC, "the codec's audio reaches the host through a pinned buffer",
+            "a copy to pageable memory", "engine/device/vocoder.py `_to_host`"),
+    Feature(CODEC_CACHE, CODEC, "keep the codec converted to its run dtype in TTS_CACHE_DIR",
+            "convert the fp32 codec.pth at every start", "model/codec_cache.py"),
+)
+BY_NAME = {f.name: f for f in FEATURES}
+KERNELS = tuple(f.name for f in FEATURES if f.kind == KERNEL)
+WORDS = ("auto", "none", "all")  # reset words: the defaults, everything off, everything on
+
+
+# ---- TTS_FEATURES: parsing --------------------------------------------------------------------------------------
+def _items(text: str) -> list[str]:
+    return [item.strip() for item in text.lower().split(",") if item.strip()]
+
+
+def _names(word: str) -> tuple[str, ...] | None:
+    """A feature's name or a group word -> the features it names (None: neither)."""
+    if word in BY_NAME:
+        return (word,)
+    kind = GROUPS.get(word)
+    return None if kind is None else tuple(f.name for f in FEATURES if f.kind == kind)
+
+
+def normalise(text: str) -> str:
+    """The list in one spelling ("auto" when empty; a bare NAME as +NAME), for config.py to keep."""
+    items = ["+" + i if _names(i) is not None else i for i in _items(text)]  # others stay as given, for `check`
+    return ",".join(items) or "auto"
+
+
+def check(text: str) -> str | None:
+    """Why the list is refused, in one line (None: every item is a word, a group or a feature)."""
+    for item in _items(text):
+        if item in WORDS:
+            continue
+        word = item[1:] if item[:1] in "+-" else item
+        if _names(word) is None:
+            words = ", ".join(WORDS + tuple(GROUPS))
+            return (f"{item!r} is not a feature: give {words} or +NAME / -NAME of "
+                    f"{', '.join(f.name for f in FEATURES)}")
+    return None
+
+
+def asked(text: str) -> dict[str, bool]:
+    """The list's answer per feature: True (+), False (-); features it leaves to their default are absent."""
+    return _asked(text)[0]
+
+
+def _asked(text: str) -> tuple[dict[str, bool], set[str]]:
+    """-> (asked, the features named on one by one: a warning where they cannot run, not for `all` or a group)."""
+    why = check(text)
+    if why:
+        raise ValueError(why)
+    out: dict[str, bool] = {}
+    named: set[str] = set()
+    for item in _items(text):
+        if item in WORDS:
+            out = {} if item == "auto" else dict.fromkeys(BY_NAME, item == "all")
+            named = set()
+            continue
+        word, on = (item[1:] if item[:1] in "+-" else item), not item.startswith("-")
+        for name in _names(word):
+            out[name] = on
+        named = (named | {word}) if on and word in BY_NAME else named - set(_names(word))
+    return out, named
+
+
+def switched_off(text: str, name: str) -> bool:
+    """Whether the list turns `name` off (for a feature with no probe, read before the device is known)."""
+    return asked(text).get(name, BY_NAME[name].default) is False
+
+
+# ---- resolving ----------------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Resolved:
+    on: frozenset[str]  # the features in effect
+    refused: tuple[tuple[str, str], ...]  # (name, why) of those named (+NAME) that cannot run here
+
+    def kernels(self) -> frozenset[str]:
+        return frozenset(n for n in self.on if n in KERNELS)
+
+
+def resolve(text: str, platform: Platform) -> Resolved:
+    """TTS_FEATURES on this platform: each feature, in FEATURES order, on where it was asked for or is on by
+    default, and where it can run (its requirements, including the features it builds on, hold). `all` and a group
+    turn on what can run here; a feature named on its own that cannot is `refused` (settings.py warns)."""
+    wants, named = _asked(text)
+    on: set[str] = set()
+    refused = []
+    for f in FEATURES:
+        done = frozenset(on)
+        if not wants.get(f.name, f.by_default(platform, done)):
+            continue
+        why = f.why_not(platform, done)
+        if why is None:
+            on.add(f.name)
+        elif f.name in named:
+            refused.append((f.name, why))
+    return Resolved(frozenset(on), tuple(refused))
+
+
+def cache_key(on: frozenset[str]) -> dict[str, object]:
+    """What of the features shapes the compiled code: the kernels on, and the keyed codec features on or off."""
+    return {"fused": sorted(n for n in on if n in KERNELS),
+            **{f.name: f.name in on for f in FEATURES if f.keyed}}
+
+
+def describe(on: frozenset[str]) -> str:
+    """The ready log's list: the features on other than the kernels (the log names those in use)."""
+    return ",".join(f.name for f in FEATURES if f.name in on and f.kind != KERNEL) or "none"
+
+
+def table() -> str:
+    """The README's table of the features (a test keeps the README's copy equal to this)."""
+    rows = ["| feature | kind | what it does | on by default | needs | when off | plugs in at |",
+            "|---|---|---|---|---|---|---|"]
+    for f in FEATURES:
+        default = "no (opt-in)" if not f.default else (
+            "with " + ", ".join(c.text for c in f.auto) if f.auto else "yes")
+        needs = " and ".join(c.text for c in f.requires) or "-"
+        if f.unless:
+            needs += f"; off with `{f.unless}`"
+        rows.append(f"| `{f.name}` | {f.kind} | {f.does} | {default} | {needs} | {f.reference} | {f.plugs_in} |")
+    return "\n".join(rows) + "\n"
