@@ -4,7 +4,10 @@
   queue wait and audio seconds, labelled by route, outcome, format, voice kind and engine device;
 - EngineCollector: the engines' own stats (Service.stats()), read at scrape time, per engine where they have
   one entry each;
-- GpuCollector: utilisation, memory and power from NVML where nvidia-ml-py and a GPU are present.
+- GpuCollector: utilisation, memory and power from NVML where nvidia-ml-py and a GPU are present;
+- with TTS_TRACE_CHUNKS=1 only (ttsengine.serving.chunk_trace): each audio piece's stages from the engine to the
+  transport (tts_trace_chunk_seconds by stage) and the process's CPU seconds per thread role
+  (tts_trace_thread_cpu_seconds_total), for finding where the time goes under load.
 Labels are bounded: route templates (never a raw path), voice kinds (never a voice id).
 """
 
@@ -25,9 +28,11 @@ from prometheus_client.metrics_core import (
 )
 
 from ttsengine import Stream
+from ttsengine.serving import chunk_trace
 from ttsengine.serving.delivery import Tally
 from ttsengine.serving.protocol import SpeechJob
 from ttsengine.serving.service import Service
+from ttsengine.serving.thread_cpu import thread_cpu
 
 log = logging.getLogger("handlers.http")
 CONTENT_TYPE = CONTENT_TYPE_PLAIN_0_0_4
@@ -121,11 +126,24 @@ class HttpMetrics:
                                     SPEECH_LABELS, buckets=LATENCY_BUCKETS, registry=r)
         self.audio_seconds = Counter("tts_speech_audio_seconds_total", "Seconds of audio delivered.",
                                      SPEECH_LABELS, registry=r)
+        self.chunk = None
+        if chunk_trace.ENABLED:
+            self.chunk = Histogram("tts_trace_chunk_seconds", "Per audio piece (TTS_TRACE_CHUNKS=1): wake = engine "
+                                   "emitted -> event loop took it, encode = -> encoded, send = -> written to the "
+                                   "transport, total = emitted -> written.", ("stage",),
+                                   buckets=chunk_trace.BUCKETS, registry=r)
+            r.register(ThreadCpuCollector())
         r.register(EngineCollector(service))
         r.register(GpuCollector())
 
     def exposition(self) -> bytes:
         return generate_latest(self.registry)
+
+    def sent(self, marks) -> None:
+        """One body message went out: the oldest traced piece's stages (tracing on, a piece waiting)."""
+        if self.chunk is not None and marks:
+            for stage, seconds in zip(chunk_trace.STAGES, chunk_trace.stages(*marks.popleft(), time.perf_counter())):
+                self.chunk.labels(stage).observe(seconds)
 
     def responded(self, method: str, route: str, status: int) -> None:
         labels = (method, route, str(status))
@@ -176,6 +194,8 @@ class Instrument:
             await send(message)
             if message["type"] == "http.response.body":
                 sp = ex.speech
+                if sp is not None and sp.tally.marks and message.get("body"):
+                    self.metrics.sent(sp.tally.marks)
                 if (ex.first_audio_at is None and sp is not None and message.get("body")
                         and sp.tally.first_audio_at is not None and ex.status < 400):
                     ex.first_audio_at = time.perf_counter()
@@ -292,6 +312,18 @@ def engine_ttfa(stats: dict) -> HistogramMetricFamily:
     buckets.append(("+Inf", total + stats["ttfa_counts"][-1]))
     return HistogramMetricFamily("tts_time_to_first_audio_seconds", "Submit to first audio chunk, in the engine.",
                                  buckets=buckets, sum_value=float(stats["ttfa_sum"]))
+
+
+class ThreadCpuCollector:
+    """The server process's CPU seconds per thread role (TTS_TRACE_CHUNKS=1 only), read at each scrape."""
+
+    def collect(self):
+        family = CounterMetricFamily("tts_trace_thread_cpu_seconds", "CPU seconds of this process's threads by "
+                                     "role (Python thread name less its number; other: threads Python did not "
+                                     "start).", labels=("thread",))
+        for name, seconds in sorted(thread_cpu().items()):
+            family.add_metric((name,), seconds)
+        yield family
 
 
 class GpuCollector:

@@ -13,13 +13,15 @@ import contextlib
 import json
 import logging
 import time
+from collections import deque
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
 from ..audio.encode import CONTENT_TYPES, AudioEncoder, EncodedAudio
 from ..synthesis.stream import Stream
+from . import chunk_trace
 from .failure import failure
 from .protocol import SpeechJob
 
@@ -31,11 +33,12 @@ class Tally:
     """One delivery's account, read by the adapter's metrics (any time: it is kept up to date).
     audio_seconds: encoded so far (after speed and resampling); first_audio_at: time.perf_counter() when the
     first audio bytes were handed on (None: none yet); outcome: ok | error | cancelled (left early), None while
-    under way."""
+    under way; marks: each handed-on piece's chunk_trace marks until the adapter sends it (None: tracing off)."""
 
     audio_seconds: float = 0.0
     first_audio_at: float | None = None
     outcome: str | None = None
+    marks: deque | None = field(default_factory=chunk_trace.new_marks)
 
     def audio(self, enc: AudioEncoder, data: bytes) -> None:
         self.audio_seconds = enc.seconds
@@ -76,14 +79,22 @@ async def audio_bytes(stream: Stream, job: SpeechJob, tally: Tally | None = None
     tally = tally if tally is not None else Tally()
     with _delivering(stream, tally):
         async for chunk in stream:
+            picked = time.perf_counter()
             data = await asyncio.to_thread(enc.encode, scaled(chunk.audio, job.volume))
             tally.audio(enc, data)
             if data:
+                if tally.marks is not None:
+                    chunk_trace.mark(tally.marks, _emitted(stream, chunk.index), picked)
                 yield data
         tail = await asyncio.to_thread(enc.finish)
         tally.audio(enc, tail)
         if tail:
             yield tail
+
+
+def _emitted(stream: Stream, index: int) -> float | None:
+    arrivals = stream.arrivals  # (time, samples) per emitted chunk, in order
+    return arrivals[index][0] if index < len(arrivals) else None
 
 
 async def sse_events(stream: Stream, job: SpeechJob, tally: Tally | None = None) -> AsyncIterator[bytes]:

@@ -1,170 +1,147 @@
 """`python -m ttsengine loadtest URL`: a concurrency sweep against a running server's OpenAI endpoint.
 
-Per level: requests/s, time to response headers (TTFB) and to the first audio bytes, p50/p95/p99,
-real-time factor (request time / audio time), characters/s and errors. Prints a table and writes
-loadtest.json and loadtest.html (plots). Streams PCM by default, so audio time is exact.
+Per format and level: requests/s, time to response headers (TTFB) and to the first audio bytes, p50/p95/p99,
+real-time factor (request time / audio time), delivered audio seconds per second, stalls (the audio running dry
+after playback started), characters/s and errors; the load generator's CPU use per client process; and the
+server's side of the level from its /metrics, read before and after (queue wait, the engine's first audio, the
+first audio bytes sent; with TTS_TRACE_CHUNKS=1 on the server, the per-chunk stages and its CPU per thread).
+Closed loop by default (each client sends its next request when the last one ended); `--arrivals poisson:RATE`
+sends the level's requests open loop. `--processes N` spreads the clients over N processes. Prints a table and
+writes loadtest.json and loadtest.html (plots).
 """
 
 from __future__ import annotations
 
 import argparse
-import asyncio
-import io
 import json
 import time
-from dataclasses import asdict, dataclass
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import asdict
+from multiprocessing import get_context
 from pathlib import Path
 
 from . import report as report_page
+from .load import scrape
+from .load.client import run_share
+from .load.schedule import poisson_rate, shares
+from .load.summary import Level, summarise
 
 TEXT = "The quick brown fox jumps over the lazy dog while the bright sun shines warmly on the quiet green meadow."
+FORMATS = ("pcm", "wav", "mp3", "opus", "flac")
+START_S = 3.0  # client processes start together this long after a level is handed out (spawn and imports)
 
 
-@dataclass
-class Level:
-    concurrency: int
-    requests: int
-    errors: int
-    wall_s: float
-    requests_per_s: float
-    chars_per_s: float
-    ttfb_p50_ms: float
-    ttfb_p95_ms: float
-    ttfb_p99_ms: float
-    first_audio_p50_ms: float
-    first_audio_p95_ms: float
-    first_audio_p99_ms: float
-    rtf_p50: float
-    rtf_p95: float
-    audio_s_per_s: float
-    error_sample: str | None = None
-
-
-def _pct(xs: list[float], p: float) -> float:
-    if not xs:
-        return float("nan")
-    xs = sorted(xs)
-    return xs[min(len(xs) - 1, int(round(p / 100 * (len(xs) - 1))))]
-
-
-def _seconds(data: bytes, fmt: str) -> float:
-    if fmt == "pcm":
-        return len(data) / 2 / 24000
-    import soundfile as sf
-
-    audio, rate = sf.read(io.BytesIO(data))
-    return len(audio) / rate
-
-
-async def _one(client, url: str, body: dict, headers: dict) -> dict:
-    t0 = time.perf_counter()
-    out = {"ttfb": None, "first": None, "end": None, "bytes": b"", "error": None}
-    try:
-        async with client.stream("POST", url + "/v1/audio/speech", json=body, headers=headers) as r:
-            out["ttfb"] = time.perf_counter() - t0
-            if r.status_code != 200:
-                out["error"] = f"{r.status_code}: {(await r.aread()).decode(errors='replace')[:200]}"
-                return out
-            parts = []
-            async for chunk in r.aiter_raw():
-                if out["first"] is None and chunk:
-                    out["first"] = time.perf_counter() - t0
-                parts.append(chunk)
-            out["bytes"] = b"".join(parts)
-        out["end"] = time.perf_counter() - t0
-    except Exception as e:  # noqa: BLE001 - counted as an error of this request
-        out["error"] = f"{type(e).__name__}: {e}"
-    return out
-
-
-async def run_level(url: str, concurrency: int, requests: int, body: dict, headers: dict, timeout: float) -> Level:
-    import httpx
-
-    queue: asyncio.Queue[int] = asyncio.Queue()
-    for i in range(requests):
-        queue.put_nowait(i)
-    results: list[dict] = []
-
-    async def worker(client):
-        while not queue.empty():
-            i = queue.get_nowait()
-            results.append(await _one(client, url, {**body, "seed": body.get("seed", 0) + i}, headers))
-
-    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
-    async with httpx.AsyncClient(timeout=timeout, limits=limits) as client:
-        t0 = time.perf_counter()
-        await asyncio.gather(*(worker(client) for _ in range(concurrency)))
-        wall = time.perf_counter() - t0
-    ok = [r for r in results if r["error"] is None]
-    fmt = body.get("response_format", "pcm")
-    audio = [_seconds(r["bytes"], fmt) for r in ok]
-    rtf = [r["end"] / a for r, a in zip(ok, audio) if a > 0]
-    ms = lambda key, p: _pct([r[key] * 1000 for r in ok if r[key] is not None], p)  # noqa: E731
-    errors = [r["error"] for r in results if r["error"] is not None]
-    return Level(concurrency=concurrency, requests=len(results), errors=len(errors), wall_s=wall,
-                 requests_per_s=len(ok) / wall, chars_per_s=len(ok) * len(body["input"]) / wall,
-                 ttfb_p50_ms=ms("ttfb", 50), ttfb_p95_ms=ms("ttfb", 95), ttfb_p99_ms=ms("ttfb", 99),
-                 first_audio_p50_ms=ms("first", 50), first_audio_p95_ms=ms("first", 95),
-                 first_audio_p99_ms=ms("first", 99), rtf_p50=_pct(rtf, 50), rtf_p95=_pct(rtf, 95),
-                 audio_s_per_s=sum(audio) / wall, error_sample=errors[0] if errors else None)
+def run_level(url: str, concurrency: int, requests: int, body: dict, headers: dict, timeout: float,
+              arrivals: str = "closed", pool: ProcessPoolExecutor | None = None, processes: int = 1) -> Level:
+    rate = poisson_rate(arrivals)
+    parts = shares(concurrency, requests, processes if pool is not None else 1, rate)
+    before = scrape.read(url)
+    if pool is None:
+        done = [run_share(parts[0], url, body, headers, timeout, time.monotonic())]
+    else:
+        start_at = time.monotonic() + START_S
+        done = list(pool.map(run_share, parts, *([x] * len(parts) for x in (url, body, headers, timeout, start_at))))
+    level = summarise(done, body.get("response_format", "pcm"), concurrency, arrivals, len(body["input"]))
+    level.server = scrape.breakdown(before, scrape.read(url))
+    return level
 
 
 def render_html(report: dict) -> str:
-    levels = report["levels"]
-    c = [lv["concurrency"] for lv in levels]
     fig, axes = report_page.three_axes()
-    axes[0].plot(c, [lv["requests_per_s"] for lv in levels], "o-", label="requests/s")
-    axes[0].plot(c, [lv["audio_s_per_s"] for lv in levels], "o-", label="audio s per s")
-    axes[0].set(title="throughput", xlabel="concurrent clients")
-    axes[0].legend()
-    for key, label in (("first_audio_p50_ms", "first audio p50"), ("first_audio_p95_ms", "first audio p95"),
-                       ("ttfb_p50_ms", "TTFB p50")):
-        axes[1].plot(c, [lv[key] for lv in levels], "o-", label=label)
-    axes[1].set(title="latency (ms)", xlabel="concurrent clients")
-    axes[1].legend()
-    axes[2].plot(c, [lv["rtf_p50"] for lv in levels], "o-", label="RTF p50")
-    axes[2].plot(c, [lv["rtf_p95"] for lv in levels], "o-", label="RTF p95")
+    for fmt in dict.fromkeys(lv["format"] for lv in report["levels"]):
+        levels = [lv for lv in report["levels"] if lv["format"] == fmt]
+        c = [lv["concurrency"] for lv in levels]
+        axes[0].plot(c, [lv["audio_s_per_s"] for lv in levels], "o-", label=f"{fmt} audio s per s")
+        axes[1].plot(c, [lv["first_audio_p50_ms"] for lv in levels], "o-", label=f"{fmt} first audio p50")
+        axes[1].plot(c, [lv["first_audio_p95_ms"] for lv in levels], "o--", label=f"{fmt} first audio p95")
+        axes[2].plot(c, [lv["rtf_p95"] for lv in levels], "o-", label=f"{fmt} RTF p95")
+    axes[0].set(title="throughput", xlabel="concurrency")
+    axes[1].set(title="latency (ms)", xlabel="concurrency")
     axes[2].axhline(1.0, color="gray", ls="--", label="real time")
-    axes[2].set(title="real-time factor (lower is faster)", xlabel="concurrent clients")
-    axes[2].legend()
+    axes[2].set(title="real-time factor (lower is faster)", xlabel="concurrency")
+    for ax in axes:
+        ax.legend()
     return report_page.page("loadtest", report, fig)
+
+
+COLUMNS = ("format", "concurrency", "requests", "errors", "requests_per_s", "ttfb_p50_ms", "first_audio_p50_ms",
+           "first_audio_p95_ms", "first_audio_p99_ms", "rtf_p50", "rtf_p95", "audio_s_per_s", "stalls",
+           "stalled_streams", "stall_s", "client_cpu_pct")
+SERVER = ("queue_wait", "engine_first_audio", "first_byte_sent", "chunk_wake", "chunk_encode", "chunk_send",
+          "chunk_total")
+
+
+def print_table(levels: list[dict]) -> None:
+    print(" | ".join(COLUMNS))
+    for lv in levels:
+        print(" | ".join(report_page.fmt(lv[k]) if k != "client_cpu_pct" else "/".join(map(str, lv[k]))
+                         for k in COLUMNS))
+    if any(lv["server"] for lv in levels):
+        print("server (mean / p50 / p95 ms per level; engine host s = loop less step waits):")
+        for lv in levels:
+            sv = lv["server"]
+            parts = [f"{k} {sv[k]['mean_ms']:.0f}/{sv[k]['p50_ms']:.0f}/{sv[k]['p95_ms']:.0f}"
+                     for k in SERVER if k in sv and sv[k]["count"]]
+            parts.append(f"engine loop {sv.get('engine_loop_s', 0):.2f} s, host {sv.get('engine_host_s', 0):.2f} s")
+            if "thread_cpu_s" in sv:
+                parts.append("cpu s " + ", ".join(f"{k} {v:.2f}" for k, v in sv["thread_cpu_s"].items()))
+            print(f"  {lv['format']} {lv['concurrency']}: " + "; ".join(parts))
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m ttsengine loadtest", description=__doc__.splitlines()[0])
     ap.add_argument("url", help="server base URL, e.g. http://127.0.0.1:8080")
-    ap.add_argument("--concurrency", default="1,4,16,64")
+    ap.add_argument("--concurrency", default="1,4,16,64", help="closed loop: clients per level; open loop: the "
+                    "level's size (its requests default to 2 x this)")
     ap.add_argument("--requests", type=int, default=0, help="requests per level (default: 2 x concurrency)")
+    ap.add_argument("--arrivals", default="closed", help="closed (default) or poisson:RATE (open loop, RATE "
+                    "requests per second)")
+    ap.add_argument("--processes", type=int, default=1, help="client processes sharing each level (their CPU "
+                    "use is reported: near 100%% the generator, not the server, may set the pace)")
     ap.add_argument("--text", default=TEXT)
-    ap.add_argument("--format", default="pcm", choices=["pcm", "wav", "flac"], help="exact-length formats")
+    ap.add_argument("--format", default="pcm", help=f"one or several of {','.join(FORMATS)}, comma-separated: "
+                    "each runs the whole sweep")
     ap.add_argument("--voice")
     ap.add_argument("--max-new-tokens", type=int)
     ap.add_argument("--api-key")
     ap.add_argument("--timeout", type=float, default=300.0)
     ap.add_argument("--out", type=Path, default=Path("loadtest-out"))
     args = ap.parse_args(argv)
-    body = {"input": args.text, "response_format": args.format, "seed": 1}
-    if args.voice:
-        body["voice"] = args.voice
-    if args.max_new_tokens:
-        body["max_new_tokens"] = args.max_new_tokens
+    formats = args.format.split(",")
+    if bad := [f for f in formats if f not in FORMATS]:
+        ap.error(f"--format: unknown {','.join(bad)} (choose from {','.join(FORMATS)})")
+    try:
+        poisson_rate(args.arrivals)
+    except ValueError as e:
+        ap.error(str(e))
+    if args.processes < 1:
+        ap.error("--processes must be at least 1")
     headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
     url = args.url.rstrip("/")
     levels = []
-    for c in (int(x) for x in args.concurrency.split(",")):
-        levels.append(asyncio.run(run_level(url, c, args.requests or 2 * c, body, headers, args.timeout)))
-        lv = levels[-1]
-        print(f"  level {c}: {lv.requests} requests, {lv.errors} errors, {lv.requests_per_s:.2f} req/s", flush=True)
-    report = {"url": url, "text_chars": len(args.text), "format": args.format,
-              "levels": [asdict(lv) for lv in levels]}
+    pool = (ProcessPoolExecutor(args.processes, mp_context=get_context("spawn")) if args.processes > 1 else None)
+    try:
+        for fmt in formats:
+            body = {"input": args.text, "response_format": fmt, "seed": 1}
+            if args.voice:
+                body["voice"] = args.voice
+            if args.max_new_tokens:
+                body["max_new_tokens"] = args.max_new_tokens
+            for c in (int(x) for x in args.concurrency.split(",")):
+                lv = run_level(url, c, args.requests or 2 * c, body, headers, args.timeout, args.arrivals, pool,
+                               args.processes)
+                levels.append(lv)
+                print(f"  {fmt} level {c}: {lv.requests} requests, {lv.errors} errors, {lv.requests_per_s:.2f} "
+                      f"req/s, client CPU {'/'.join(map(str, lv.client_cpu_pct))} %", flush=True)
+    finally:
+        if pool is not None:
+            pool.shutdown()
+    report = {"url": url, "text_chars": len(args.text), "formats": formats, "arrivals": args.arrivals,
+              "processes": args.processes, "levels": [asdict(lv) for lv in levels]}
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "loadtest.json").write_text(json.dumps(report, indent=2))
     (args.out / "loadtest.html").write_text(render_html(report))
-    cols = ("concurrency", "requests", "errors", "requests_per_s", "ttfb_p50_ms", "first_audio_p50_ms",
-            "first_audio_p95_ms", "first_audio_p99_ms", "rtf_p50", "rtf_p95", "chars_per_s", "audio_s_per_s")
-    print(" | ".join(cols))
-    for lv in report["levels"]:
-        print(" | ".join(report_page.fmt(lv[k]) for k in cols))
+    print_table(report["levels"])
     if any(lv.errors for lv in levels):
         print("errors, e.g.:", next(lv.error_sample for lv in levels if lv.errors))
     print(f"wrote {args.out / 'loadtest.json'} and {args.out / 'loadtest.html'}")

@@ -1,0 +1,38 @@
+"""Opt-in per-chunk timestamps, for finding where a stream's time goes between the engine and the socket.
+
+Off unless the server starts with TTS_TRACE_CHUNKS=1 (nothing is recorded then, and no metric is added). When on,
+each piece of audio a delivery hands on carries (emitted, picked, encoded): time.perf_counter() when the engine
+emitted the chunk, when the event loop took it from the stream, and when its bytes were encoded (the worker
+thread's hop included); the adapter adds the time its send returned (the bytes written to the transport, or
+buffered there, a paused transport's wait included) and observes the stages:
+- wake: emitted -> picked (the cross-thread wake-up and the event loop's backlog);
+- encode: picked -> encoded (the thread pool's queue and the encoder);
+- send: encoded -> sent (the ASGI send through the middleware and the server's transport);
+- total: emitted -> sent.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections import deque
+
+ENABLED = os.environ.get("TTS_TRACE_CHUNKS", "") == "1"
+STAGES = ("wake", "encode", "send", "total")
+BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
+
+
+def new_marks() -> deque | None:
+    """A delivery's queue of marks (None when tracing is off)."""
+    return deque() if ENABLED else None
+
+
+def mark(marks: deque | None, emitted: float | None, picked: float) -> None:
+    """One piece of audio encoded now: its marks go in the queue the adapter's send reads."""
+    if marks is not None and emitted is not None:
+        marks.append((emitted, picked, time.perf_counter()))
+
+
+def stages(emitted: float, picked: float, encoded: float, sent: float) -> tuple[float, float, float, float]:
+    """Seconds per stage, in STAGES' order."""
+    return picked - emitted, encoded - picked, sent - encoded, sent - emitted

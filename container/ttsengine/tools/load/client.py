@@ -1,0 +1,110 @@
+"""The load generator: one process's share of a level against /v1/audio/speech (closed or open loop), each
+response's bytes timed as they arrive, and the process's own CPU seconds, so a busy client shows as such.
+`run_share` is what each client process runs (a plain function: multiprocessing's spawn can call it)."""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import time
+
+from .playback import stalls
+from .schedule import Share
+
+
+async def _one(client, url: str, body: dict, headers: dict) -> dict:
+    t0 = time.perf_counter()
+    out = {"ttfb": None, "first": None, "end": None, "pieces": [], "bytes": b"", "rate": 24000, "error": None}
+    try:
+        async with client.stream("POST", url + "/v1/audio/speech", json=body, headers=headers) as r:
+            out["ttfb"] = time.perf_counter() - t0
+            if r.status_code != 200:
+                out["error"] = f"{r.status_code}: {(await r.aread()).decode(errors='replace')[:200]}"
+                return out
+            out["rate"] = int(r.headers.get("x-sample-rate", 24000))
+            parts = []
+            async for chunk in r.aiter_raw():
+                if chunk:
+                    now = time.perf_counter() - t0
+                    out["first"] = now if out["first"] is None else out["first"]
+                    out["pieces"].append((now, len(chunk)))
+                    parts.append(chunk)
+            out["bytes"] = b"".join(parts)
+        out["end"] = time.perf_counter() - t0
+    except Exception as e:  # noqa: BLE001 - counted as an error of this request
+        out["error"] = f"{type(e).__name__}: {e}"
+    return out
+
+
+def audio_seconds(data: bytes, fmt: str, rate: int) -> float:
+    """Seconds of audio in a whole response: pcm by its size, the others decoded."""
+    if fmt == "pcm":
+        return len(data) / 2 / rate
+    import av
+
+    with av.open(io.BytesIO(data)) as f:
+        return sum(frame.samples for frame in f.decode(audio=0)) / f.streams.audio[0].rate
+
+
+def finished(r: dict, fmt: str) -> dict:
+    """A request's record without its bytes: times, audio seconds, stalls. Each piece's audio is its share of
+    the bytes (exact for pcm; for the compressed formats the bitrate is taken as even over the stream)."""
+    rec = {k: r[k] for k in ("ttfb", "first", "end", "error")}
+    if r["error"] is None:
+        seconds = audio_seconds(r["bytes"], fmt, r["rate"])
+        total = sum(n for _, n in r["pieces"]) or 1
+        rec["audio_s"] = seconds
+        rec["stalls"], rec["stall_s"] = stalls([(t, seconds * n / total) for t, n in r["pieces"]])
+    return rec
+
+
+async def _closed(client, share: Share, url, body, headers, results) -> None:
+    queue = list(reversed(share.indices))
+
+    async def worker():
+        while queue:
+            i = queue.pop()
+            results.append(await _one(client, url, {**body, "seed": body.get("seed", 0) + i}, headers))
+
+    await asyncio.gather(*(worker() for _ in range(share.clients)))
+
+
+async def _open(client, share: Share, url, body, headers, results, lags) -> None:
+    t0 = time.perf_counter()
+
+    async def send(i, offset):
+        await asyncio.sleep(max(0.0, t0 + offset - time.perf_counter()))
+        lags.append(time.perf_counter() - t0 - offset)  # the generator's own lateness
+        results.append(await _one(client, url, {**body, "seed": body.get("seed", 0) + i}, headers))
+
+    await asyncio.gather(*(send(i, o) for i, o in zip(share.indices, share.offsets)))
+
+
+async def _run(share: Share, url: str, body: dict, headers: dict, timeout: float) -> tuple[list, list]:
+    import httpx
+
+    results, lags = [], []
+    n = share.clients if share.offsets is None else len(share.indices)
+    limits = httpx.Limits(max_connections=max(1, n), max_keepalive_connections=max(1, n))
+    async with httpx.AsyncClient(timeout=timeout, limits=limits) as client:
+        if share.offsets is None:
+            await _closed(client, share, url, body, headers, results)
+        else:
+            await _open(client, share, url, body, headers, results, lags)
+    return results, lags
+
+
+def run_share(share: Share, url: str, body: dict, headers: dict, timeout: float, start_at: float) -> dict:
+    """Waits for start_at (time.monotonic(), the same clock in every process), runs the share, and returns its
+    records, its start and end (monotonic), the generator's lateness (open loop) and its CPU seconds."""
+    import httpx  # noqa: F401 - imported before the start, not inside the timed part
+
+    late = time.monotonic() - start_at
+    if late < 0:
+        time.sleep(-late)
+    begin, cpu0 = time.monotonic(), time.process_time()
+    results, lags = asyncio.run(_run(share, url, body, headers, timeout))
+    end, cpu = time.monotonic(), time.process_time() - cpu0
+    fmt = body.get("response_format", "pcm")
+    return {"records": [finished(r, fmt) for r in results], "begin": begin, "end": end, "cpu_s": cpu,
+            "late_start_s": max(0.0, late), "lags": lags}

@@ -1,0 +1,62 @@
+#!/usr/bin/env bash
+# Issue 43's breakdown, one device call: `bench` in-process and `python -m handlers http` at the same
+# concurrency on one GPU (real S1-mini shapes, random weights). Writes a random real-size checkpoint (as soak.sh),
+# runs bench --frames $FRAMES at $LEVELS, then starts the server (TTS_MAX_BATCH=256, TTS_TRACE_CHUNKS=1: per-chunk
+# stages and per-thread CPU in /metrics), waits for /ready, runs one warm-up pass, then loadtest at $LEVELS (pcm,
+# --max-new-tokens $FRAMES) with 1 and $PROCS client processes, and mp3/opus at the largest level. Each loadtest
+# level reads the server's /metrics before and after (queue wait, engine first audio, first byte sent, chunk
+# stages, engine loop and host seconds, CPU seconds per server thread). Prints a short table last.
+# Usage: scripts/device/http_breakdown.sh   (env: CKPT, CACHE, LEVELS=64,256, FRAMES=192, PROCS=4, EXTRA=mp3,opus)
+set -uo pipefail
+OUT=${OUT:-device-out}
+W=${WORK:-/tmp/http-breakdown}  # everything here; the few files worth keeping are copied to $OUT at the end
+mkdir -p "$OUT" "$W"
+trap 'for f in "$W"/*.log; do echo "==== $f"; tail -c 20000 "$f"; done > "$OUT/logs.txt"' EXIT
+export PYTHONPATH=$PWD/container:$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
+CKPT=${CKPT:-/tmp/s1-random} CACHE=${CACHE:-/tmp/tts-cache} PORT=${PORT:-8080}
+LEVELS=${LEVELS:-64,256} FRAMES=${FRAMES:-192} PROCS=${PROCS:-4} EXTRA=${EXTRA:-mp3,opus}
+TOP=${LEVELS##*,}
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+python3 -c "import torch, uvicorn, httptools, uvloop; print('torch', torch.__version__, 'uvicorn', uvicorn.__version__)"
+nproc
+if [ ! -f "$CKPT/model.pth" ]; then
+  t=$(date +%s)
+  python3 -c "import sys; from ttsengine.model.checkpoint_writer import write_random_checkpoint as w; \
+w('s1-mini', sys.argv[1], 'cuda')" "$CKPT" > "$W/write.log" 2>&1 || { tail -20 "$W/write.log"; exit 1; }
+  echo "wrote $CKPT in $(( $(date +%s) - t )) s: $(du -sh "$CKPT" | cut -f1)"
+fi
+t=$(date +%s)
+TTS_CACHE_DIR=$CACHE timeout 300 python3 -m ttsengine bench --random-weights s1-mini --frames "$FRAMES" \
+  --concurrency "$LEVELS" --check-audio 0 --out "$W/bench" > "$W/bench.log" 2>&1 \
+  || { echo "bench failed"; tail -20 "$W/bench.log"; }
+echo "bench took $(( $(date +%s) - t )) s"
+t=$(date +%s)
+TTS_MODEL_DIR=$CKPT TTS_CACHE_DIR=$CACHE TTS_DATA_DIR=/tmp/tts-data TTS_PORT=$PORT TTS_LOG_LEVEL=WARNING \
+  TTS_MAX_BATCH=256 TTS_TRACE_CHUNKS=1 python3 -m handlers http > "$W/server.log" 2>&1 &
+PID=$!
+python3 - "$PORT" "$PID" <<'PY' || { tail -30 "$W/server.log"; kill $PID; exit 1; }
+import json, os, sys, time, urllib.request
+port, pid, t0 = sys.argv[1], int(sys.argv[2]), time.time()
+while time.time() - t0 < 300:
+    try:
+        r = json.load(urllib.request.urlopen(f"http://127.0.0.1:{port}/ready", timeout=5))
+        print(f"ready after {time.time() - t0:.1f} s:", {k: r.get(k) for k in ("kernel_cache", "max_streams")})
+        sys.exit(0)
+    except Exception:
+        os.kill(pid, 0)
+        time.sleep(1)
+sys.exit("not ready after 300 s")
+PY
+URL=http://127.0.0.1:$PORT
+lt() { local name=$1 t0; t0=$(date +%s); shift; timeout 240 python3 -m ttsengine loadtest "$URL" \
+  --max-new-tokens "$FRAMES" --out "$W/$name" "$@" > "$W/$name.log" 2>&1
+  echo "$name exit $? ($(( $(date +%s) - t0 )) s)"; }
+lt warmup --concurrency "$TOP" --requests "$TOP"
+lt pcm-p1 --concurrency "$LEVELS"
+lt pcm-p$PROCS --concurrency "$LEVELS" --processes "$PROCS"
+[ -n "$EXTRA" ] && lt extra --concurrency "$TOP" --processes "$PROCS" --format "$EXTRA"
+kill -TERM $PID; wait $PID
+echo "server exit $?: $(grep -c Traceback "$W/server.log") tracebacks"
+cp "$W/bench/bench.json" "$OUT/bench.json"
+for n in pcm-p1 "pcm-p$PROCS" extra; do [ -f "$W/$n/loadtest.json" ] && cp "$W/$n/loadtest.json" "$OUT/lt-$n.json"; done
+python3 scripts/device/http_breakdown_table.py "$W" pcm-p1 "pcm-p$PROCS" extra | tee "$OUT/table.txt"
