@@ -147,7 +147,7 @@ SWITCHES = [v for v in ENV_VARS.values() if v.kind.expected == "auto, on or off"
 
 def test_every_switch_takes_auto_on_off():
     names = {v.name for v in SWITCHES}
-    assert names == {"TTS_ALLOW_SPECIAL_TOKENS", "TTS_STRICT_FIELDS", "TTS_PREFIX_CACHE"}  # the speed features: a list
+    assert names == {"TTS_ALLOW_SPECIAL_TOKENS", "TTS_STRICT_FIELDS", "TTS_PREFIX_CACHE", "TTS_TRACE_CHUNKS"}  # the speed features: a list
     for var in SWITCHES:
         for word in ("auto", "on", "off", "AUTO", "On", "1", "0", "true", "false", "yes", "no"):
             from_env({var.name: word})  # no error
@@ -217,7 +217,7 @@ def test_developer_settings_are_few():
     # the speed features' on/off switches are one list (TTS_FEATURES); what is left are sizes and test hooks
     assert sorted(n for n, v in ENV_VARS.items() if v.dev) == [
         "TTS_FEATURES", "TTS_FIRST_CHUNK_FRAMES", "TTS_INT8_KERNEL", "TTS_LAYER_GEMV_ROWS", "TTS_PREFILL_GROUP",
-        "TTS_PREFILL_TOKENS", "TTS_STREAM_CHUNK_FRAMES", "TTS_TEST_FAIL_ENGINE"]
+        "TTS_PREFILL_TOKENS", "TTS_STREAM_CHUNK_FRAMES", "TTS_TEST_FAIL_ENGINE", "TTS_TRACE_CHUNKS"]
 
 
 @pytest.mark.parametrize("env, pattern", [

@@ -43,6 +43,7 @@ LAYERS = {
     "ttsengine.config": tuple(o for o in OURS if o != "ttsengine.config"),
 }
 LOADING = "ttsengine.model.loading"  # weight I/O: may import the math beside it; the math never imports it
+DEVICE = "ttsengine.engine.device"  # runner, graphs, compile units, vocoder, the step in flight, device.py
 CONTROL = "ttsengine.engine.control"  # torch-free: scheduler, page pool, prefix cache, prefill budget, faults, plan
 FEATURES = "ttsengine.engine.features"  # the speed features' registry: plain data that config.py reads too
 TOOL_USERS = ("ttsengine.__main__", "ttsengine.tools")  # tools are imported by the CLI and by each other only
@@ -108,6 +109,9 @@ def test_core_rules(path):
             assert mod.startswith(TOOL_USERS), f"{mod} imports the tool {name}: tools are used by the CLI only"
         if _under(mod, "ttsengine.model") and not _under(mod, LOADING):  # math does not read weight files
             assert not _under(name, LOADING), f"{mod} (model math) imports {name}: weight I/O stays in {LOADING}"
+        if mod.startswith(DEVICE + "."):  # the device plane reports through callbacks, never into a request's life
+            assert not name.startswith(("ttsengine.synthesis", "ttsengine.engine.engine")), \
+                f"{mod} (device plane) imports {name}"
         if mod.startswith(CONTROL + ".") or mod == CONTROL:  # the control plane: host-side Python, testable alone
             assert root not in ("torch", "numpy", "triton"), f"{mod} (control plane) imports {name}"
             assert not name.startswith(("ttsengine.engine.device", "ttsengine.model", "ttsengine.synthesis")), \

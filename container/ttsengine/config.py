@@ -369,6 +369,7 @@ class ServerConfig:
     download_max_bytes: int = 512 << 20  # all kept download files together; the oldest go first
     drain_seconds: int = 30
     read_timeout: float = 30.0
+    trace_chunks: bool = False  # per-chunk stage timings and per-thread CPU in /metrics (serving/chunk_trace.py)
 
     @staticmethod
     def from_env(env: Mapping[str, str] | None = None, defaults: Mapping[str, object] | None = None,
@@ -450,6 +451,9 @@ SERVER_VARS = (
     DRAIN_SECONDS,
     Var("TTS_READ_TIMEOUT", "read_timeout", positive_number(),
         "seconds a client may pause while sending its request body before it gets 408 (default 30)"),
+    Var("TTS_TRACE_CHUNKS", "trace_chunks", toggle(auto=False),
+        "on: /metrics adds each audio piece's time from the engine to the socket and the CPU per thread (default off)",
+        dev=True),
 )
 
 

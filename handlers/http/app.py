@@ -13,6 +13,7 @@ from fastapi.middleware.cors import CORSMiddleware
 from starlette.concurrency import run_in_threadpool
 
 from ttsengine import EngineConfig, Fleet, ServerConfig
+from ttsengine.serving import chunk_trace
 from ttsengine.serving.api_key import ApiKey
 from ttsengine.serving.audio_store import AudioStore
 from ttsengine.serving.body_limit import BodyLimit
@@ -43,6 +44,7 @@ def create_app(server: ServerConfig, engine_config: EngineConfig,
 
     app = FastAPI(title="fish-tts-server", version="0.1.0", lifespan=lifespan, docs_url=None, redoc_url=None,
                   description="Fish-Speech / OpenAudio S1-mini text to speech.")
+    chunk_trace.enable(server.trace_chunks)  # before the metrics: they add the trace series only when on
     app.state.service, app.state.server, app.state.metrics = service, server, HttpMetrics(service)
     app.state.downloads = AudioStore(server.data_dir / "downloads", server.download_ttl, server.download_max_bytes)
     # innermost first: the key is checked before anything reads the body; the metrics see every answer, the

@@ -5,7 +5,7 @@
 - EngineCollector: the engines' own stats (Service.stats()), read at scrape time, per engine where they have
   one entry each;
 - GpuCollector: utilisation, memory and power from NVML where nvidia-ml-py and a GPU are present;
-- with TTS_TRACE_CHUNKS=1 only (ttsengine.serving.chunk_trace): each audio piece's stages from the engine to the
+- with TTS_TRACE_CHUNKS=on only (ttsengine.serving.chunk_trace): each audio piece's stages from the engine to the
   transport (tts_trace_chunk_seconds by stage) and the process's CPU seconds per thread role
   (tts_trace_thread_cpu_seconds_total), for finding where the time goes under load.
 Labels are bounded: route templates (never a raw path), voice kinds (never a voice id).
@@ -127,8 +127,8 @@ class HttpMetrics:
         self.audio_seconds = Counter("tts_speech_audio_seconds_total", "Seconds of audio delivered.",
                                      SPEECH_LABELS, registry=r)
         self.chunk = None
-        if chunk_trace.ENABLED:
-            self.chunk = Histogram("tts_trace_chunk_seconds", "Per audio piece (TTS_TRACE_CHUNKS=1): wake = engine "
+        if chunk_trace.enabled():
+            self.chunk = Histogram("tts_trace_chunk_seconds", "Per audio piece (TTS_TRACE_CHUNKS=on): wake = engine "
                                    "emitted -> event loop took it, encode = -> encoded, send = -> written to the "
                                    "transport, total = emitted -> written.", ("stage",),
                                    buckets=chunk_trace.BUCKETS, registry=r)
@@ -315,7 +315,7 @@ def engine_ttfa(stats: dict) -> HistogramMetricFamily:
 
 
 class ThreadCpuCollector:
-    """The server process's CPU seconds per thread role (TTS_TRACE_CHUNKS=1 only), read at each scrape."""
+    """The server process's CPU seconds per thread role (TTS_TRACE_CHUNKS=on only), read at each scrape."""
 
     def collect(self):
         family = CounterMetricFamily("tts_trace_thread_cpu_seconds", "CPU seconds of this process's threads by "

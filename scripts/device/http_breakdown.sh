@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Issue 43's breakdown, one device call: `bench` in-process and `python -m handlers http` at the same
 # concurrency on one GPU (real S1-mini shapes, random weights). Writes a random real-size checkpoint (as soak.sh),
-# runs bench --frames $FRAMES at $LEVELS, then starts the server (TTS_MAX_BATCH=256, TTS_TRACE_CHUNKS=1: per-chunk
+# runs bench --frames $FRAMES at $LEVELS, then starts the server (TTS_MAX_BATCH=256, TTS_TRACE_CHUNKS=on: per-chunk
 # stages and per-thread CPU in /metrics), waits for /ready, runs one warm-up pass, then loadtest at $LEVELS (pcm,
 # --max-new-tokens $FRAMES) with 1 and $PROCS client processes, and mp3/opus at the largest level. Each loadtest
 # level reads the server's /metrics before and after (queue wait, engine first audio, first byte sent, chunk
@@ -32,7 +32,7 @@ TTS_CACHE_DIR=$CACHE timeout 300 python3 -m ttsengine bench --random-weights s1-
 echo "bench took $(( $(date +%s) - t )) s"
 t=$(date +%s)
 TTS_MODEL_DIR=$CKPT TTS_CACHE_DIR=$CACHE TTS_DATA_DIR=/tmp/tts-data TTS_PORT=$PORT TTS_LOG_LEVEL=WARNING \
-  TTS_MAX_BATCH=256 TTS_TRACE_CHUNKS=1 python3 -m handlers http > "$W/server.log" 2>&1 &
+  TTS_MAX_BATCH=256 TTS_TRACE_CHUNKS=on python3 -m handlers http > "$W/server.log" 2>&1 &
 PID=$!
 python3 - "$PORT" "$PID" <<'PY' || { tail -30 "$W/server.log"; kill $PID; exit 1; }
 import json, os, sys, time, urllib.request

@@ -55,7 +55,7 @@ def test_quantile_interpolates_within_buckets_like_prometheus():
 
 @pytest.fixture(scope="module")
 def traced(tmp_path_factory):
-    proc, url = start_server(tmp_path_factory.mktemp("lt"), TTS_TRACE_CHUNKS="1")
+    proc, url = start_server(tmp_path_factory.mktemp("lt"), TTS_TRACE_CHUNKS="on")
     wait_ready(url, proc)
     yield url
     stop(proc)

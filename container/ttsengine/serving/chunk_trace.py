@@ -1,10 +1,11 @@
 """Opt-in per-chunk timestamps, for finding where a stream's time goes between the engine and the socket.
 
-Off unless the server starts with TTS_TRACE_CHUNKS=1 (nothing is recorded then, and no metric is added). When on,
-each piece of audio a delivery hands on carries (emitted, picked, encoded): time.perf_counter() when the engine
-emitted the chunk, when the event loop took it from the stream, and when its bytes were encoded (the worker
-thread's hop included); the adapter adds the time its send returned (the bytes written to the transport, or
-buffered there, a paused transport's wait included) and observes the stages:
+Off unless the server starts with TTS_TRACE_CHUNKS=on (ServerConfig.trace_chunks: the HTTP adapter calls enable()
+at start-up; the other adapters never do); off, nothing is recorded and no metric is added. When on, each piece of
+audio a delivery hands on carries (emitted, picked, encoded): time.perf_counter() when the engine emitted the chunk,
+when the event loop took it from the stream, and when its bytes were encoded (the worker thread's hop included); the
+adapter adds the time its send returned (the bytes written to the transport, or buffered there, a paused transport's
+wait included) and observes the stages:
 - wake: emitted -> picked (the cross-thread wake-up and the event loop's backlog);
 - encode: picked -> encoded (the thread pool's queue and the encoder);
 - send: encoded -> sent (the ASGI send through the middleware and the server's transport);
@@ -13,18 +14,27 @@ buffered there, a paused transport's wait included) and observes the stages:
 
 from __future__ import annotations
 
-import os
 import time
 from collections import deque
 
-ENABLED = os.environ.get("TTS_TRACE_CHUNKS", "") == "1"
+_enabled = False  # set once at start-up by the adapter (enable), before any delivery or metric is made
 STAGES = ("wake", "encode", "send", "total")
 BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
 
 
+def enable(on: bool) -> None:
+    """Turns tracing on or off for this process (the adapter, from its ServerConfig, at start-up)."""
+    global _enabled
+    _enabled = on
+
+
+def enabled() -> bool:
+    return _enabled
+
+
 def new_marks() -> deque | None:
     """A delivery's queue of marks (None when tracing is off)."""
-    return deque() if ENABLED else None
+    return deque() if _enabled else None
 
 
 def mark(marks: deque | None, emitted: float | None, picked: float) -> None:

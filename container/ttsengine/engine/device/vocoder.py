@@ -23,6 +23,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
 import torch
@@ -30,7 +31,6 @@ from torch import Tensor
 
 from ...model.codec import Codec
 from ...model.codec.streaming import StreamingCodec
-from ...synthesis.stream import Stream
 from .cuda_graphs import GraphSet
 
 log = logging.getLogger(__name__)
@@ -68,9 +68,18 @@ def cudnn_autotuned():
         torch.backends.cudnn.benchmark = old
 
 
+class AudioSink(Protocol):
+    """Where a row's audio goes (a request's stream, synthesis/stream.py): its chunks in order, then its end. The
+    device plane calls back through this and never imports the synthesis layer."""
+
+    def emit(self, audio: np.ndarray, text_index: int) -> None: ...
+
+    def finish(self, error: BaseException | None = None) -> None: ...
+
+
 @dataclass
 class Delivery:
-    stream: Stream
+    stream: AudioSink
     text_index: int
     frames: int  # real frames in this row (the rest of the chunk is padding)
 
@@ -78,7 +87,7 @@ class Delivery:
 class Vocoder:
     def __init__(self, codec: Codec, slots: int, max_frames: int, chunk_sizes: tuple[int, ...],
                  buckets: tuple[int, ...], capture_lock: threading.RLock,
-                 on_decoded: Callable[[int, float], None], on_finished: Callable[[Stream], None],
+                 on_decoded: Callable[[int, float], None], on_finished: Callable[[AudioSink], None],
                  time_major: bool = False):
         """max_frames: the longest stream a slot decodes; capture_lock: held by every CUDA graph capture (reentrant:
         the codec holds it around first uses that may capture);
@@ -177,7 +186,7 @@ class Vocoder:
     def reset(self, slot: int) -> None:
         self._q.put(("reset", slot))
 
-    def finish(self, stream: Stream, error: BaseException | None = None, completed: bool = False) -> None:
+    def finish(self, stream: AudioSink, error: BaseException | None = None, completed: bool = False) -> None:
         """Ends the stream after everything queued before; completed: count it as a finished request."""
         self._q.put(("finish", stream, error, completed))
 

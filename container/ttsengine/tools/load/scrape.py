@@ -1,6 +1,6 @@
 """The server's side of a level, from its /metrics read before and after: each speech histogram's count, mean
 and p50/p95 over the level (from the bucket counts, interpolated as Prometheus' histogram_quantile does), the
-engine loop's seconds and their host part, and, when the server traces (TTS_TRACE_CHUNKS=1), the chunk stages
+engine loop's seconds and their host part, and, when the server traces (TTS_TRACE_CHUNKS=on), the chunk stages
 and the CPU seconds per server thread."""
 
 from __future__ import annotations
