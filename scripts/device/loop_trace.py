@@ -38,8 +38,8 @@ def timed(cls, name: str, label: str | None = None) -> None:
     setattr(cls, name, wrapper)
 
 
-for cls, names in [(engine.Engine, ["_iteration", "_intake", "_cancellations", "_read", "_vocode", "_finished",
-                                    "_send"]),
+for cls, names in [(engine.Engine, ["_iteration", "_intake", "_cancellations", "_read", "_finished"]),
+                   (audio_feed.AudioFeed, ["due", "send"]),
                    (scheduler.Scheduler, ["schedule", "update"]),
                    (device.Device, ["execute"]),
                    (runner.Runner, ["prefill", "write_table"]),

@@ -98,7 +98,7 @@ def plain():
 def test_a_stored_voice_is_prefilled_once_and_tokens_do_not_change(plain, eager_engine, tmp_path):
     cached = engine()
     try:
-        store = VoiceStore(tmp_path, cached.voice_codes, cached.codec_tag, cached.frame_rate,
+        store = VoiceStore(tmp_path, cached.planner.voice_codes, cached.planner.codec_tag, cached.planner.frame_rate,
                            forget=cached.forget_voice)
         voice = store.add("alice", wav(1), "the stored voice's transcript")
         ref = (Reference(text=voice.text, codes=voice.codes),)

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from ..synthesis.plan import Plan
+from ..synthesis.plan import ChunkReport, Plan, Planner
 from ..synthesis.stream import Stream
 from .control.scheduler import Job
 from .device.vocoder import Delivery, Vocoder
@@ -47,6 +47,28 @@ class Task:
     def kept(self) -> int:
         """Frames that are audio for sure: the last generated one may still be dropped."""
         return max(0, len(self.frames) - 1)
+
+    def report(self, reason: str, num_codebooks: int) -> torch.Tensor:
+        """The text chunk ended (`reason`): its report goes on the plan (and its codes, when kept) -> its kept
+        codes int64 [num_codebooks, kept] (the next chunk's context)."""
+        plan = self.plan
+        kept = self.kept if reason != "cancelled" else self.decoded
+        plan.reports.append(ChunkReport(plan.texts[self.index], kept, reason, self.context_dropped,
+                                        self.prompt.shape[1]))
+        codes = (torch.from_numpy(np.stack(self.frames[:kept], axis=1)[1:]) if kept else
+                 torch.zeros(num_codebooks, 0, dtype=torch.int64))
+        if plan.keep_codes:
+            plan.codes.append(codes.numpy())
+        return codes
+
+    def successor(self, planner: Planner, codes: torch.Tensor) -> Task | None:
+        """The stream's next text chunk, with this one's text and kept `codes` as its context; None after the last."""
+        plan, nxt = self.plan, self.index + 1
+        if nxt >= len(plan.texts):
+            return None
+        prompt, dropped = planner.chunk_prompt(plan, nxt, (plan.texts[self.index], codes))
+        return Task(self.stream, plan, nxt, prompt, dropped, self.frame_offset + len(self.frames),
+                    audio_offset=self.audio_offset + codes.shape[1])
 
 
 def chunk_sizes(first: int, stream: int) -> tuple[int, ...]:
@@ -192,3 +214,46 @@ def send_to_codec(vocoder: Vocoder, tasks: list[Task], final: bool, first: int, 
         vocoder.decode([t.voc_slot for t, _ in call], codes, [Delivery(t.stream, t.index, count) for t, count in call])
         for task, count in call:
             task.decoded += count
+
+
+class AudioFeed:
+    """The loop's side of the codec: a codec slot for each text chunk in flight, its frames sent in rounds or all at
+    its end, its slot reset and its stream finished after its last audio (the vocoder's queue keeps that order)."""
+
+    def __init__(self, vocoder: Vocoder, rounds: CodecRounds, slots: int, first: int, stream: int):
+        self.vocoder, self.rounds, self.first, self.stream = vocoder, rounds, first, stream
+        self._slots = slots
+        self._free = list(range(slots - 1, -1, -1))
+
+    def start(self, task: Task) -> None:
+        """The text chunk's first prompt chunk is prefilled: it takes a codec slot."""
+        task.voc_slot = self._free.pop()
+
+    def due(self, tasks: list[Task], now: float) -> None:
+        """The running chunks' audio whose round has come (CodecRounds) goes to the codec."""
+        ready = self.rounds.due(tasks, now)
+        if ready:
+            self.send(ready, final=False)
+
+    def send(self, tasks: list[Task], final: bool) -> None:
+        send_to_codec(self.vocoder, tasks, final, self.first, self.stream)
+
+    def release(self, task: Task) -> None:
+        """The text chunk ended: its slot is reset after its last decode and free again."""
+        if task.voc_slot >= 0:
+            self.vocoder.reset(task.voc_slot)
+            self._free.append(task.voc_slot)
+            task.voc_slot = -1
+
+    def end(self, stream: Stream, error: BaseException | None = None, completed: bool = False) -> None:
+        """The stream ends after its last audio chunk; completed: it counts as a finished request."""
+        self.vocoder.finish(stream, error, completed)
+
+    def fail(self, streams: list[Stream], error: BaseException) -> None:
+        """Every slot reset and free, every stream ended with `error` (the loop failed them all)."""
+        self.rounds.reset()
+        self._free = list(range(self._slots - 1, -1, -1))
+        for slot in self._free:
+            self.vocoder.reset(slot)
+        for stream in streams:
+            self.vocoder.finish(stream, error)

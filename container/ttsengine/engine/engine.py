@@ -26,10 +26,10 @@ from ..config import EngineConfig
 from ..errors import BusyError, EngineDown, ShuttingDown, TTSError, no_audio
 from ..model.loading.checkpoint import Checkpoint
 from ..synthesis.output import SynthesisResult
-from ..synthesis.plan import ChunkReport, Plan, Planner
+from ..synthesis.plan import Plan, Planner
 from ..synthesis.request import SynthesisRequest
 from ..synthesis.stream import Stream
-from .audio_feed import CodecRounds, Task, chunk_sizes, send_to_codec
+from .audio_feed import AudioFeed, CodecRounds, Task, chunk_sizes
 from .control.faults import FaultCounter, simulated
 from .control.prefill_budget import PrefillBudget
 from .control.prefix_cache import PrefixCache, prefix_key
@@ -80,11 +80,11 @@ class Engine:
                                self.metrics.vocoded, self.metrics.completed, s.codec_channels_last)
         self.capture_gate = capture_gate
         self.device = (device or _real_device)(self)
-        self.rounds = CodecRounds(s.first_chunk_frames, s.stream_chunk_frames,
-                                  checkpoint.codec.frame_length / checkpoint.codec.sample_rate, s.codec_rounds,
-                                  VOCODER_GRAPH_ROWS)
+        rounds = CodecRounds(s.first_chunk_frames, s.stream_chunk_frames,
+                             checkpoint.codec.frame_length / checkpoint.codec.sample_rate, s.codec_rounds,
+                             VOCODER_GRAPH_ROWS)
+        self.audio = AudioFeed(self.vocoder, rounds, s.max_slots, s.first_chunk_frames, s.stream_chunk_frames)
         self.eos = checkpoint.tokenizer.im_end_id
-        self._free_voc = list(range(s.runner.max_slots - 1, -1, -1))
         self._inbox: deque[Task] = deque()
         self._cv = threading.Condition()
         self._streams: set[Stream] = set()
@@ -125,26 +125,6 @@ class Engine:
     @property
     def sample_rate(self) -> int:
         return self.ckpt.codec.sample_rate
-
-    @property
-    def voice_encoder(self):
-        return self.planner.voice_encoder
-
-    @property
-    def frame_rate(self) -> float:
-        """Code frames per second of audio (21.53 for S1)."""
-        return self.sample_rate / self.ckpt.codec.frame_length
-
-    @property
-    def codec_tag(self) -> str:
-        """Identifies the codec that stored voice codes were made with."""
-        from ..model.loading.weights import fingerprint
-
-        return fingerprint(self.ckpt.codec)
-
-    def voice_codes(self, audio: bytes) -> np.ndarray:
-        """Reference audio (any soundfile-readable bytes) -> codes int64 [n, F]; InputError if unreadable."""
-        return self.voice_encoder.codes_from_bytes(audio).numpy()
 
     # ---- lifecycle ----------------------------------------------------------------------------
     def start(self, wait: bool = True) -> None:
@@ -343,7 +323,7 @@ class Engine:
         for chunk in plan.chunks:
             task: Task = chunk.job.owner
             if task.voc_slot < 0:  # the job's first chunk
-                task.voc_slot = self._free_voc.pop()
+                self.audio.start(task)
                 task.stream.start()  # host clock only: the queue wait /metrics reports
         if plan.decodes and self._fail_at is not None and self.metrics.steps + 1 >= self._fail_at:
             raise simulated(str(self.device.device))
@@ -358,7 +338,7 @@ class Engine:
             self._read(launched)
         if not self.scheduler.has_work() and self.scheduler.has_slot_ops:  # going idle: the freed rows reset now
             self.device.execute(self.scheduler.flush(), t0)
-        self._vocode()
+        self.audio.due([job.owner for job in self.scheduler.running], time.perf_counter())
 
     def _intake(self) -> None:
         # under the lock: submit() and occupancy() never see a request in neither the inbox nor the scheduler
@@ -428,52 +408,31 @@ class Engine:
         # the jobs' last audio in shared codec calls: streams started together end at the same step, and a call per
         # stream (each followed by its reset and finish, which stop the codec thread's merge) left a queue of
         # one-row calls behind the last step
-        self._send([j.owner for j in jobs if j.finish_reason != "cancelled"], final=True)
+        self.audio.send([j.owner for j in jobs if j.finish_reason != "cancelled"], final=True)
         for job in jobs:
             self._close(job.owner, job.finish_reason)
 
     def _close(self, task: Task, reason: str) -> None:
         """Reports a finished text chunk; starts the next one or ends the stream."""
-        stream, plan = task.stream, task.plan
-        if task.voc_slot >= 0:
-            self.vocoder.reset(task.voc_slot)  # queued after the slot's last decode
-            self._free_voc.append(task.voc_slot)
-            task.voc_slot = -1
-        kept = task.kept if reason != "cancelled" else task.decoded
-        plan.reports.append(ChunkReport(plan.texts[task.index], kept, reason, task.context_dropped,
-                                        task.prompt.shape[1]))
-        if plan.keep_codes:
-            plan.codes.append(self._kept_codes(task, kept).numpy())
-        if reason == "cancelled" or stream.cancelled:
+        self.audio.release(task)
+        codes = task.report(reason, self.ckpt.config.num_codebooks)
+        if reason == "cancelled" or task.stream.cancelled:
             self.metrics.cancelled += 1
-            self._end(stream)
-            return
-        if task.index + 1 < len(plan.texts):
-            codes = self._kept_codes(task, kept)
-            prompt, dropped = self.planner.chunk_prompt(plan, task.index + 1, (plan.texts[task.index], codes))
-            nxt = Task(stream, plan, task.index + 1, prompt, dropped, task.frame_offset + len(task.frames),
-                       audio_offset=task.audio_offset + kept)
+            self._end(task.stream)
+        elif (nxt := task.successor(self.planner, codes)) is not None:
             self._enqueue(nxt, front=True)
-            return
-        if not plan.frames:  # not one frame in any text chunk: say so, not 200 + 0 bytes
-            self._end(stream, no_audio())  # a failed request: not counted as completed
-            return
-        self._end(stream, completed=True)
-
-    def _kept_codes(self, task: Task, kept: int) -> torch.Tensor:
-        """A finished text chunk's codebook codes of its first `kept` frames: int64 [num_codebooks, kept]."""
-        if not kept:
-            return torch.zeros(self.ckpt.config.num_codebooks, 0, dtype=torch.int64)
-        return torch.from_numpy(np.stack(task.frames[:kept], axis=1)[1:])
+        elif not task.plan.frames:  # not one frame in any text chunk: say so, not 200 + 0 bytes
+            self._end(task.stream, no_audio())  # a failed request: not counted as completed
+        else:
+            self._end(task.stream, completed=True)
 
     def _end(self, stream: Stream, error: BaseException | None = None, completed: bool = False) -> None:
-        self.vocoder.finish(stream, error, completed)  # after its last audio chunk
+        self.audio.end(stream, error, completed)
         with self._cv:
             self._streams.discard(stream)
 
     def _fail_all(self, error: TTSError) -> None:
         self._in_flight = None  # its frames belong to the streams failed here
-        self.rounds.reset()
         self.scheduler.release(list(self.scheduler.running))
         if self.prefix_cache is not None:  # a failed step may have left any page half written: cache nothing
             for key in list(self.prefix_cache.entries):
@@ -483,20 +442,8 @@ class Engine:
         with self._cv:
             streams, self._streams = list(self._streams), set()
             self._inbox.clear()
-        self._free_voc = list(range(self.settings.max_slots - 1, -1, -1))
-        for slot in self._free_voc:
-            self.vocoder.reset(slot)
-        for stream in streams:
-            self.vocoder.finish(stream, error)
+        self.audio.fail(streams, error)
 
-    # ---- audio --------------------------------------------------------------------------------
-    def _send(self, tasks: list[Task], final: bool) -> None:
-        send_to_codec(self.vocoder, tasks, final, self.settings.first_chunk_frames, self.settings.stream_chunk_frames)
-
-    def _vocode(self) -> None:
-        ready = self.rounds.due([job.owner for job in self.scheduler.running], time.perf_counter())
-        if ready:
-            self._send(ready, final=False)
 
 
 def _real_device(engine: Engine) -> Device:

@@ -184,15 +184,15 @@ class Fleet:
 
     @property
     def frame_rate(self) -> float:
-        return self._any().frame_rate
+        return self._any().planner.frame_rate
 
     @property
     def codec_tag(self) -> str:
-        return self._any().codec_tag
+        return self._any().planner.codec_tag
 
     def voice_codes(self, audio: bytes) -> np.ndarray:
         """Stored voices are codes on the host: any engine's codec makes the same (the weights are copies)."""
-        return self._any().voice_codes(audio)
+        return self._any().planner.voice_codes(audio)
 
     def forget_voice(self, text: str, codes: np.ndarray) -> None:
         """A stored voice was deleted or replaced: every engine drops its cached prompt prefix."""

@@ -79,6 +79,22 @@ class Planner:
     def prompt_limit(self) -> int:
         return self.capacity.prompt_limit
 
+    @property
+    def frame_rate(self) -> float:
+        """Code frames per second of audio (21.53 for S1)."""
+        return self.ckpt.codec.sample_rate / self.ckpt.codec.frame_length
+
+    @property
+    def codec_tag(self) -> str:
+        """Identifies the codec that stored voice codes were made with."""
+        from ..model.loading.weights import fingerprint
+
+        return fingerprint(self.ckpt.codec)
+
+    def voice_codes(self, audio: bytes) -> np.ndarray:
+        """Reference audio (any soundfile-readable bytes) -> codes int64 [n, F]; InputError if unreadable."""
+        return self.voice_encoder.codes_from_bytes(audio).numpy()
+
     def plan(self, request: SynthesisRequest | Plan) -> Plan:
         """Raises InputError before any audio: bad fields, unreadable references, a chunk that cannot fit.
         A Plan made elsewhere (e.g. by an engine with a larger cache) is checked against this capacity."""
