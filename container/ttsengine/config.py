@@ -241,7 +241,7 @@ ENGINE_VARS = (
     # upper bounds: far above any GPU's preset, low enough that a typo (an extra zero or three) fails at start
     # with its name instead of as an allocation that takes the host or GPU down
     Var("TTS_MAX_BATCH", "max_batch", integer(0, 4096, note=" (0 = auto)"),
-        "concurrent streams per GPU; 0 = the memory preset's (H100: 256, CPU: 8)"),
+        "concurrent streams per GPU; 0 = the memory preset's (README, 'Memory presets')"),
     Var("TTS_MAX_QUEUE", "max_queue", integer(0, 100_000, note=" (0 = auto)"),
         "requests allowed to wait for a slot before new ones get 'busy'; 0 = 2 x max batch"),
     Var("TTS_KV_CACHE_TOKENS", "kv_cache_tokens", integer(0, 1 << 24, note=" (0 = auto)"),
@@ -254,9 +254,9 @@ ENGINE_VARS = (
         "prompt tokens prefilled per engine step at most (longer prompts go in chunks)", dev=True),
     Var("TTS_PREFILL_GROUP", "prefill_group",
         integer_of(*PREFILL_GROUPS),
-        "prompts prefilled per call with prefill graphs (each call's shape a graph; every call costs ~5 ms on an H100 "
-        "whatever its size, so a burst of arrivals goes in faster in larger groups, at more graphs to capture); "
-        "default 8", dev=True),
+        "prompts prefilled per call with prefill graphs (each call's shape a graph; a call costs about the same "
+        "whatever its size, so a burst goes in faster in larger groups, at more graphs to capture); default 8",
+        dev=True),
     Var("TTS_PREFIX_CACHE", "prefix_cache", toggle(auto=True),
         "on (default) | off: a voice's prompt prefix (its references) is prefilled once and its KV pages shared"),
     Var("TTS_FIRST_CHUNK_FRAMES", "first_chunk_frames", integer(1),
@@ -271,12 +271,9 @@ ENGINE_VARS = (
         "every feature off / on, kernels the decode step's fused kernels as a group, later items win (e.g. "
         "-cuda_graphs,-kernels,+merged_ffn); the features and their defaults: README, 'Speed features'", dev=True),
     Var("TTS_LAYER_GEMV_ROWS", "layer_gemv_rows", integer(0, 64, note=" (0 = auto)"),
-        "0 = auto (default: 64 with PDL, i.e. H100/H200, and 16-bit weights; else 16) | 1-64: decode steps whose "
-        "bucket holds up to this many rows (buckets 1, 2, 4, ...) run layer_gemv's fused kernels (each layer as "
-        "five Triton kernels: norm, residual and SwiGLU inside the linears); larger buckets run the step's other ops "
-        "(compiled units over cuBLAS, or eager). Above 16 rows the kernels compute 64-row tiles, the norms as "
-        "kernels of their own (H100, 64 streams: 8,730 frames/s against 7,700 with 16, which restores the cuBLAS "
-        "step above 16 rows)",
+        "0 = auto (default: 64 where kernels launch with PDL and weights are 16-bit; else 16) | 1-64: decode steps "
+        "whose bucket holds up to this many rows (buckets 1, 2, 4, ...) run layer_gemv's fused kernels; larger "
+        "buckets run the step's other ops (compiled units over cuBLAS, or eager)",
         dev=True),
     Var("TTS_CACHE_DIR", "cache_dir", PATH, "directory of the torch.compile kernel cache (keep it on a volume)"),
     Var("TTS_QUANT", "quant", choice("bf16", "none", "int8", "int4"),

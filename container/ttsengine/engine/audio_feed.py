@@ -163,7 +163,7 @@ class CodecRounds:
     pace, plus HOLD_MARGIN_S. All of a round's calls are whole chunks: at most `stream` frames per stream pile up
     between rounds, and codec_calls sends them in the largest sizes that fit. With more than `phases * rows`
     streams running nothing waits: the codec thread is then behind and its merge (vocoder.py) already joins what
-    queues up into large calls, and rounds measured slower (H100, 512 streams: 12,400 frames/s without, 11,800 with).
+    queues up into large calls, and rounds measured slower there (docs/performance.md, "Codec").
     enabled False: every ready task goes (TTS_FEATURES=-codec_rounds)."""
 
     def __init__(self, first: int, stream: int, frame_seconds: float, enabled: bool = True, rows: int = 64,

@@ -43,7 +43,7 @@ from .loader import load
 from .metrics import EngineMetrics
 from .settings import BatchSettings, snake_kernel_usable
 
-IDLE_BEFORE_CAPTURE = 0.25  # s the loop waits idle before capturing a lazy graph (~0.25 s each on an H100)
+IDLE_BEFORE_CAPTURE = 0.25  # s the loop waits idle before capturing a lazy graph (about what one capture takes)
 
 log = logging.getLogger(__name__)
 

@@ -134,23 +134,13 @@ FEATURES = (
     Feature(STEP_PRIORITY, ENGINE, "the decode step and prefill on a high-priority CUDA stream",
             "the default stream's priority", "engine/engine.py `_run`", requires=(CUDA,)),
     # ---- the decode step's fused kernels ----
-    # Why the defaults (docs/performance.md has the rest): merged_ffn: bucket 2 3.72 -> 3.47 ms, 64 rows 5.34 -> 5.10
-    # ms (H100, torch 2.11, fused_ab.sh); int8/int4 linears are left unmerged by merge_inputs. The samplers' tl.sort /
-    # tl.cumsum: tested on Triton 3.x (torch 2.2's Triton 2.2 keeps the unfused sampler). layer_gemv (with the fast
-    # attention's 16-bit kernel): step at bucket 2 3.52 -> 2.65 ms, one stream 259 -> 324 frames/s (H200, torch 2.11,
-    # Triton 3.6). fast_stack stays opt-in: 136 us per fast position at one row vs layer_gemv's 108 (H100, torch 2.11,
-    # scripts/device/fast_stack_bench.py): its 21 grid barriers a position cost 1.8 us each. pdl (layer_gemv's kernels
-    # as programmatic dependents, their 1-2-row tiles holding all of K): the layers of a frame at one row 1,892 ->
-    # 1,571 us bf16, 1,874 -> 1,509 int8 (H100, torch 2.11, Triton 3.6, scripts/device/pdl_bench.py); one stream 323
-    # -> 369 frames/s (bench, two device calls). split_attention stays opt-in: one row at 600 positions 16.4 -> 10.6
-    # us a slow layer, at 2,000 42.6 -> 14.1, but at 150 8.1 -> 8.9 (the combine kernel) and 8 streams of the bench
-    # 2,320 -> 2,170 frames/s (H100, scripts/device/attention_bench.py, bench): a graph cannot pick by context length.
-    # vocab_sampler (kernels/vocab_sampler.py): 215 -> 42 us at one row, 1,412 -> 291 us at 64
-    # (scripts/device/vocab_sampler_bench.py); one stream 371 -> 399 frames/s, 64 streams 6,090 -> 6,870 (bench, one
-    # device call; H100, torch 2.11, Triton 3.6); counting only entries above the floor and skipping chunks without
-    # window ids or kept entries (stop 40): 64 rows 326 -> 287 us flat, 319 -> 120 peaked. step_glue
-    # (kernels/step_glue.py, instead of ~35 torch ops): bench 1,8,64, one device call: 455 -> 463, 2,420 -> 2,540,
-    # 7,260 -> 7,740 frames/s (H100, torch 2.11); its aranges fail in Triton 2.2
+    # Why the defaults (the figures: docs/performance.md, "Fused decode-step kernels"): each kernel on by default was
+    # measured faster than the unfused path. merged_ffn: int8/int4 linears are left unmerged by merge_inputs. The
+    # samplers' tl.sort / tl.cumsum: tested on Triton 3.x (torch 2.2's Triton 2.2 keeps the unfused sampler).
+    # fast_stack stays opt-in: slower than layer_gemv per fast position, its grid barriers being costly. pdl:
+    # layer_gemv's kernels as programmatic dependents, their 1-2-row tiles holding all of K. split_attention stays
+    # opt-in: faster at long contexts but slower at the bench's short ones, and a graph cannot pick by context length.
+    # step_glue replaces ~35 torch ops; its aranges fail in Triton 2.2
     Feature(FAST_ATTENTION, KERNEL, "the fast layers' cache write + attention as one Triton kernel over paged KV",
             "gather + SDPA (also what CPUs run when it is asked for)", UNITS,
             auto=(CUDA, TRITON, SIXTEEN_BIT)),

@@ -2,9 +2,10 @@
 
 A preset is picked once at start from the CUDA device's name and memory (TTS_MEMORY_PRESET names one
 instead); TTS_MAX_BATCH, TTS_KV_CACHE_TOKENS and TTS_GPU_MEMORY_UTILIZATION override its values. The
-batch sizes are the streams a GPU keeps near 1.2x real time (H100: measured with the real S1-mini
-shapes; the others scaled from it by memory bandwidth and bf16 throughput, to be confirmed on each
-GPU): more slots than that would slow every stream instead of queueing the extra requests. The KV
+batch sizes are the streams a GPU keeps near 1.2x real time (the `h100` preset measured with the real
+S1-mini shapes; the others scaled from it by memory bandwidth and bf16 throughput, to be confirmed on each
+GPU; docs/performance.md, "Engine scheduling"): more slots than that would slow every stream instead of queueing the
+extra requests. The KV
 pool then takes `positions_per_stream` per slot, within `memory_utilization` of the GPU's memory
 (vLLM's meaning: the engine's share of the whole GPU, weights and workspace included).
 """

@@ -52,7 +52,7 @@ def snake_kernel_usable(config: EngineConfig, cuda: bool) -> bool:
 
 def cudnn_autotune_mode(on: frozenset[str]) -> str:
     """The cuDNN features -> "off" | "graphs" | "process". cuDNN's autotuning times every algorithm at a
-    conv shape's first call and keeps the fastest (the codec: +28% at 64 streams on an H100), but the
+    conv shape's first call and keeps the fastest (measured faster codec: docs/performance.md, "Codec"), but the
     timing synchronizes the GPU, which fails a CUDA graph capture running on another thread. "graphs"
     (cudnn_tuning, with CUDA graphs) turns it on only inside the codec's capture windows, which hold the capture
     lock (so no other capture runs) and which voice encoding waits for; a captured graph keeps the tuned
@@ -66,14 +66,14 @@ def cudnn_autotune_mode(on: frozenset[str]) -> str:
 def codec_switches(on: frozenset[str]) -> CodecSwitches:
     """How the codec runs, from the features in effect (features_on). The channels-last layout is on by default
     only where cuDNN tunes the codec's convolutions: its untuned heuristics pick an algorithm ~35x slower for two
-    dilated convs at a few rows (H100, torch 2.11: the codec 10x slower at one stream)."""
+    dilated convs at a few rows (the codec far slower at one stream: docs/performance.md, "Codec")."""
     return CodecSwitches(compile=features.CODEC_COMPILE in on, snake_kernel=features.SNAKE_KERNEL in on,
                          cudnn_autotune=cudnn_autotune_mode(on), channels_last=features.CODEC_CHANNELS_LAST in on)
 
 
 def auto_gemv_rows(model, fused: frozenset[str]) -> int:
-    """TTS_LAYER_GEMV_ROWS=0: 64 where it was measured faster than cuBLAS (an H100's step with pdl in the fused
-    kernels, 16-bit weights: 64 streams 7,700 -> 8,730 frames/s), else 16 (the 64-row tiles' speed on other GPUs,
+    """TTS_LAYER_GEMV_ROWS=0: 64 where it was measured faster than cuBLAS (with pdl in the fused kernels and
+    16-bit weights: docs/performance.md, "Layer GEMV rows"), else 16 (the 64-row tiles' speed on other GPUs,
     without PDL or with int8 weights is unmeasured)."""
     lw = linear_weight(model.layers[0].attention.wqkv)  # (weight, int8 scale or None), None: no plain weight
     sixteen_bit = lw is not None and lw[1] is None and lw[0].dtype in (torch.bfloat16, torch.float16)
@@ -131,7 +131,7 @@ class BatchSettings:
     def warm_buckets(self) -> tuple[int, ...]:
         """The buckets whose step runs before ready (the compiled units they use are compiled then): the first, and
         with compile the first dynamic one (2) after a 1-row bucket, so no compile waits for the first batch of two
-        where those buckets run compiled units. (With layer_gemv, steps of up to runner.gemv_rows (16; 64 on an H100)
+        where those buckets run compiled units. (With layer_gemv, steps of up to runner.gemv_rows (16, or 64 with PDL)
         rows run Triton kernels, not compiled units: their compile comes with the first bucket above, captured while
         idle or at first use.)"""
         return self.buckets[:2] if self.compile and self.buckets[0] == 1 and self.max_slots > 1 else self.buckets[:1]
@@ -194,8 +194,8 @@ class BatchSettings:
         graphs, compile_ = features.CUDA_GRAPHS in on, features.COMPILE in on
         buckets = []
         # compiled units are dynamic from 2 (size 1 specialises): a 1-row bucket is a second variant of each; worth
-        # it for the lone stream (one stream 407 -> 460 frames/s with an engine sized 1 vs 64, H100, bench, call 1
-        # of stop 34): at 2 rows the GEMVs, attention, samplers and codec compute a padding row
+        # it for the lone stream (measured faster: docs/performance.md, "Engine scheduling"): at 2 rows the GEMVs,
+        # attention, samplers and codec compute a padding row
         b = 2 if compile_ and max_batch > 1 and features.ONE_ROW_BUCKET not in on else 1
         while b < max_batch:
             buckets.append(b)

@@ -18,10 +18,8 @@ int8 has several implementations, picked by `int8_kernel` (EngineConfig.int8_ker
   torch.compile (torch 2.11) Inductor pattern-matches that form, and torchao's, into
   `aten._weight_int8pack_mm`, whose CUDA kernel made the compiled decode step ~24x slower than bf16.
 
-Measured on an H100 (torch 2.11, random-weight S1-mini, compiled decode step in a CUDA graph, ms at
-64 / 2 rows, two processes): bf16 7.44 / 4.82 and 6.92 / 4.30; fused 7.49 / 4.36 and 6.98 / 4.25;
-tile 7.48 / 4.70 and 7.43 / 4.66 (the same step drifts ~10% between processes: compare within one);
-earlier: dequant 9.57 / 6.85; off (torchao or legacy) 168 / 26-27.
+`fused` is the default because the compiled decode step measured fastest with it at both 2 and 64 rows,
+`dequant` and `off` far slower (docs/performance.md, "int8 linears").
 
 int4 needs torchao. Convolutions and embeddings keep the model dtype.
 """

@@ -67,7 +67,7 @@ SCAN_BLOCK = 1024  # columns per block of blocked_cumsum (the slow vocabulary: 1
 def blocked_cumsum(x: Tensor, block: int) -> Tensor:
     """x: [B, V] -> cumsum over V, computed per block of `block` columns plus each block's offset: the same
     sums in another order (fp32 rounding differs), but B * V / block GPU blocks work at once where torch's
-    scan gives a row one (155,776 columns: ~190 us for a row on an H100, whatever the batch)."""
+    scan gives a row one (155,776 columns: slow whatever the batch; docs/performance.md, "Samplers")."""
     B, V = x.shape
     inner = F.pad(x, (0, -V % block)).view(B, -1, block).cumsum(-1)  # [B, blocks, block]
     offsets = F.pad(inner[:, :-1, -1].cumsum(-1), (1, 0))  # [B, blocks]: the sum of the blocks before

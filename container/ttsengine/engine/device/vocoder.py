@@ -246,7 +246,8 @@ class Vocoder:
         """The time-major codec's dilated convs tuned as a capture tunes, for runs that are not replays (warm-up,
         first uses, keys never captured; `key`: the run's graph key, nothing to do when captured): cuDNN keeps the
         algorithm it first picks for a shape, tuned or not, and its heuristics pick one ~35x slower for two of them
-        at a few rows (H100, torch 2.11; tuning every conv of the warm-up cost 3 s of start). Under the capture lock
+        at a few rows (tuning every conv of the warm-up cost seconds of start; docs/performance.md, "Codec"). Under the
+        capture lock
         (reentrant: a first use inside may capture), since the tuning's timing would break another thread's capture.
         The channel-major codec: nothing (its untuned picks were fine)."""
         if not self.codec.time_major or key in self.graphs.graphs:
@@ -333,8 +334,9 @@ class Vocoder:
     def _resets(self, slot: int, held: deque) -> None:
         """A slot's reset and the resets and finishes queued right behind it: the finishes first, then every slot in
         one reset. A reset is ~60 small kernels (one per state buffer) whatever its rows, and streams started together
-        end together: one reset per slot left ~40 ms of them, the GPU mostly idle, before the last streams finished
-        (H100, 64 streams; scripts/device/gpu_timeline.py). Any order among these commands is safe: a finish needs
+        end together: one reset per slot left the GPU mostly idle on them before the last streams finished
+        (scripts/device/gpu_timeline.py; docs/performance.md, "Codec"). Any order among these commands is safe: a
+        finish needs
         only its stream's earlier decodes done, a reset its slot's; the command that ends the run (a decode, maybe
         of one of these slots' next streams) runs after the reset."""
         slots = [slot]
@@ -417,8 +419,9 @@ class Vocoder:
     def _to_host(self, audio: Tensor) -> np.ndarray:
         """audio [b, L] on the device -> float32 [b, L] in the pinned staging buffer, valid until the next call.
         A copy into pageable memory is synchronous: it waits for the codec's kernels inside the driver, and the
-        engine thread's CUDA calls (launches, event records) were seen to block meanwhile, off the CPU (H100, 64
-        streams: ~0.5 s of a 1.5 s level; scripts/device/loop_trace.py), as if behind a driver lock. Into pinned
+        engine thread's CUDA calls (launches, event records) were seen to block meanwhile, off the CPU, for a
+        third of a level (scripts/device/loop_trace.py; docs/performance.md, "Codec"), as if behind a driver lock. Into
+        pinned
         memory it is an asynchronous DMA; the wait is an event's, which blocks only this thread."""
         need = audio.numel()
         if self._staging is None or self._staging.numel() < need:

@@ -63,14 +63,15 @@ class TimeMajor:
 
     A [b, n, C] tensor seen as [b, C, 1, n] is channels-last without a copy, so each conv runs as a channels-last
     conv2d with a (1, k) kernel and returns channels-last, which is again [b, n', C']. The channel-major layout
-    hands cuDNN NCHW tensors, which it transposes to NHWC and back around every conv (~15% of the codec's GPU time
-    at 64 streams on an H100); Snake, adds and the ConvNeXt pointwise layers do not care (the latter even lose two
-    transposes). Same math; convolution algorithms may differ. A conv's kept samples are [n, C] per row.
+    hands cuDNN NCHW tensors, which it transposes to NHWC and back around every conv (a measured share of the
+    codec's GPU time: docs/performance.md, "Codec"); Snake, adds and the ConvNeXt pointwise layers do not care (the
+    latter even lose two transposes). Same math; convolution algorithms may differ. A conv's kept samples are
+    [n, C] per row.
     """
 
     time = 1
-    # cuDNN adds a conv's bias in a pass of its own over the output (~19% of the codec's GPU time at 64 streams on
-    # an H100): the walker adds it in the Snake or residual sum that reads the output instead
+    # cuDNN adds a conv's bias in a pass of its own over the output (measured costly: docs/performance.md, "Codec"):
+    # the walker adds it in the Snake or residual sum that reads the output instead
     fold_biases = True
 
     def __init__(self, kernels: Kernels):

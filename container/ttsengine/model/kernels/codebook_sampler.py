@@ -13,7 +13,7 @@ Same math, same order of operations, in fp32:
   the best entry); an entry is kept iff its probability is >= the smallest kept one. Equal to the sorted reference
   except when two probabilities tie exactly at the cut, where the reference's (unstable) sort picks some of them
   and this keeps all. (A sort-free search for the cut over the probabilities' 32-bit keys, 16 thresholds a round,
-  measured 46 us a call on an H100 against ~10 for the whole kernel with the sort: not used);
+  measured several times slower than the whole kernel with the sort: not used; docs/performance.md, "Samplers");
 - the draw: argmax(softmax(kept / temperature) / noise) with the reference's counter-based noise (the row's counter
   plus the codebook's offset `k`: the reference's `counter + k`, without its own kernel).
 With an embedding table the program also writes table[token] as the row of the next fast position's input, and with
@@ -36,8 +36,8 @@ except Exception:  # noqa: BLE001
     triton = None
 
 MAX_LOGITS = 4096
-NUM_WARPS = 8  # warps per row's program: H100, 9 calls of 1,024 logits: 1 warp 38 us a call, 2: 19, 4: 10.1, 8: 9.0
-# (scripts/device/codebook_sampler_bench.py; the same tokens at every count)
+NUM_WARPS = 8  # warps per row's program: the fastest count measured, the same tokens at every count
+# (scripts/device/codebook_sampler_bench.py; docs/performance.md, "Samplers")
 
 if triton is not None:
     from .keyed_noise import exp_noise, row_key

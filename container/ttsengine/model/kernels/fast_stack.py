@@ -14,11 +14,11 @@ other SMs wrote them in this launch), and rounds where small_linear rounds (norm
 SwiGLU); the attention tile is one (row, KV head): q/k RMSNorm and RoPE as Attention.project rounds them, the new
 key/value stored at `pos`, softmax over positions 0..pos in fp32.
 
-Measured (H100, torch 2.11, Triton 3.6, S1-mini fast shapes, bf16, scripts/device/fast_stack_bench.py): 136 us a
-position at one row against layer_gemv's 108 — a grid barrier costs 1.8 us (21 a position: 37 us) and a program's
-tiles run as a chain of dependent loads and block reductions (~3.5 us each). Hence opt-in. What would make it pay:
-weights of the next phase loaded before the barrier (held in registers they spilled: 290 us; they need shared
-memory), attention folded into the Wo phase (one barrier fewer per layer), fewer, cheaper barriers.
+Measured slower per position than layer_gemv's kernels (scripts/device/fast_stack_bench.py; docs/performance.md,
+"Fused decode-step kernels"): the grid barriers (21 a position) cost a third of the gap and a program's tiles run
+as a chain of dependent loads and block reductions. Hence opt-in. What would make it pay: weights of the next
+phase loaded before the barrier (held in registers they spilled, slower still; they need shared memory),
+attention folded into the Wo phase (one barrier fewer per layer), fewer, cheaper barriers.
 
 Barrier: a self-resetting counter + generation word (`sync`, int32 [2], zero at first use, left as it was found
 modulo the generation). Every program must be resident at once, so the grid is at most one program per SM (checked)

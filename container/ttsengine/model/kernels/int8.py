@@ -9,11 +9,9 @@ Two kernels, picked per call by `int8_linear_config`:
   tl.dot needs >= 16 columns per program, which on a 1,024-column layer leaves 64 programs for 132
   SMs; 4 columns give 256 programs reading the weight at full bandwidth.
 
-Measured on an H100 (torch 2.11, Triton 3.6, weights rotated beyond L2, CUDA graph, us per linear at
-2 rows): w2 1024x3072 cuBLAS bf16 7.03 / tile 7.23 / gemv 5.02; wo 1024x2048 5.81 / 5.96 / 4.09; wqkv
-4096x1024 5.72 / 5.86 / 5.17; w1 3072x1024 5.32 / 5.28 / 4.51; head 155776x1024 137.8 / 63.7 / 101.3.
-The decode step at bucket 2 (one process): bf16 4.82 ms, tile only 4.70, gemv 4.36. The per-linear sweep
-is `scripts/device/quant_eval.py --micro`; the step times `quant_eval.py bf16 int8 int8:tile`.
+At 2 rows the GEMV kernel measured faster than cuBLAS bf16 and the tiles on every decode-layer linear, and the
+step at bucket 2 faster with it (docs/performance.md, "int8 linears"). The per-linear sweep is
+`scripts/device/quant_eval.py --micro`; the step times `quant_eval.py bf16 int8 int8:tile`.
 """
 
 from __future__ import annotations
@@ -41,8 +39,8 @@ def _sm_count(device_index: int) -> int:
     return torch.cuda.get_device_properties(device_index).multi_processor_count
 
 
-# Measured tiles (H100, torch 2.11, Triton 3.6: scripts/device/quant_eval.py --tune, the fastest of a
-# sweep per shape, timed in CUDA graphs with the weights rotated beyond L2) for the S1-mini linears:
+# Measured tiles (scripts/device/quant_eval.py --tune, the fastest of a sweep per shape, timed in CUDA graphs
+# with the weights rotated beyond L2; docs/performance.md, "int8 linears") for the S1-mini linears:
 # (row class, N, K) -> tiles; row class "s" = up to 16 rows (timed at 2), "m" = 17..64 (timed at 64).
 # Other shapes follow the rules in int8_linear_config, which give the same tiles here bar ties.
 _S = {"BM": 16, "BN": 32, "BK": 256, "num_warps": 4, "num_stages": 4}

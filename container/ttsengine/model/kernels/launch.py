@@ -83,8 +83,8 @@ _STAGES: dict[tuple, int] = {}  # a launch's key -> the pipeline stages this GPU
 
 
 def launch_fitting(launch: Callable[[int], object], key: tuple, stages: int) -> int:
-    """launch(stages), or with the most stages below that the GPU takes: tiles tuned on H100s (227 KB of shared
-    memory a program) may not fit GPUs with less (99 KB: L40S, A10, L4, RTX), where Triton refuses them with
+    """launch(stages), or with the most stages below that the GPU takes: tiles tuned on GPUs with 227 KB of shared
+    memory a program may not fit GPUs with less (99 KB: L40S, A10, L4, RTX), where Triton refuses them with
     OutOfResources before anything runs (e.g. small_linear's 64-row tile, 4 stages of 40 KB). A key keeps the
     count that launched (one per GPU and variant, so a row's bits still do not depend on the batch; stages move
     when loads are issued, not the order of the sums). -> the stages used."""

@@ -31,8 +31,8 @@ from .triton_support import next_pow2, triton_major
 SCRATCH_PAGE = 0
 # > 1: the Triton kernel's page loop software-pipelined with this many stages (tl.range num_stages: later pages'
 # loads in flight while one is used); 1: one page after the other. The same math in the same order either way
-# (bit-equal, tested on the device). 2: 7.9 -> 7.5 us at context 150, 43.7 -> 39.9 at 2,000, one row; 3 and 4 gain
-# nothing (H100, torch 2.11, Triton 3.6, scripts/device/attention_bench.py)
+# (bit-equal, tested on the device). 2 measured faster at short and long contexts, 3 and 4 gain nothing
+# (scripts/device/attention_bench.py; docs/performance.md, "Paged attention")
 PIPELINE_STAGES = 2
 
 

@@ -9,12 +9,13 @@ streams their weight rows in BLOCK_K chunks and keeps every step's rounding wher
 (`small_linear_reference`).
 
 Determinism: no atomics, no split-K. Every program computes a 16-row tile up to 16 rows and a 64-row one above
-(rows past M load as zeros and are never stored: loading them as copies of row 0, unmasked, made 24 rows 2-3x
-slower than 64 on an H100) and the default config depends on M only through its class (up to CORE_ROWS, up to 16,
-or more), so within a class the kernel binary, and thus each row's reduction order, is the same alone or in a batch.
+(rows past M load as zeros and are never stored: loading them as copies of row 0, unmasked, made 24 rows
+slower than 64; docs/performance.md, "Layer GEMV rows") and the default config depends on M only through its
+class (up to CORE_ROWS, up to 16, or more), so within a class the kernel binary, and thus each row's reduction
+order, is the same alone or in a batch.
 The 64-row tile's RMSNorm runs as a kernel of its own before the linear (`_normed`, same roundings): computed in
-every program, as the 16-row tile does, its reads of all of x cost more than the weights (slow head at 64 rows:
-187 us against 117 without the norm, wqkv 15.6 against 6.0; scripts/device/wide_tile_probe.py).
+every program, as the 16-row tile does, its reads of all of x cost more than the weights
+(scripts/device/wide_tile_probe.py; docs/performance.md, "Layer GEMV rows").
 (Across classes, as across the engine's larger buckets that run cuBLAS, a row may differ in its last bits.) Two
 ways to multiply:
 - `use_dot`: tl.dot on the 16- or 64-row tile, software-pipelined (tensor cores for 16-bit; fp32 FMAs, no TF32,
@@ -70,16 +71,16 @@ def small_linear_config(n_out: int, k: int, dtype: torch.dtype, swiglu: bool = F
     with one config per shape, so a row's bits are the same at any M of its class: above TILE_ROWS the 64-row tile
     (tl.dot, steps of up to 64 rows: TTS_LAYER_GEMV_ROWS; 32 columns, K steps of 128 and 4 stages from 2,048
     columns or with SwiGLU, 16, 256 and 4 on 1,024, the vocabulary head's 64, 128 and 3: the best per class of rows
-    at 24 and 64 on an H100, small_linear_bench.py --rows 24,64); up to CORE_ROWS,
+    at 24 and 64, small_linear_bench.py --rows 24,64); up to CORE_ROWS,
     16-bit and int8 weights take the CUDA-core path with narrow column blocks and long K steps (more programs in
-    flight on 1-4k-column layers: 1.3-1.6x faster there), otherwise the tl.dot tiles. Measured on an H200 (torch
-    2.11, Triton 3.6, scripts/device/small_linear_bench.py over the S1-mini decode shapes); SwiGLU's two weight
-    tiles keep the dot path at every M (32 columns: 8.1-8.7 us vs 10.7-12.7 at 16).
+    flight on 1-4k-column layers: measured faster there), otherwise the tl.dot tiles
+    (scripts/device/small_linear_bench.py over the S1-mini decode shapes); SwiGLU's two weight tiles keep the dot
+    path at every M (32 columns measured faster than 16). Figures: docs/performance.md, "Layer GEMV rows".
     pdl (the kernel loads its first K step of weights before waiting on the previous kernel, kernels/launch.py): at
     up to CORE_ROWS the CUDA-core tiles hold all of K at once, SwiGLU's two tiles included (8 columns, two steps of
-    512), so all (or half) of a program's weights load while the previous kernel runs: the frame's layers at one row
-    with PDL 1,561 us, vs 1,891 with these default tiles and no PDL, but 2,021 with the PDL tiles and no PDL (H100,
-    torch 2.11, Triton 3.6, scripts/device/pdl_bench.py): they are only the default where PDL runs."""
+    512), so all (or half) of a program's weights load while the previous kernel runs: with PDL they measured
+    faster than these default tiles, without PDL slower (scripts/device/pdl_bench.py; docs/performance.md, "Layer
+    GEMV rows"): they are only the default where PDL runs."""
     block_k = min(128 if dtype == torch.float32 else 256, max(16, next_pow2(k)))
     if pdl and rows <= CORE_ROWS and dtype != torch.float32 and n_out < 16384 and k <= CORE_MAX_K:
         if swiglu:

@@ -2,7 +2,7 @@
 
 Eager PyTorch runs Snake as five elementwise passes over the codec's largest tensors (the decoder's
 audio-rate activations); torch.compile fuses them but costs a long dynamo trace of the whole codec on
-every process start (about 20 s of a warm start on an H100). This kernel gives the fused pass without
+every process start (docs/performance.md, "Codec"). This kernel gives the fused pass without
 tracing: the codec then runs eagerly inside a CUDA graph. Math in fp32, stored in x's dtype.
 """
 

@@ -1,7 +1,7 @@
 """The decode step's bookkeeping around the layers as two Triton kernels (TTS_FEATURES step_glue).
 
 Between its fused layers and samplers the step ran ~35 small torch kernels a frame that move a few hundred bytes
-each (H100, one row: ~30 us of them before the first layer, ~25 us after the last sampler, of a ~2.1 ms frame):
+each (a few percent of a one-row frame: docs/performance.md, "Fused decode-step kernels"):
 
 - `step_inputs`: the slow model's input, DualAR.embed of the last frame (the token's embedding plus, for semantic
   tokens, the sum of the ten codebook embeddings, scaled by 1/sqrt(n+1) where the config says so) and the RoPE row

@@ -1,8 +1,9 @@
 """The slow token's sampling over the whole vocabulary (155,776 logits a row) without a sort: repetition penalty,
 top-p, temperature and the keyed Exp(1) draw of model/sampling.py in six Triton kernels, for 16-bit logits.
 
-The reference (`frame.sample_token_blocked`) sorts every row (a segmented sort of 155,776 per row: ~60 us at one
-row on an H100, far more at 64), scans it, scatters the mask back and draws with one block per row (~80 us). Here
+The reference (`frame.sample_token_blocked`) sorts every row (a segmented sort of 155,776 per row, slow and
+slower with more rows), scans it, scatters the mask back and draws with one block per row (docs/performance.md,
+"Samplers"). Here
 top-p's cut is found from a histogram instead. A 16-bit logit has one of 65,536 values, so a row's logits are
 counted per value (its order-preserving 16-bit key), and the mass of a value is count * exp(v - max) / sum: the
 sorted cumulative sum, exactly, without moving a logit. The few penalised logits (the window's ids: fp32 values

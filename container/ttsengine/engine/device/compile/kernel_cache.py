@@ -5,7 +5,8 @@ volume on RunPod), so a restart does not recompile. `python -m ttsengine warm` a
 that can be shipped into an empty directory (model.tar.gz on SageMaker, a baked image): a zip of
 torch's portable artifacts (torch >= 2.7: `torch.compiler.save_cache_artifacts`), the Triton
 cache directory, which holds the kernels torch's artifacts leave out (ours: paged attention, Snake,
-int8; without them a blob start compiled them again, ~3 s on an H100), and the decode step's
+int8; without them a blob start compiled them again: docs/performance.md, "Start time and kernel cache"), and the
+decode step's
 precompiled units (torch >= 2.10, engine/device/compile/precompiled.py); on older torch the Inductor directory too.
 A cache made for another GPU, torch, Triton or model is detected from its metadata:
 one log line, then a recompile, never a crash.
@@ -151,8 +152,8 @@ class KernelCache:
 def relink_triton_groups(triton_dir: Path) -> int:
     """Triton's cache lists each compiled kernel's files in a group file `KEY/__grp__NAME.json` by absolute path,
     and takes a kernel whose listed paths are missing for a miss: a cache unpacked from the blob or mounted at
-    another path than where it was compiled (a volume, /opt/ml/model) compiled every Triton kernel again (~2.7 s
-    of an H100 start). Points each missing path at the same file beside its group file, where a moved cache has
+    another path than where it was compiled (a volume, /opt/ml/model) compiled every Triton kernel again (seconds
+    of a start). Points each missing path at the same file beside its group file, where a moved cache has
     it -> groups rewritten. A listed file that is missing there too is left: Triton compiles that kernel again."""
     fixed = 0
     for group in triton_dir.glob("*/__grp__*.json") if triton_dir.is_dir() else ():
@@ -199,7 +200,7 @@ def _short(env: dict) -> str:
 
 def _difference(meta: dict, env: dict, describe: dict) -> str:
     """What a cache's metadata says it was built for, where that differs from now: the machine (gpu, torch, triton,
-    ...) or the engine's settings (model, fused kernels, ...), e.g. "gpu NVIDIA A10G (this is NVIDIA H100 80GB HBM3)"
+    ...) or the engine's settings (model, fused kernels, ...), e.g. "gpu NVIDIA A10G (this is NVIDIA L40S)"
     or "other settings: fused_kernels ['layer_gemv'] (now ['layer_gemv', 'pdl'])"."""
     built_env, built_describe = meta.get("environment", {}), meta.get("describe")
     changed = _changes(built_env, env, "this is")

@@ -1,8 +1,9 @@
 """A decode-step unit compiled ahead of time and kept in the kernel cache (torch's AOT precompile).
 
 Inductor's cache spares a warm start the kernel compiles, but Dynamo still traces every compiled
-unit again at each process start (fake-tensor propagation, guards, cache keys: ~1 s per unit on
-an H100 host, five units). torch >= 2.10 can save the traced function itself (bytecode, guards and
+unit again at each process start (fake-tensor propagation, guards, cache keys: seconds of a warm start;
+docs/performance.md, "Start time and kernel cache"). torch >= 2.10 can save the traced function itself (bytecode,
+guards and
 Inductor's compiled graph); loading it takes milliseconds and traces nothing.
 
 A unit holds variants, one per shape family (sampling runs over the vocabulary and over a
