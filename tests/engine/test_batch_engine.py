@@ -361,7 +361,7 @@ def test_streams_ending_together_share_their_last_codec_call(eager_engine):
             plan = eng.planner.plan(SynthesisRequest(text=f"Together {i}.", seed=90 + i, max_new_tokens=11))
             plan.keep_codes = True
             plans.append(plan)
-        with eng._cv:  # noqa: SLF001 - the loop takes all four in one intake: one prefill, the same last step
+        with eng.intake.cv:  # the loop takes all four in one intake: one prefill, the same last step
             streams = [eng.submit(p, ignore_stop=True) for p in plans]
         results = [s.result() for s in streams]
         assert [left for left, _ in releases] == [4] and [n for _, n in releases] == [1], releases

@@ -363,7 +363,7 @@ def test_page_counters_follow_every_change():
 
 def wait_idle(eng: Engine, timeout: float = 60) -> None:
     end = time.time() + timeout
-    while eng.scheduler.has_work() or eng._inbox or eng._forget:
+    while not eng.intake.idle():
         assert time.time() < end, "the engine never went idle"
         time.sleep(0.05)
     time.sleep(0.2)  # the loop's last iteration releases what it held

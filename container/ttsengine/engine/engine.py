@@ -1,14 +1,9 @@
-"""The serving engine: the loop and the request lifecycle. One loop thread runs intake -> schedule -> execute ->
-update -> audio.
-
-Each iteration: take new requests and cancellations; the scheduler (control/, torch-free) plans the step: this
-step's prompt chunks (new streams' first chunks, then continuations of long prompts, within a budget that keeps
-decoding streams real time; a stream's last chunk arms its first frame), the pages they and the decode step need,
-and one decode step for every decoding stream; the device plane (device/device.py) executes the plan (a CUDA graph
-per batch bucket on GPU) and hands back the step in flight; its frames come back with one copy and update the
-scheduler (finished streams released); new frames are decoded to audio in batches and handed to their streams.
-Long texts continue chunk by chunk with the previous chunk as context. A prompt prefix shared with earlier requests
-(a voice's references) is read from the prefix cache's pages instead of prefilled again (control/prefix_cache.py).
+"""The serving engine: the loop and the request lifecycle. One loop thread runs, per iteration:
+intake (intake.py: new requests, cancellations) -> schedule (control/, torch-free: this step's prompt chunks within
+a budget that keeps decoding streams real time, their pages, one decode step over the decoding streams: a StepPlan)
+-> execute (device/device.py: the plan on the GPU; the step stays in flight) -> update (its frames read back with one
+copy; finished text chunks released, continued with the previous chunk as context, or ended) -> audio (audio_feed.py:
+new frames to the codec in batches, the audio to its streams).
 """
 
 from __future__ import annotations
@@ -16,7 +11,6 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections import deque
 from collections.abc import Callable
 
 import numpy as np
@@ -39,6 +33,7 @@ from .device.device import Device, kernel_cache, units_text
 from .device.in_flight import InFlight
 from .device.runner import Runner
 from .device.vocoder import VOCODER_GRAPH_ROWS, Vocoder
+from .intake import Intake
 from .loader import load
 from .metrics import EngineMetrics
 from .settings import BatchSettings, snake_kernel_usable
@@ -52,43 +47,33 @@ class Engine:
     def __init__(self, checkpoint: Checkpoint, config: EngineConfig,
                  device: Callable[[Engine], Device] | None = None, capture_lock: threading.RLock | None = None,
                  capture_gate: threading.Event | None = None, fail_at_step: int | None = None):
-        """device: makes the device plane from this engine's parts (default: a Runner on the checkpoint's device
-        behind device.Device; the state-machine tests pass a scripted one); capture_lock: shared by the engines of
-        one process (fleet.py), since cuDNN's autotune flag is process-wide; capture_gate: graphs left for later are
-        captured only once it is set (fleet.py: every engine warm); fail_at_step: the TTS_TEST_FAIL_ENGINE hook
-        (this engine's decode step that fails as a lost GPU would)."""
+        """device: makes the device plane from this engine's parts (default: device.Device over a Runner; tests pass a
+        scripted one); capture_lock: shared by a process's engines (cuDNN's autotune flag is process-wide);
+        capture_gate: lazy graphs wait for it (fleet.py: every engine warm); fail_at_step: TTS_TEST_FAIL_ENGINE."""
         self.ckpt, self.config = checkpoint, config
         self.settings = s = BatchSettings.resolve(config, checkpoint)
-        # one CUDA graph capture at a time: decode step or codec
         self.capture_lock = capture_lock if capture_lock is not None else threading.RLock()
         self._faults, self._fail_at = FaultCounter(), fail_at_step
-        self.down: str | None = None  # why the engine was taken out of service (faults.py)
         # voice encoding's convolutions wait for the codec's autotuned capture windows (cudnn_autotune_mode)
         self.planner = Planner(checkpoint, config, self.kv_positions,
                                encode_lock=self.capture_lock if s.cudnn_autotune == "graphs" else None)
         self.kernel_cache = kernel_cache(config, checkpoint, s)
-        # the prefix cache: admission counts its pages, the page pool evicts from it (both the scheduler's)
         self.prefix_cache = PrefixCache() if s.prefix_cache else None
         self.scheduler = Scheduler(s.runner.max_slots, s.max_queue, s.runner.num_pages - 1, s.runner.page_size,
                                    s.prefill_tokens, self.prefix_cache, bucket=s.bucket)
-        self.budget = PrefillBudget(s.prefill_tokens, checkpoint.codec.frame_length / checkpoint.codec.sample_rate,
-                                    s.runner.page_size)
-        self._forget: deque[str] = deque()  # prefix keys to drop (a voice deleted or replaced), any thread
+        frame_seconds = checkpoint.codec.frame_length / checkpoint.codec.sample_rate
+        self.budget = PrefillBudget(s.prefill_tokens, frame_seconds, s.runner.page_size)
         self.metrics = EngineMetrics()
         self.vocoder = Vocoder(checkpoint.codec, s.runner.max_slots, checkpoint.config.max_seq_len,
                                chunk_sizes(s.first_chunk_frames, s.stream_chunk_frames), s.buckets, self.capture_lock,
                                self.metrics.vocoded, self.metrics.completed, s.codec_channels_last)
         self.capture_gate = capture_gate
         self.device = (device or _real_device)(self)
-        rounds = CodecRounds(s.first_chunk_frames, s.stream_chunk_frames,
-                             checkpoint.codec.frame_length / checkpoint.codec.sample_rate, s.codec_rounds,
+        rounds = CodecRounds(s.first_chunk_frames, s.stream_chunk_frames, frame_seconds, s.codec_rounds,
                              VOCODER_GRAPH_ROWS)
         self.audio = AudioFeed(self.vocoder, rounds, s.max_slots, s.first_chunk_frames, s.stream_chunk_frames)
         self.eos = checkpoint.tokenizer.im_end_id
-        self._inbox: deque[Task] = deque()
-        self._cv = threading.Condition()
-        self._streams: set[Stream] = set()
-        self._stop = False
+        self.intake = Intake(self.scheduler, s.max_queue, s.max_slots, str(self.device.device), self.metrics)
         self._thread: threading.Thread | None = None
         self.ready = threading.Event()
         self.warmup_seconds: float | None = None
@@ -138,9 +123,7 @@ class Engine:
                 raise self._failed
 
     def close(self) -> None:
-        with self._cv:
-            self._stop = True
-            self._cv.notify_all()
+        self.intake.stop()
         if self._thread is not None:
             self._thread.join(timeout=30)
         self.vocoder.close()
@@ -152,36 +135,24 @@ class Engine:
         plan.ignore_stop = plan.ignore_stop or ignore_stop
         stream = Stream(plan, self.sample_rate, str(self.device.device))
         prompt, _ = self.planner.chunk_prompt(plan, 0, None)
-        task = Task(stream, plan, 0, prompt, False, 0)
-        with self._cv:
-            if self.down is not None:
-                raise EngineDown(f"the engine on {self.device.device} is out of service: {self.down}")
-            if self._stop:
-                raise ShuttingDown("the server is shutting down; retry shortly")
-            if len(self._inbox) + self.scheduler.queue_depth >= self.settings.max_queue:
-                self.metrics.rejected += 1
-                raise BusyError(f"the engine is busy ({len(self.scheduler.running)} streams running, "
-                                f"{self.scheduler.queue_depth + len(self._inbox)} waiting); retry shortly")
-            self._inbox.append(task)
-            self._streams.add(stream)
-            self._cv.notify_all()
+        self.intake.put(Task(stream, plan, 0, prompt, False, 0))
         return stream
 
     def synthesize(self, request: SynthesisRequest | Plan) -> SynthesisResult:
         return self.submit(request).result()
 
     def occupancy(self) -> tuple[int, int]:
-        """(slots not spoken for, requests waiting): the router's hint (fleet.py). Under the lock, so a request
-        moving from the inbox to the scheduler (_intake) is counted once, never zero times."""
-        with self._cv:
-            waiting = self.scheduler.queue_depth + len(self._inbox)
-            return self.settings.max_slots - len(self.scheduler.running) - waiting, waiting
+        """(slots not spoken for, requests waiting): the router's hint (fleet.py)."""
+        return self.intake.occupancy()
 
     @property
     def open_streams(self) -> int:
-        """Requests taken in and not yet ended (queued, generating, or their last audio being decoded)."""
-        with self._cv:
-            return len(self._streams)
+        return self.intake.open_streams
+
+    @property
+    def down(self) -> str | None:
+        """Why the engine was taken out of service, or None."""
+        return self.intake.down
 
     @property
     def state(self) -> str:
@@ -208,14 +179,12 @@ class Engine:
         prefix = self.planner.prefix([(text, torch.as_tensor(np.asarray(codes), dtype=torch.int64))])
         key, _ = prefix_key(prefix, prefix.shape[1], self.settings.runner.page_size)
         if key is not None:
-            with self._cv:
-                self._forget.append(key)
-                self._cv.notify_all()
+            self.intake.forget(key)
 
     def stats(self) -> dict:
         cache = self.prefix_cache
         return {**self.metrics.snapshot(running=len(self.scheduler.running),
-                                        waiting=self.scheduler.queue_depth + len(self._inbox),
+                                        waiting=self.intake.waiting,
                                         device=self.device.device, prefix_cache=cache),
                 "device": str(self.device.device), "codec_device": str(self.vocoder.device), "state": self.state,
                 "error": self.error,
@@ -250,14 +219,14 @@ class Engine:
         self.ready.set()
         with torch.inference_mode():
             while True:
-                with self._cv:
-                    if self._idle() and self.device.graphs_pending():
-                        self._cv.wait(timeout=IDLE_BEFORE_CAPTURE)  # a request arriving now goes first
-                    idle = self._idle()
+                with self.intake.cv:
+                    if self.intake.idle() and self.device.graphs_pending():
+                        self.intake.cv.wait(timeout=IDLE_BEFORE_CAPTURE)  # a request arriving now goes first
+                    idle = self.intake.idle()
                     if idle and not self.device.graphs_pending():
-                        self._cv.wait(timeout=1.0)
+                        self.intake.cv.wait(timeout=1.0)
                         continue
-                    if self._stop:
+                    if self.intake.stopping:
                         break
                 try:
                     if idle:  # every slot is free: capture one more bucket's graphs (lazy start-up)
@@ -275,7 +244,7 @@ class Engine:
                         self._go_down(why)
                         return
                     log.exception("engine step failed; failing the in-flight requests")
-                    self.metrics.failed_streams += len(self._streams)
+                    self.metrics.failed_streams += self.intake.open_streams
                     self._fail_all(TTSError(f"internal engine error: {type(e).__name__}: {e}"))
         self._fail_all(ShuttingDown("the server shut down before this request finished; retry it"))
 
@@ -284,38 +253,25 @@ class Engine:
         again (a lost GPU's calls would fail or hang), new requests are refused (EngineDown)."""
         log.error("the engine on %s is taken out of service: %s", self.device.device, why, exc_info=True)
         error = EngineDown(f"the engine on {self.device.device} failed and was taken out of service ({why})")
-        with self._cv:
-            self.down = why
-            streams, self._streams = list(self._streams), set()
-            self._inbox.clear()
-            # host-side bookkeeping only (no page or slot resets on the device): a down engine reports no
-            # running or waiting streams in /health and /metrics
-            self.scheduler.release(list(self.scheduler.running))
-            self.scheduler.waiting.clear()
+        # host-side bookkeeping only (no page or slot resets on the device): a down engine reports no running or
+        # waiting streams in /health and /metrics
+        streams = self.intake.end_all(down=why)
         self._in_flight = None  # its frames belong to the streams just failed
         self.metrics.failed_streams += len(streams)
         for stream in streams:
             stream.finish(error)
 
-    def _idle(self) -> bool:
-        return not self._stop and not self._inbox and not self._forget and not self.scheduler.has_work()
-
     def settle(self, timeout: float = 120.0) -> bool:
         """Waits until the graphs left for later (lazy start-up) are captured; -> whether they all are."""
-        end = time.monotonic() + timeout
-        while self.device.graphs_pending() and time.monotonic() < end:
-            time.sleep(0.05)
-        return not self.device.graphs_pending()
+        return self.device.settle(timeout)
 
     def _iteration(self) -> None:
         self._intake()
         self._cancellations()
         running = self.scheduler.running
-        # while streams decode and some running stream's audio has started (decoding, or prefilling its next text
-        # chunk), the budget at the bucket of the step each admission brings it to (control/prefill_budget.py): a
-        # burst onto running streams goes in at the pace the small steps leave room for, not the full batch's. Until
-        # one has audio, nothing can stall: a burst onto an idle engine goes in as it arrives (TTS_PREFILL_TOKENS
-        # per step); budgeted, a prefill call's fixed cost read as a per-token cost held a burst back (ramp_trace.py)
+        # while streams decode and one's audio has started, each admission is budgeted at the bucket it brings the
+        # step to (control/prefill_budget.py): a burst cannot stall running streams. Before any audio nothing can
+        # stall, and a burst goes in as it arrives (a prefill call costs about the same whatever its size)
         playing = any(j.decoding for j in running) and any(j.owner.playing for j in running)
         t0 = time.perf_counter()
         bucket_of = self.settings.bucket
@@ -331,8 +287,7 @@ class Engine:
         if self._in_flight is not None:  # the step before, still running while this one was queued behind it
             self._read(self._in_flight)
         self._in_flight = launched
-        # without overlap, or when no stream is left to decode (its rows were past their ends): read it now, so an
-        # idle engine has no step in flight
+        # without overlap, or with no stream left to decode: read it now (an idle engine has no step in flight)
         if launched is not None and (not self.settings.overlap_step or not self.scheduler.running):
             self._in_flight = None
             self._read(launched)
@@ -341,14 +296,7 @@ class Engine:
         self.audio.due([job.owner for job in self.scheduler.running], time.perf_counter())
 
     def _intake(self) -> None:
-        # under the lock: submit() and occupancy() never see a request in neither the inbox nor the scheduler
-        # (max_queue would be overrun, the router would see a free engine); _enqueue is host-side and short
-        with self._cv:
-            tasks, self._inbox = list(self._inbox), deque()
-            for task in tasks:
-                self._enqueue(task, front=False)
-            forget, self._forget = list(self._forget), deque()
-        for key in forget:
+        for key in self.intake.take(lambda task: self._enqueue(task, front=False)):
             self._drop_prefix(key)
 
     def _drop_prefix(self, key: str) -> None:
@@ -428,8 +376,7 @@ class Engine:
 
     def _end(self, stream: Stream, error: BaseException | None = None, completed: bool = False) -> None:
         self.audio.end(stream, error, completed)
-        with self._cv:
-            self._streams.discard(stream)
+        self.intake.ended(stream)
 
     def _fail_all(self, error: TTSError) -> None:
         self._in_flight = None  # its frames belong to the streams failed here
@@ -439,10 +386,7 @@ class Engine:
                 self._drop_prefix(key)
         self.device.execute(self.scheduler.flush(), time.perf_counter())  # every row reset
         self.scheduler.waiting.clear()
-        with self._cv:
-            streams, self._streams = list(self._streams), set()
-            self._inbox.clear()
-        self.audio.fail(streams, error)
+        self.audio.fail(self.intake.end_all(), error)
 
 
 

@@ -231,6 +231,13 @@ class Device:
         prefill = self.runner.prefill_graphs
         return bool(self.graphs.pending or self.vocoder.pending_rows or (prefill is not None and prefill.pending))
 
+    def settle(self, timeout: float) -> bool:
+        """Waits (another thread: the loop captures while idle) until no graph is left for later -> whether none is."""
+        end = time.monotonic() + timeout
+        while self.graphs_pending() and time.monotonic() < end:
+            time.sleep(0.05)
+        return not self.graphs_pending()
+
     def capture_next(self) -> None:
         """One more lazy capture, every slot idle: the smaller pending batch of the decode step and the codec
         (the codec's on its thread; this thread waits, so captures stay one at a time), then the prefill's."""

@@ -1,0 +1,106 @@
+"""The one door between the API threads and the engine's loop thread: requests waiting to be taken in, the streams
+taken in and not yet ended, prefix keys to forget, and whether the engine stops or is down.
+
+Every method holds one condition. A request moves from here into the scheduler inside take(), under it, so
+occupancy() (the router's hint) and the busy check count it once, never zero times. The loop sleeps on the same
+condition while idle (wait), so a request, a forget or a stop wakes it at once.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import deque
+from collections.abc import Callable
+
+from ..errors import BusyError, EngineDown, ShuttingDown
+from ..synthesis.stream import Stream
+from .audio_feed import Task
+from .control.scheduler import Scheduler
+from .metrics import EngineMetrics
+
+
+class Intake:
+    def __init__(self, scheduler: Scheduler, max_queue: int, slots: int, where: str, metrics: EngineMetrics):
+        """where: the engine's device, for the messages; metrics: counts the requests refused as busy."""
+        self.scheduler, self.max_queue, self.slots, self.where = scheduler, max_queue, slots, where
+        self.metrics = metrics
+        self.cv = threading.Condition()
+        self._tasks: deque[Task] = deque()
+        self._forget: deque[str] = deque()  # prefix keys to drop (a voice deleted or replaced)
+        self._streams: set[Stream] = set()
+        self.stopping = False
+        self.down: str | None = None  # why the engine was taken out of service (control/faults.py)
+
+    # ---- the API threads ----------------------------------------------------------------------
+    def put(self, task: Task) -> None:
+        """Queues a request's first text chunk; EngineDown, ShuttingDown or BusyError (a full queue) at once."""
+        with self.cv:
+            if self.down is not None:
+                raise EngineDown(f"the engine on {self.where} is out of service: {self.down}")
+            if self.stopping:
+                raise ShuttingDown("the server is shutting down; retry shortly")
+            waiting = len(self._tasks) + self.scheduler.queue_depth
+            if waiting >= self.max_queue:
+                self.metrics.rejected += 1
+                raise BusyError(f"the engine is busy ({len(self.scheduler.running)} streams running, {waiting} "
+                                "waiting); retry shortly")
+            self._tasks.append(task)
+            self._streams.add(task.stream)
+            self.cv.notify_all()
+
+    def forget(self, key: str) -> None:
+        with self.cv:
+            self._forget.append(key)
+            self.cv.notify_all()
+
+    def occupancy(self) -> tuple[int, int]:
+        """(slots not spoken for, requests waiting)."""
+        with self.cv:
+            waiting = self.scheduler.queue_depth + len(self._tasks)
+            return self.slots - len(self.scheduler.running) - waiting, waiting
+
+    @property
+    def waiting(self) -> int:
+        with self.cv:
+            return self.scheduler.queue_depth + len(self._tasks)
+
+    @property
+    def open_streams(self) -> int:
+        """Requests taken in and not yet ended (queued, generating, or their last audio being decoded)."""
+        with self.cv:
+            return len(self._streams)
+
+    def stop(self) -> None:
+        with self.cv:
+            self.stopping = True
+            self.cv.notify_all()
+
+    # ---- the loop thread ----------------------------------------------------------------------
+    def take(self, enqueue: Callable[[Task], None]) -> list[str]:
+        """Moves the waiting requests into the scheduler (enqueue, under the condition) -> prefix keys to forget."""
+        with self.cv:
+            tasks, self._tasks = list(self._tasks), deque()
+            for task in tasks:
+                enqueue(task)
+            forget, self._forget = list(self._forget), deque()
+        return forget
+
+    def idle(self) -> bool:
+        """Nothing to do (call under cv): no request, no forget, no work in the scheduler, not stopping."""
+        return not self.stopping and not self._tasks and not self._forget and not self.scheduler.has_work()
+
+    def ended(self, stream: Stream) -> None:
+        with self.cv:
+            self._streams.discard(stream)
+
+    def end_all(self, down: str | None = None) -> list[Stream]:
+        """Every open stream and waiting request leaves (the loop fails them) -> the streams; down: the engine is
+        taken out of service for that reason, and the scheduler forgets its jobs (host side only)."""
+        with self.cv:
+            streams, self._streams = list(self._streams), set()
+            self._tasks.clear()
+            if down is not None:
+                self.down = down
+                self.scheduler.release(list(self.scheduler.running))
+                self.scheduler.waiting.clear()
+        return streams
