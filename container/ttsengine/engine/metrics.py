@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-TTFA_BUCKETS = (0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 2.0, 5.0, 10.0)
+from .stats import TTFA_BUCKETS
 
 
 @dataclass
