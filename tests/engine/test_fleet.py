@@ -122,14 +122,15 @@ def test_backpressure_counts_every_engine(fleet):
     until(lambda: all(len(e.scheduler.running) == 2 for e in fleet.engines))
     waiting = [fleet.submit(LONG, ignore_stop=True) for _ in range(4)]  # a queue of 2 on each
     assert [e.occupancy() for e in fleet.engines] == [(-2, 2), (-2, 2)]
-    rejected = fleet.stats()["rejected"]
+    rejected = fleet.stats().total.rejected
     t0 = time.perf_counter()
     with pytest.raises(BusyError, match=r"the engines are busy \(4 streams running, 4 waiting\)"):
         fleet.submit(LONG)
     assert time.perf_counter() - t0 < 0.5
     stats = fleet.stats()
-    assert stats["rejected"] == rejected + 1 and stats["running"] == 4 and stats["waiting"] == 4
-    assert stats["max_streams"] == 4 and [e["device"] for e in stats["engines"]] == ["cpu", "cpu"]
+    total = stats.total
+    assert total.rejected == rejected + 1 and total.running == 4 and total.waiting == 4
+    assert total.max_streams == 4 and [e.device for e in stats.engines] == ["cpu", "cpu"]
     for s in running + waiting:
         s.cancel()
     for s in running + waiting:
@@ -152,9 +153,9 @@ def test_an_engine_taken_out_of_service_fails_its_requests_and_the_other_serves_
             down.submit(LONG)
         assert fleet.submit(SynthesisRequest(text="After.", seed=5, max_new_tokens=5)).result().frames == 4
         stats = fleet.stats()
-        assert stats["state"] == "degraded" and stats["max_streams"] == 2
-        assert [(e["state"], e["failed_streams"]) for e in stats["engines"]] == [("ready", 0), ("down", 1)]
-        assert "cpu: RuntimeError: CUDA error" in stats["error"]
+        assert stats.total.state == "degraded" and stats.total.max_streams == 2
+        assert [(e.state, e.failed_streams) for e in stats.engines] == [("ready", 0), ("down", 1)]
+        assert "cpu: RuntimeError: CUDA error" in stats.total.error
         svc = Service(lambda: fleet, None).load()
         health = svc.health()
         assert health["status"] == "degraded" and svc.ready and svc.error is None
@@ -190,13 +191,13 @@ def test_a_voices_requests_go_to_its_home_engine_and_meet_its_cached_prefix():
         home, other = fleet.engines[home_index], fleet.engines[1 - home_index]
         for i in range(4):  # one after another: both engines idle each time, the voice's home takes it
             fleet.submit(SynthesisRequest(text=f"Line {i}.", seed=i, max_new_tokens=6, references=ref)).result()
-        assert (home.stats()["prefix_misses"], home.stats()["prefix_hits"]) == (1, 3)
-        assert (other.stats()["prefix_misses"], other.stats()["prefix_hits"]) == (0, 0)
+        assert (home.stats().prefix_misses, home.stats().prefix_hits) == (1, 3)
+        assert (other.stats().prefix_misses, other.stats().prefix_hits) == (0, 0)
         # the home engine full: load wins, the other engine takes the voice (and prefills its prefix once)
         busy = [home.submit(LONG, ignore_stop=True) for _ in range(2)]
         until(lambda: len(home.scheduler.running) == 2)
         fleet.submit(SynthesisRequest(text="Elsewhere.", seed=9, max_new_tokens=6, references=ref)).result()
-        assert other.stats()["prefix_misses"] == 1
+        assert other.stats().prefix_misses == 1
         for s in busy:
             s.cancel()
         # requests without a voice are routed by load alone

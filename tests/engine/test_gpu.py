@@ -8,6 +8,7 @@ tokens must still match exactly.
 from __future__ import annotations
 
 from collections import Counter
+from dataclasses import asdict
 
 import numpy as np
 import pytest
@@ -32,7 +33,7 @@ REQUESTS = [
 def tokens(engine_cfg: EngineConfig, stats: dict | None = None, waves: tuple = (REQUESTS,)) -> list:
     """Every generated frame of every text chunk of every request, recorded through the engine's tasks; the
     requests of a wave are submitted at once, a wave after the previous one ended. `stats` gets the engine's
-    stats(), the prefill graph keys it captured and the fused kernels it ran ("fused")."""
+    stats() (as a dict), the prefill graph keys it captured and the fused kernels it ran ("fused")."""
     eng = Engine.load(engine_cfg)
     seen: dict[int, list] = {}
     original = eng._close
@@ -50,7 +51,7 @@ def tokens(engine_cfg: EngineConfig, stats: dict | None = None, waves: tuple = (
                 s.result()
             streams += submitted
         if stats is not None:
-            stats.update(eng.stats())
+            stats.update(asdict(eng.stats()))
             graphs = eng.runner.prefill_graphs
             stats["prefill_graph_keys"] = sorted(graphs.graphs) if graphs is not None else []
             stats["fused"] = eng.runner.fused_in_use

@@ -42,6 +42,7 @@ from .device.vocoder import VOCODER_GRAPH_ROWS, Vocoder
 from .loader import load
 from .metrics import EngineMetrics
 from .settings import BatchSettings, snake_kernel_usable
+from .stats import EngineStats
 
 IDLE_BEFORE_CAPTURE = 0.25  # s the loop waits idle before capturing a lazy graph (~0.25 s each on an H100)
 
@@ -232,17 +233,14 @@ class Engine:
                 self._forget.append(key)
                 self._cv.notify_all()
 
-    def stats(self) -> dict:
-        cache = self.prefix_cache
-        return {**self.metrics.snapshot(running=len(self.scheduler.running),
-                                        waiting=self.scheduler.queue_depth + len(self._inbox),
-                                        device=self.device.device, prefix_cache=cache),
-                "device": str(self.device.device), "codec_device": str(self.vocoder.device), "state": self.state,
-                "error": self.error,
-                "quantization": self.ckpt.quantization, "kernel_cache": self.kernel_cache.status,
-                "precompiled": self.precompiled, "compiled": self.compiled,
-                "cuda_graphs": self.device.graphs is not None, "max_streams": self.max_streams,
-                "kv_positions": self.kv_positions, "memory_preset": self.settings.preset.as_dict()}
+    def stats(self) -> EngineStats:
+        return self.metrics.snapshot(
+            running=len(self.scheduler.running), waiting=self.scheduler.queue_depth + len(self._inbox),
+            device=self.device.device, prefix_cache=self.prefix_cache, codec_device=str(self.vocoder.device),
+            state=self.state, error=self.error, quantization=self.ckpt.quantization,
+            kernel_cache=self.kernel_cache.status, precompiled=self.precompiled, compiled=self.compiled,
+            cuda_graphs=self.device.graphs is not None, max_streams=self.max_streams, kv_positions=self.kv_positions,
+            memory_preset=self.settings.preset)
 
     @property
     def precompiled(self) -> str:
