@@ -76,15 +76,15 @@ def test_the_fleet_adds_its_engines_stats():
     a, b = two_engines()
     stats = EngineStats.sum([a, b], rejected=7)
     assert stats.engines == (a, b)
-    assert stats.total == EngineStats(
-        device="cuda:0", codec_device="cuda:0", state="ready", running=3, waiting=1, frames_per_second=150.0,
-        steps=15, frames=60, prefill_tokens=400, vocoded_frames=52, requests_done=5, cancelled=1, rejected=7,
-        failed_streams=1, step_seconds=1.5, prefill_seconds=0.75, vocoder_seconds=0.375, loop_seconds=3.0,
-        step_wait_seconds=2.0, warmup_seconds=30.0, ttfa_counts=(1, 3, 1, 0, 0, 0, 0, 0, 0, 0, 1), ttfa_sum=1.7,
-        gpu_memory_allocated_bytes=1010, gpu_memory_reserved_bytes=2020, prefix_hits=4, prefix_misses=3,
-        prefix_tokens_saved=256, prefix_evictions=1, prefix_cached_pages=4, quantization="bf16 (none)",
-        kernel_cache="blob", precompiled="off", compiled=True, cuda_graphs=True, max_streams=16, kv_positions=8192,
-        memory_preset=by_name("h200"))
+    # the first ready engine's settings, its counters and load added to the other's, by hand
+    assert stats.total == replace(
+        a, running=3, waiting=1, frames_per_second=150.0, steps=15, frames=60, prefill_tokens=400, vocoded_frames=52,
+        requests_done=5, cancelled=1, rejected=7, failed_streams=1, step_seconds=1.5, prefill_seconds=0.75,
+        vocoder_seconds=0.375, loop_seconds=3.0, step_wait_seconds=2.0, warmup_seconds=30.0,
+        ttfa_counts=(1, 3, 1, 0, 0, 0, 0, 0, 0, 0, 1), ttfa_sum=1.7, gpu_memory_allocated_bytes=1010,
+        gpu_memory_reserved_bytes=2020, prefix_hits=4, prefix_misses=3, prefix_tokens_saved=256, prefix_evictions=1,
+        prefix_cached_pages=4, max_streams=16, kv_positions=8192)
+    assert (stats.total.device, stats.total.kernel_cache, stats.total.state) == ("cuda:0", "blob", "ready")
     assert EngineStats.sum([a, b]).total.rejected == 3  # without the front's count: the engines'
 
 
