@@ -9,6 +9,7 @@ from .config import DownloadConfig, EngineConfig, RunPodConfig, SageMakerConfig,
 from .eager import EagerEngine
 from .engine.engine import Engine
 from .engine.fleet import Fleet
+from .engine.stats import EngineStats, FleetStats
 from .errors import (
     BusyError,
     CancelledError,
@@ -35,7 +36,7 @@ from .synthesis.stream import Stream
 __all__ = [
     "AudioChunk", "AudioEncoder", "BusyError", "CONTENT_TYPES", "CancelledError", "CheckpointError", "ChunkReport",
     "ConfigError", "DownloadConfig", "DownloadError", "EncodedAudio", "Engine", "EngineConfig", "EngineDown",
-    "FORMATS", "Fleet",
+    "EngineStats", "FORMATS", "Fleet", "FleetStats",
     "InputError", "MediaTypeError", "Reference", "EagerEngine", "RunPodConfig", "SageMakerConfig", "ServerConfig",
     "NoAudio", "ShuttingDown",
     "Stream", "SynthesisRequest", "SynthesisResult", "TTSError", "Voice", "VoiceStore", "audio_bytes", "audio_record",

@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
@@ -27,7 +28,7 @@ from prometheus_client.metrics_core import (
     InfoMetricFamily,
 )
 
-from ttsengine import Stream
+from ttsengine import EngineStats, Stream
 from ttsengine.serving import chunk_trace
 from ttsengine.serving.delivery import Tally
 from ttsengine.serving.protocol import SpeechJob
@@ -217,46 +218,50 @@ class Instrument:
 
 
 # ---- collectors read at scrape time ------------------------------------------------------------------------
-ENGINE_GAUGES = (  # name, stats key, help: the engines summed
-    ("tts_queue_depth", "waiting", "requests waiting for a stream slot"),
-    ("tts_active_streams", "running", "streams generating now"),
-    ("tts_frames_per_second", "frames_per_second", "frames generated per second (last 10 s)"),
-    ("tts_warmup_seconds", "warmup_seconds", "engine warm-up (compile, graph capture) at start"),
-    ("tts_gpu_memory_allocated_bytes", "gpu_memory_allocated_bytes", "GPU memory allocated by torch"),
-    ("tts_gpu_memory_reserved_bytes", "gpu_memory_reserved_bytes", "GPU memory reserved by torch"),
-    ("tts_max_streams", "max_streams", "streams decoded together at most (the memory preset's batch)"),
-    ("tts_kv_cache_positions", "kv_positions", "positions in the paged KV cache"),
+ENGINE_GAUGES = (  # name, value (read from the stats), help: the engines summed
+    ("tts_queue_depth", lambda s: s.waiting, "requests waiting for a stream slot"),
+    ("tts_active_streams", lambda s: s.running, "streams generating now"),
+    ("tts_frames_per_second", lambda s: s.frames_per_second, "frames generated per second (last 10 s)"),
+    ("tts_warmup_seconds", lambda s: s.warmup_seconds, "engine warm-up (compile, graph capture) at start"),
+    ("tts_gpu_memory_allocated_bytes", lambda s: s.gpu_memory_allocated_bytes, "GPU memory allocated by torch"),
+    ("tts_gpu_memory_reserved_bytes", lambda s: s.gpu_memory_reserved_bytes, "GPU memory reserved by torch"),
+    ("tts_max_streams", lambda s: s.max_streams, "streams decoded together at most (the memory preset's batch)"),
+    ("tts_kv_cache_positions", lambda s: s.kv_positions, "positions in the paged KV cache"),
 )
 ENGINE_COUNTERS = (
-    ("tts_frames_total", "frames", "frames generated"),
-    ("tts_requests_completed_total", "requests_done", "requests completed"),
-    ("tts_requests_cancelled_total", "cancelled", "requests cancelled (the client went away)"),
-    ("tts_requests_rejected_total", "rejected", "requests refused because every engine was full"),
+    ("tts_frames_total", lambda s: s.frames, "frames generated"),
+    ("tts_requests_completed_total", lambda s: s.requests_done, "requests completed"),
+    ("tts_requests_cancelled_total", lambda s: s.cancelled, "requests cancelled (the client went away)"),
+    ("tts_requests_rejected_total", lambda s: s.rejected, "requests refused because every engine was full"),
 )
-PER_ENGINE = (  # name, stats key, type, help: one series per engine, labelled with its index and device
-    ("tts_engine_up", None, "gauge", "1 while the engine serves (0: loading, failed or taken out of service)"),
-    ("tts_engine_active_streams", "running", "gauge", "streams generating now on this engine"),
-    ("tts_engine_queue_depth", "waiting", "gauge", "requests waiting for a slot on this engine"),
-    ("tts_engine_frames_per_second", "frames_per_second", "gauge", "frames generated per second (last 10 s)"),
-    ("tts_engine_gpu_memory_allocated_bytes", "gpu_memory_allocated_bytes", "gauge", "GPU memory allocated by torch"),
-    ("tts_engine_max_streams", "max_streams", "gauge", "the engine's stream slots"),
-    ("tts_engine_frames_total", "frames", "counter", "frames generated"),
-    ("tts_engine_requests_completed_total", "requests_done", "counter", "requests completed"),
-    ("tts_engine_errors_total", "failed_streams", "counter",
+PER_ENGINE = (  # name, value, type, help: one series per engine, labelled with its index and device
+    ("tts_engine_up", lambda s: int(s.state == "ready"), "gauge",
+     "1 while the engine serves (0: loading, failed or taken out of service)"),
+    ("tts_engine_active_streams", lambda s: s.running, "gauge", "streams generating now on this engine"),
+    ("tts_engine_queue_depth", lambda s: s.waiting, "gauge", "requests waiting for a slot on this engine"),
+    ("tts_engine_frames_per_second", lambda s: s.frames_per_second, "gauge",
+     "frames generated per second (last 10 s)"),
+    ("tts_engine_gpu_memory_allocated_bytes", lambda s: s.gpu_memory_allocated_bytes, "gauge",
+     "GPU memory allocated by torch"),
+    ("tts_engine_max_streams", lambda s: s.max_streams, "gauge", "the engine's stream slots"),
+    ("tts_engine_frames_total", lambda s: s.frames, "counter", "frames generated"),
+    ("tts_engine_requests_completed_total", lambda s: s.requests_done, "counter", "requests completed"),
+    ("tts_engine_errors_total", lambda s: s.failed_streams, "counter",
      "requests ended by an engine error (a failed step, the engine taken out of service)"),
-    ("tts_engine_prefill_tokens_total", "prefill_tokens", "counter",
+    ("tts_engine_prefill_tokens_total", lambda s: s.prefill_tokens, "counter",
      "prompt positions prefilled (a prefix-cache hit's cached positions not counted)"),
-    ("tts_engine_prefix_hits_total", "prefix_hits", "counter", "requests whose prompt prefix was in the prefix cache"),
-    ("tts_engine_prefix_misses_total", "prefix_misses", "counter",
+    ("tts_engine_prefix_hits_total", lambda s: s.prefix_hits, "counter",
+     "requests whose prompt prefix was in the prefix cache"),
+    ("tts_engine_prefix_misses_total", lambda s: s.prefix_misses, "counter",
      "requests with a shareable prompt prefix that was not cached (prefilled, then cached)"),
-    ("tts_engine_prefix_tokens_saved_total", "prefix_tokens_saved", "counter",
+    ("tts_engine_prefix_tokens_saved_total", lambda s: s.prefix_tokens_saved, "counter",
      "prompt positions prefix-cache hits read from cached pages instead of prefilling"),
-    ("tts_engine_prefix_evictions_total", "prefix_evictions", "counter",
+    ("tts_engine_prefix_evictions_total", lambda s: s.prefix_evictions, "counter",
      "cached prefixes evicted (least recently used) to make room"),
-    ("tts_engine_prefix_cached_pages", "prefix_cached_pages", "gauge", "KV pages the prefix cache holds"),
-    ("tts_engine_loop_seconds_total", "loop_seconds", "counter",
+    ("tts_engine_prefix_cached_pages", lambda s: s.prefix_cached_pages, "gauge", "KV pages the prefix cache holds"),
+    ("tts_engine_loop_seconds_total", lambda s: s.loop_seconds, "counter",
      "seconds the engine loop spent in iterations, waits for the GPU included"),
-    ("tts_engine_step_wait_seconds_total", "step_wait_seconds", "counter",
+    ("tts_engine_step_wait_seconds_total", lambda s: s.step_wait_seconds, "counter",
      "of those, seconds the loop waited for launched decode steps to finish; the rest is host work (Python, "
      "launches, graphs captured at first use): near the wall time the host, not the GPU, sets the pace"),
 )
@@ -272,46 +277,47 @@ class EngineCollector:
         svc = self.service
         yield GaugeMetricFamily("tts_ready", "1 when the model is loaded and warmed up.", value=int(svc.ready))
         stats = svc.stats()
-        if not stats:
+        if stats is None:
             return
-        for name, key, help_ in ENGINE_GAUGES:
-            if stats.get(key) is not None:
-                yield GaugeMetricFamily(name, help_ + ".", value=float(stats[key]))
-        for name, key, help_ in ENGINE_COUNTERS:
-            yield CounterMetricFamily(name, help_ + ".", value=float(stats.get(key) or 0))
+        total = stats.total
+        for name, read, help_ in ENGINE_GAUGES:
+            if read(total) is not None:
+                yield GaugeMetricFamily(name, help_ + ".", value=float(read(total)))
+        for name, read, help_ in ENGINE_COUNTERS:
+            yield CounterMetricFamily(name, help_ + ".", value=float(read(total)))
+        preset = total.memory_preset
         yield InfoMetricFamily("tts_engine", "Quantization, kernel cache, precompiled units, compile, CUDA graphs, "
                                "memory preset.", value={
-                                   "quantization": str(stats.get("quantization", "")),
-                                   "kernel_cache": str(stats.get("kernel_cache", "")),
-                                   "precompiled": str(stats.get("precompiled", "")),
-                                   "compiled": str(stats.get("compiled", "")),
-                                   "cuda_graphs": str(stats.get("cuda_graphs", "")),
-                                   "memory_preset": str((stats.get("memory_preset") or {}).get("name", ""))})
-        yield from per_engine(stats.get("engines") or [])
-        if "ttfa_counts" in stats:
-            yield engine_ttfa(stats)
+                                   "quantization": str(total.quantization),
+                                   "kernel_cache": str(total.kernel_cache),
+                                   "precompiled": str(total.precompiled),
+                                   "compiled": str(total.compiled),
+                                   "cuda_graphs": str(total.cuda_graphs),
+                                   "memory_preset": preset.name if preset is not None else ""})
+        yield from per_engine(stats.engines)
+        yield engine_ttfa(total)
 
 
-def per_engine(engines: list[dict]):
-    for name, key, kind, help_ in PER_ENGINE:
+def per_engine(engines: Sequence[EngineStats]):
+    for name, read, kind, help_ in PER_ENGINE:
         family = (GaugeMetricFamily if kind == "gauge" else CounterMetricFamily)(name, help_ + ".",
                                                                                  labels=("engine", "device"))
-        for e in engines:
-            value = int(e["state"] == "ready") if key is None else e.get(key)
+        for i, e in enumerate(engines):
+            value = read(e)
             if value is not None:
-                family.add_metric((str(e["index"]), str(e["device"])), float(value))
+                family.add_metric((str(i), e.device), float(value))
         yield family
 
 
-def engine_ttfa(stats: dict) -> HistogramMetricFamily:
+def engine_ttfa(stats: EngineStats) -> HistogramMetricFamily:
     """The engines' own first-audio histogram (submit to the first audio chunk, inside the engine)."""
     buckets, total = [], 0
-    for bound, n in zip(stats["ttfa_buckets"], stats["ttfa_counts"]):
+    for bound, n in zip(stats.ttfa_buckets, stats.ttfa_counts):
         total += n
         buckets.append((str(float(bound)), total))
-    buckets.append(("+Inf", total + stats["ttfa_counts"][-1]))
+    buckets.append(("+Inf", total + stats.ttfa_counts[-1]))
     return HistogramMetricFamily("tts_time_to_first_audio_seconds", "Submit to first audio chunk, in the engine.",
-                                 buckets=buckets, sum_value=float(stats["ttfa_sum"]))
+                                 buckets=buckets, sum_value=float(stats.ttfa_sum))
 
 
 class ThreadCpuCollector:

@@ -76,11 +76,11 @@ async def ready(svc: Svc):
         return JSONResponse({"status": "draining"}, status_code=503)
     if not svc.ready:
         return JSONResponse({"status": "loading"}, status_code=503)
-    stats = svc.stats()
-    return {"status": "ready", "warmup_seconds": stats["warmup_seconds"], "quantization": stats["quantization"],
-            "kernel_cache": stats["kernel_cache"], "memory_preset": stats.get("memory_preset"),
-            "max_streams": stats.get("max_streams"), "kv_positions": stats.get("kv_positions"),
-            "engines": svc.health()["engines"]}
+    total = svc.stats().total
+    preset = total.memory_preset.as_dict() if total.memory_preset is not None else None
+    return {"status": "ready", "warmup_seconds": total.warmup_seconds, "quantization": total.quantization,
+            "kernel_cache": total.kernel_cache, "memory_preset": preset, "max_streams": total.max_streams,
+            "kv_positions": total.kv_positions, "engines": svc.health()["engines"]}
 
 
 @router.get("/metrics", tags=["health"], response_class=PlainTextResponse)

@@ -217,7 +217,7 @@ def test_cancel_while_queued_never_reaches_the_runner(ckpt):
         list(running)  # ends once the engine let go of it: its slot and pages are free by then
         assert runner.idle
         assert [it.params[3] for it in runner.prefills] == [1]  # the cancelled request was never prefilled
-        assert eng.stats()["cancelled"] == 2
+        assert eng.stats().cancelled == 2
 
 
 @pytest.mark.parametrize("overlap, delivered", [(False, 16), (True, 16)])
@@ -315,7 +315,7 @@ def test_a_sticky_device_error_takes_the_engine_out_of_service(ckpt):
         with pytest.raises(EngineDown, match=r"the engine on cpu failed and was taken out of service \(RuntimeError: "
                                              r"CUDA error: an illegal memory access was encountered\)"):
             stream.result()
-        assert eng.state == "down" and eng.stats()["failed_streams"] == 1 and eng.stats()["state"] == "down"
+        assert eng.state == "down" and eng.stats().failed_streams == 1 and eng.stats().state == "down"
         with pytest.raises(EngineDown, match="the engine on cpu is out of service: RuntimeError: CUDA error"):
             eng.submit(SynthesisRequest(text="After.", seed=5, max_new_tokens=5))
 
@@ -345,7 +345,7 @@ def test_a_full_engine_answers_busy_at_once(ckpt):
         t0 = time.perf_counter()
         with pytest.raises(BusyError, match="busy"):
             eng.submit(long)
-        assert time.perf_counter() - t0 < 0.5 and eng.stats()["rejected"] == 1
+        assert time.perf_counter() - t0 < 0.5 and eng.stats().rejected == 1
         running.cancel()
         waiting.cancel()
         runner.resume()

@@ -4,12 +4,14 @@ backpressure over all engines, one engine taken out of service while the other s
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 
 import numpy as np
 import pytest
 from conftest import MODEL_DIR
 
-from ttsengine import BusyError, EngineConfig, EngineDown, Fleet, SynthesisRequest
+from ttsengine import BusyError, EngineConfig, EngineDown, EngineStats, Fleet, SynthesisRequest
+from ttsengine.engine.presets import by_name
 from ttsengine.serving.service import Service
 
 LONG = SynthesisRequest(text="Long.", seed=1, max_new_tokens=2000)
@@ -50,19 +52,85 @@ def test_each_engine_has_its_own_weights_and_both_give_the_reference_audio(fleet
         assert np.abs(got.audio - ref.audio).max() < 5e-5
 
 
+def two_engines(**second) -> tuple[EngineStats, EngineStats]:
+    a = EngineStats(
+        device="cuda:0", codec_device="cuda:0", state="ready", running=2, waiting=1, frames_per_second=100.0,
+        steps=10, frames=40, prefill_tokens=300, vocoded_frames=36, requests_done=3, cancelled=1, rejected=2,
+        failed_streams=0, step_seconds=1.0, prefill_seconds=0.5, vocoder_seconds=0.25, loop_seconds=2.0,
+        step_wait_seconds=1.5, warmup_seconds=20.0, ttfa_counts=(1, 2, 0, 0, 0, 0, 0, 0, 0, 0, 0), ttfa_sum=0.2,
+        gpu_memory_allocated_bytes=1000, gpu_memory_reserved_bytes=2000, prefix_hits=4, prefix_misses=1,
+        prefix_tokens_saved=256, prefix_evictions=0, prefix_cached_pages=3, quantization="bf16 (none)",
+        kernel_cache="blob", precompiled="off", compiled=True, cuda_graphs=True, max_streams=8, kv_positions=4096,
+        memory_preset=by_name("h200"))
+    b = replace(a, device="cuda:1", codec_device="cuda:1", running=1, waiting=0, frames_per_second=50.0, steps=5,
+                frames=20, prefill_tokens=100, vocoded_frames=16, requests_done=2, cancelled=0, rejected=1,
+                failed_streams=1, step_seconds=0.5, prefill_seconds=0.25, vocoder_seconds=0.125, loop_seconds=1.0,
+                step_wait_seconds=0.5, warmup_seconds=30.0, ttfa_counts=(0, 1, 1, 0, 0, 0, 0, 0, 0, 0, 1),
+                ttfa_sum=1.5, gpu_memory_allocated_bytes=10, gpu_memory_reserved_bytes=20, prefix_hits=0,
+                prefix_misses=2, prefix_tokens_saved=0, prefix_evictions=1, prefix_cached_pages=1,
+                kernel_cache="miss", **second)
+    return a, b
+
+
+def test_the_fleet_adds_its_engines_stats():
+    a, b = two_engines()
+    stats = EngineStats.sum([a, b], rejected=7)
+    assert stats.engines == (a, b)
+    # the first ready engine's settings, its counters and load added to the other's, by hand
+    assert stats.total == replace(
+        a, running=3, waiting=1, frames_per_second=150.0, steps=15, frames=60, prefill_tokens=400, vocoded_frames=52,
+        requests_done=5, cancelled=1, rejected=7, failed_streams=1, step_seconds=1.5, prefill_seconds=0.75,
+        vocoder_seconds=0.375, loop_seconds=3.0, step_wait_seconds=2.0, warmup_seconds=30.0,
+        ttfa_counts=(1, 3, 1, 0, 0, 0, 0, 0, 0, 0, 1), ttfa_sum=1.7, gpu_memory_allocated_bytes=1010,
+        gpu_memory_reserved_bytes=2020, prefix_hits=4, prefix_misses=3, prefix_tokens_saved=256, prefix_evictions=1,
+        prefix_cached_pages=4, max_streams=16, kv_positions=8192)
+    assert (stats.total.device, stats.total.kernel_cache, stats.total.state) == ("cuda:0", "blob", "ready")
+    assert EngineStats.sum([a, b]).total.rejected == 3  # without the front's count: the engines'
+
+
+def test_the_fleet_state_is_its_engines_states_together():
+    a, b = two_engines(state="down", error="RuntimeError: lost")
+    degraded = EngineStats.sum([a, b]).total
+    # the first ready engine's settings, the ready engines' streams, every error with its device
+    assert (degraded.state, degraded.max_streams, degraded.kernel_cache) == ("degraded", 8, "blob")
+    assert degraded.error == "cuda:1: RuntimeError: lost"
+    first_down = EngineStats.sum([b, a]).total
+    assert (first_down.device, first_down.kernel_cache, first_down.max_streams) == ("cuda:0", "blob", 8)
+    loading = replace(a, state="loading", warmup_seconds=None)
+    assert EngineStats.sum([loading, b]).total.state == "loading"
+    assert EngineStats.sum([loading]).total.warmup_seconds is None
+    failed = EngineStats.sum([replace(a, state="failed", error="ValueError: x"), b]).total
+    assert (failed.state, failed.max_streams, failed.device) == ("failed", 0, "cuda:0")
+    assert failed.error == "cuda:0: ValueError: x; cuda:1: RuntimeError: lost"
+    cpu = replace(a, device="cpu", gpu_memory_allocated_bytes=None, gpu_memory_reserved_bytes=None)
+    assert EngineStats.sum([cpu, b]).total.gpu_memory_allocated_bytes == 10  # the engines on a GPU
+    assert EngineStats.sum([cpu]).total.gpu_memory_reserved_bytes is None
+
+
+def test_since_is_the_counters_growth():
+    a, b = two_engines()
+    later = replace(a, steps=12, frames=48, loop_seconds=2.5, ttfa_counts=(1, 3, 0, 0, 0, 0, 0, 0, 0, 0, 0),
+                    running=5)
+    grown = later.since(a)
+    assert (grown.steps, grown.frames, grown.loop_seconds, grown.requests_done) == (2, 8, 0.5, 0)
+    assert grown.ttfa_counts == (0, 1) + (0,) * 9
+    assert (grown.running, grown.max_streams, grown.device) == (5, 8, "cuda:0")  # gauges and settings: now's
+
+
 def test_backpressure_counts_every_engine(fleet):
     running = [fleet.submit(LONG, ignore_stop=True) for _ in range(4)]  # 2 slots on each engine
     until(lambda: all(len(e.scheduler.running) == 2 for e in fleet.engines))
     waiting = [fleet.submit(LONG, ignore_stop=True) for _ in range(4)]  # a queue of 2 on each
     assert [e.occupancy() for e in fleet.engines] == [(-2, 2), (-2, 2)]
-    rejected = fleet.stats()["rejected"]
+    rejected = fleet.stats().total.rejected
     t0 = time.perf_counter()
     with pytest.raises(BusyError, match=r"the engines are busy \(4 streams running, 4 waiting\)"):
         fleet.submit(LONG)
     assert time.perf_counter() - t0 < 0.5
     stats = fleet.stats()
-    assert stats["rejected"] == rejected + 1 and stats["running"] == 4 and stats["waiting"] == 4
-    assert stats["max_streams"] == 4 and [e["device"] for e in stats["engines"]] == ["cpu", "cpu"]
+    total = stats.total
+    assert total.rejected == rejected + 1 and total.running == 4 and total.waiting == 4
+    assert total.max_streams == 4 and [e.device for e in stats.engines] == ["cpu", "cpu"]
     for s in running + waiting:
         s.cancel()
     for s in running + waiting:
@@ -85,9 +153,9 @@ def test_an_engine_taken_out_of_service_fails_its_requests_and_the_other_serves_
             down.submit(LONG)
         assert fleet.submit(SynthesisRequest(text="After.", seed=5, max_new_tokens=5)).result().frames == 4
         stats = fleet.stats()
-        assert stats["state"] == "degraded" and stats["max_streams"] == 2
-        assert [(e["state"], e["failed_streams"]) for e in stats["engines"]] == [("ready", 0), ("down", 1)]
-        assert "cpu: RuntimeError: CUDA error" in stats["error"]
+        assert stats.total.state == "degraded" and stats.total.max_streams == 2
+        assert [(e.state, e.failed_streams) for e in stats.engines] == [("ready", 0), ("down", 1)]
+        assert "cpu: RuntimeError: CUDA error" in stats.total.error
         svc = Service(lambda: fleet, None).load()
         health = svc.health()
         assert health["status"] == "degraded" and svc.ready and svc.error is None
@@ -123,13 +191,13 @@ def test_a_voices_requests_go_to_its_home_engine_and_meet_its_cached_prefix():
         home, other = fleet.engines[home_index], fleet.engines[1 - home_index]
         for i in range(4):  # one after another: both engines idle each time, the voice's home takes it
             fleet.submit(SynthesisRequest(text=f"Line {i}.", seed=i, max_new_tokens=6, references=ref)).result()
-        assert (home.stats()["prefix_misses"], home.stats()["prefix_hits"]) == (1, 3)
-        assert (other.stats()["prefix_misses"], other.stats()["prefix_hits"]) == (0, 0)
+        assert (home.stats().prefix_misses, home.stats().prefix_hits) == (1, 3)
+        assert (other.stats().prefix_misses, other.stats().prefix_hits) == (0, 0)
         # the home engine full: load wins, the other engine takes the voice (and prefills its prefix once)
         busy = [home.submit(LONG, ignore_stop=True) for _ in range(2)]
         until(lambda: len(home.scheduler.running) == 2)
         fleet.submit(SynthesisRequest(text="Elsewhere.", seed=9, max_new_tokens=6, references=ref)).result()
-        assert other.stats()["prefix_misses"] == 1
+        assert other.stats().prefix_misses == 1
         for s in busy:
             s.cancel()
         # requests without a voice are routed by load alone

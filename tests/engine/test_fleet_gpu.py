@@ -104,7 +104,7 @@ def test_one_engine_failing_mid_run_leaves_the_other_serving():
                     outcome.append("down")
         assert sorted(outcome, key=str) == [299] * 4 + ["down"] * 4
         stats = fleet.stats()
-        assert [e["state"] for e in stats["engines"]] == ["ready", "down"] and stats["state"] == "degraded"
+        assert [e.state for e in stats.engines] == ["ready", "down"] and stats.total.state == "degraded"
         after = [fleet.submit(SynthesisRequest(text="After.", seed=i, max_new_tokens=20), ignore_stop=True)
                  for i in range(4)]
         assert [s.result().frames for s in after] == [19] * 4

@@ -112,14 +112,14 @@ def test_a_stored_voice_is_prefilled_once_and_tokens_do_not_change(plain, eager_
         got = with_cache.run(cached, first)
         pages = prefix_len(cached, voice.text, voice.codes) // 64
         assert pages >= 1 and cached.prefix_cache.misses == 1 and cached.prefix_cache.hits == 0
-        assert cached.stats()["prefix_cached_pages"] == pages
+        assert cached.stats().prefix_cached_pages == pages
         tokens_first = cached.metrics.prefill_tokens
 
         got += with_cache.run(cached, later)  # concurrent: every one a hit
         stats = cached.stats()
         chunks = len(got[-1][1].chunks)
-        assert chunks >= 2 and stats["prefix_hits"] == 3 + chunks and stats["prefix_misses"] == 1
-        assert stats["prefix_tokens_saved"] == (3 + chunks) * pages * 64
+        assert chunks >= 2 and stats.prefix_hits == 3 + chunks and stats.prefix_misses == 1
+        assert stats.prefix_tokens_saved == (3 + chunks) * pages * 64
         # prefill_tokens_per_request drops by the cached prefix: hits prefill only from their first uncached page
         prompts = [c.prompt_tokens for _, r in got[1:] for c in r.chunks]
         assert cached.metrics.prefill_tokens - tokens_first == sum(p - 1 - pages * 64 for p in prompts)
@@ -132,14 +132,14 @@ def test_a_stored_voice_is_prefilled_once_and_tokens_do_not_change(plain, eager_
                  for i in range(2)]
         got += with_cache.run(cached, after[:1]) + with_cache.run(cached, after[1:])
         stats = cached.stats()
-        assert stats["prefix_misses"] == 2 and stats["prefix_hits"] == 3 + chunks + 1
-        assert stats["prefix_cached_pages"] == prefix_len(cached, voice2.text, voice2.codes) // 64
+        assert stats.prefix_misses == 2 and stats.prefix_hits == 3 + chunks + 1
+        assert stats.prefix_cached_pages == prefix_len(cached, voice2.text, voice2.codes) // 64
         idle_pages_balance(cached)
 
         reqs = first + later + after
         same_tokens(got, without.run(plain, reqs))
         same_as_eager(eager_engine, reqs, got)
-        assert plain.stats()["prefix_hits"] == 0 and plain.stats()["prefix_cached_pages"] == 0
+        assert plain.stats().prefix_hits == 0 and plain.stats().prefix_cached_pages == 0
     finally:
         cached.close()
 
@@ -225,8 +225,8 @@ def test_a_burst_on_a_voice_not_cached_yet_prefills_its_prefix_once(plain):
         results = [st.result() for st in streams]
         got = [(recorder.frames[id(st)], r) for st, r in zip(streams, results)]
         stats = cached.stats()
-        assert (stats["prefix_misses"], stats["prefix_hits"]) == (1, 3)
-        assert stats["prefix_tokens_saved"] == 3 * (prefix_len(cached, ref[0].text, codes) // 64) * 64
+        assert (stats.prefix_misses, stats.prefix_hits) == (1, 3)
+        assert stats.prefix_tokens_saved == 3 * (prefix_len(cached, ref[0].text, codes) // 64) * 64
         same_tokens(got, Recorder(plain).run(plain, reqs))
         idle_pages_balance(cached)
     finally:
@@ -425,7 +425,7 @@ def test_an_engine_error_mid_chunked_prefill_returns_every_page_and_serves_on(pl
     try:
         ref = (Reference(text="voice", codes=voice_codes(1)),)
         eng.synthesize(SynthesisRequest(text="warm the cache.", seed=1, max_new_tokens=5, references=ref))
-        assert eng.stats()["prefix_cached_pages"] > 0
+        assert eng.stats().prefix_cached_pages > 0
         original, calls = eng.runner.prefill, []
 
         def boom(items):

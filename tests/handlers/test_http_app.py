@@ -12,7 +12,8 @@ import pytest
 from fastapi.testclient import TestClient
 
 from handlers.http.app import create_app
-from ttsengine import EngineConfig, ServerConfig
+from ttsengine import EngineConfig, EngineStats, FleetStats, ServerConfig
+from ttsengine.engine.presets import Preset
 
 
 class FakeEngine:
@@ -24,12 +25,11 @@ class FakeEngine:
     def voice_codes(self, audio: bytes) -> np.ndarray:
         return np.zeros((4, 10), dtype=np.int64)
 
-    def stats(self) -> dict:
-        return {"warmup_seconds": 1.5, "quantization": "bf16 (none)", "kernel_cache": "off", "running": 0,
-                "waiting": 0, "ttfa_buckets": [0.1], "ttfa_counts": [0, 0], "ttfa_sum": 0, "max_streams": 4,
-                "kv_positions": 4096, "memory_preset": {"name": "cpu", "max_batch": 4}, "state": "ready",
-                "engines": [{"index": 0, "device": "cpu", "codec_device": "cpu", "state": "ready", "error": None,
-                             "running": 0, "waiting": 0, "max_streams": 4}]}
+    def stats(self) -> FleetStats:
+        return EngineStats.sum([EngineStats(
+            device="cpu", codec_device="cpu", state="ready", warmup_seconds=1.5, quantization="bf16 (none)",
+            kernel_cache="off", ttfa_buckets=(0.1,), ttfa_counts=(0, 0), max_streams=4, kv_positions=4096,
+            memory_preset=Preset("cpu", 4, 2048, 1.0))])
 
     def close(self) -> None:
         pass
@@ -67,7 +67,8 @@ def test_loading_then_ready(tmp_path):
         engine = {"index": 0, "device": "cpu", "codec_device": "cpu", "state": "ready", "error": None, "running": 0,
                   "waiting": 0, "max_streams": 4}
         assert ready == {"status": "ready", "warmup_seconds": 1.5, "quantization": "bf16 (none)", "kernel_cache": "off",
-                         "memory_preset": {"name": "cpu", "max_batch": 4}, "max_streams": 4, "kv_positions": 4096,
+                         "memory_preset": {"name": "cpu", "max_batch": 4, "positions_per_stream": 2048,
+                                           "memory_utilization": 1.0}, "max_streams": 4, "kv_positions": 4096,
                          "engines": [engine]}
         assert c.get("/health").json() == {"status": "ok", "engines": [engine]}
         metrics = c.get("/metrics").text

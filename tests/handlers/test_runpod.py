@@ -157,9 +157,9 @@ def test_a_stopped_job_frees_its_slot(handler, engine):
 
     assert "audio" in asyncio.run(first_then_stop())
     end = time.time() + 10
-    while engine.stats()["running"] and time.time() < end:
+    while engine.stats().running and time.time() < end:
         time.sleep(0.05)
-    assert engine.stats()["running"] == 0
+    assert engine.stats().running == 0
 
 
 # ---- the real worker loop against a fake queue ------------------------------------------------------

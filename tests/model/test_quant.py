@@ -173,7 +173,7 @@ def test_engine_serves_int8():
     try:
         r = eng.synthesize(SynthesisRequest(text="Quantized voice.", seed=1, max_new_tokens=12))
         assert r.frames == 11 and np.isfinite(r.audio).all()
-        assert eng.stats()["quantization"].startswith("DualAR int8")
+        assert eng.stats().quantization.startswith("DualAR int8")
     finally:
         eng.close()
 

@@ -9,7 +9,7 @@ import time
 import numpy as np
 import pytest
 
-from ttsengine import DownloadConfig, EngineConfig, SynthesisRequest
+from ttsengine import DownloadConfig, EngineConfig, EngineStats, FleetStats, SynthesisRequest
 from ttsengine.serving import service as service_module
 from ttsengine.serving.failure import ModelFailed, ModelLoading, failure
 from ttsengine.serving.service import Service, engine_loader
@@ -31,8 +31,8 @@ class FakeEngine:
         self.submitted.append(request)
         return "a stream"
 
-    def stats(self) -> dict:
-        return {"running": 0}
+    def stats(self) -> FleetStats:
+        return EngineStats.sum([EngineStats(device="cpu", codec_device="cpu", state="ready")])
 
     def close(self) -> None:
         self.closed = True
@@ -52,7 +52,7 @@ def test_foreground_load_wires_the_voices(tmp_path):
     voice = svc.voices.add("alice", b"abc", "hello")
     assert voice.codes.shape == (4, 3) and svc.voices.root == tmp_path / "voices"
     assert svc.submit(SynthesisRequest(text="hi")) == "a stream" and len(engine.submitted) == 1
-    assert svc.max_streams == 8 and svc.stats() == {"running": 0}
+    assert svc.max_streams == 8 and svc.stats().total.running == 0
     svc.close()
     assert engine.closed
 

@@ -37,6 +37,7 @@ from .intake import Intake
 from .loader import load
 from .metrics import EngineMetrics
 from .settings import BatchSettings, snake_kernel_usable
+from .stats import EngineStats
 
 IDLE_BEFORE_CAPTURE = 0.25  # s the loop waits idle before capturing a lazy graph (about what one capture takes)
 
@@ -181,17 +182,14 @@ class Engine:
         if key is not None:
             self.intake.forget(key)
 
-    def stats(self) -> dict:
-        cache = self.prefix_cache
-        return {**self.metrics.snapshot(running=len(self.scheduler.running),
-                                        waiting=self.intake.waiting,
-                                        device=self.device.device, prefix_cache=cache),
-                "device": str(self.device.device), "codec_device": str(self.vocoder.device), "state": self.state,
-                "error": self.error,
-                "quantization": self.ckpt.quantization, "kernel_cache": self.kernel_cache.status,
-                "precompiled": self.precompiled, "compiled": self.compiled,
-                "cuda_graphs": self.device.graphs is not None, "max_streams": self.max_streams,
-                "kv_positions": self.kv_positions, "memory_preset": self.settings.preset.as_dict()}
+    def stats(self) -> EngineStats:
+        return self.metrics.snapshot(
+            running=len(self.scheduler.running), waiting=self.intake.waiting,
+            device=self.device.device, prefix_cache=self.prefix_cache, codec_device=str(self.vocoder.device),
+            state=self.state, error=self.error, quantization=self.ckpt.quantization,
+            kernel_cache=self.kernel_cache.status, precompiled=self.precompiled, compiled=self.compiled,
+            cuda_graphs=self.device.graphs is not None, max_streams=self.max_streams, kv_positions=self.kv_positions,
+            memory_preset=self.settings.preset)
 
     @property
     def precompiled(self) -> str:

@@ -27,12 +27,9 @@ from ..synthesis.stream import Stream
 from .engine import Engine
 from .loader import load_all
 from .placement import engine_configs
+from .stats import EngineStats, FleetStats
 
 log = logging.getLogger(__name__)
-SUMMED = ("running", "waiting", "steps", "frames", "frames_per_second", "prefill_tokens", "vocoded_frames",
-          "requests_done", "cancelled", "failed_streams", "ttfa_sum", "gpu_memory_allocated_bytes",
-          "gpu_memory_reserved_bytes", "max_streams", "kv_positions", "prefix_hits", "prefix_misses",
-          "prefix_cached_pages", "prefix_tokens_saved", "prefix_evictions", "loop_seconds", "step_wait_seconds")
 
 
 class Fleet:
@@ -200,23 +197,10 @@ class Fleet:
             if engine.state == "ready":
                 engine.forget_voice(text, codes)
 
-    def stats(self) -> dict:
-        """The engines' counters summed, the first ready engine's settings, and every engine's own under
-        "engines" (device, state, error, its counters)."""
-        per = [e.stats() for e in self.engines]
-        first = per[self.engines.index(self._any())]
-        total = {**first, **{k: sum(p[k] for p in per if p.get(k) is not None) for k in SUMMED
-                             if any(p.get(k) is not None for p in per)}}
-        total["ttfa_counts"] = [sum(c) for c in zip(*(p["ttfa_counts"] for p in per))]
-        warm = [p["warmup_seconds"] for p in per if p["warmup_seconds"] is not None]
-        total["warmup_seconds"] = max(warm) if warm else None
-        total["max_streams"] = self.max_streams
-        total["rejected"] = self.rejected
-        total["state"] = "ready" if all(p["state"] == "ready" for p in per) else \
-            "degraded" if self.ready else "failed" if self.failure else "loading"
-        total["error"] = "; ".join(f"{p['device']}: {p['error']}" for p in per if p["error"]) or None
-        total["engines"] = [{"index": i, **p} for i, p in enumerate(per)]
-        return total
+    def stats(self) -> FleetStats:
+        """The engines' stats summed (EngineStats.sum: the first ready engine's settings), with the requests no
+        engine had room for, and every engine's own."""
+        return EngineStats.sum([e.stats() for e in self.engines], rejected=self.rejected)
 
 
 def voice_affinity(request: SynthesisRequest | Plan) -> int | None:

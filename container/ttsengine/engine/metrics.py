@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-TTFA_BUCKETS = (0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 2.0, 5.0, 10.0)
+from .stats import TTFA_BUCKETS, EngineStats
 
 
 @dataclass
@@ -69,28 +69,23 @@ class EngineMetrics:
         span = self.recent[-1][0] - self.recent[0][0]
         return sum(b for _, b in self.recent[1:]) / span if span > 0 else 0.0
 
-    def snapshot(self, running: int, waiting: int, device: torch.device, prefix_cache=None) -> dict:
-        """prefix_cache: the engine's PrefixCache (None: off); its counters are its own, read here."""
-        gpu = {}
-        if device.type == "cuda":
-            gpu = {"gpu_memory_allocated_bytes": torch.cuda.memory_allocated(device),
-                   "gpu_memory_reserved_bytes": torch.cuda.memory_reserved(device)}
-        return {
-            "running": running, "waiting": waiting, "steps": self.steps, "frames": self.frames,
-            "frames_per_second": self.frames_per_second(), "prefill_tokens": self.prefill_tokens,
-            "vocoded_frames": self.vocoded_frames, "requests_done": self.requests_done,
-            "loop_seconds": self.loop_seconds, "step_wait_seconds": self.step_wait_seconds,
-            "cancelled": self.cancelled, "rejected": self.rejected,
-            "failed_streams": self.failed_streams, "warmup_seconds": self.warmup_seconds,
-            "ttfa_buckets": list(TTFA_BUCKETS), "ttfa_counts": list(self.ttfa_counts), "ttfa_sum": self.ttfa_sum,
-            **gpu, **prefix_stats(prefix_cache),
-        }
-
-
-def prefix_stats(cache) -> dict:
-    """The prefix cache's counters for /metrics (zeros when it is off: the series stay)."""
-    if cache is None:
-        return {"prefix_hits": 0, "prefix_misses": 0, "prefix_cached_pages": 0, "prefix_tokens_saved": 0,
-                "prefix_evictions": 0}
-    return {"prefix_hits": cache.hits, "prefix_misses": cache.misses, "prefix_cached_pages": cache.cached_pages,
-            "prefix_tokens_saved": cache.tokens_saved, "prefix_evictions": cache.evictions}
+    def snapshot(self, running: int, waiting: int, device: torch.device, prefix_cache=None, **about) -> EngineStats:
+        """The counters now, with the load (running, waiting), the GPU memory torch holds on `device` and the prefix
+        cache's counters (prefix_cache: the engine's PrefixCache, None: off, zeros so the series stay); about: the
+        engine's other EngineStats fields (codec device, state, settings)."""
+        cuda = device.type == "cuda"
+        c = prefix_cache
+        hits, misses, pages, saved, evictions = (0, 0, 0, 0, 0) if c is None else \
+            (c.hits, c.misses, c.cached_pages, c.tokens_saved, c.evictions)
+        return EngineStats(
+            running=running, waiting=waiting, frames_per_second=self.frames_per_second(), steps=self.steps,
+            frames=self.frames, prefill_tokens=self.prefill_tokens, vocoded_frames=self.vocoded_frames,
+            requests_done=self.requests_done, cancelled=self.cancelled, rejected=self.rejected,
+            failed_streams=self.failed_streams, step_seconds=self.step_seconds, prefill_seconds=self.prefill_seconds,
+            vocoder_seconds=self.vocoder_seconds, loop_seconds=self.loop_seconds,
+            step_wait_seconds=self.step_wait_seconds, warmup_seconds=self.warmup_seconds,
+            ttfa_counts=tuple(self.ttfa_counts), ttfa_sum=self.ttfa_sum,
+            gpu_memory_allocated_bytes=torch.cuda.memory_allocated(device) if cuda else None,
+            gpu_memory_reserved_bytes=torch.cuda.memory_reserved(device) if cuda else None,
+            prefix_hits=hits, prefix_misses=misses, prefix_cached_pages=pages, prefix_tokens_saved=saved,
+            prefix_evictions=evictions, device=str(device), **about)

@@ -17,6 +17,7 @@ from pathlib import Path
 
 from ..config import DownloadConfig, EngineConfig
 from ..engine.fleet import Fleet
+from ..engine.stats import FleetStats
 from ..errors import ShuttingDown
 from ..synthesis.request import SynthesisRequest
 from ..synthesis.stream import Stream
@@ -116,11 +117,11 @@ class Service:
         if self.fleet is None:
             return {"status": "loading"}
         stats = self.fleet.stats()
-        if self.draining:
-            stats["state"] = "draining"
-        engines = [{k: e[k] for k in ("index", "device", "codec_device", "state", "error", "running", "waiting",
-                                      "max_streams")} for e in stats["engines"]]
-        status = {"ready": "ok"}.get(stats["state"], stats["state"])  # degraded, draining, loading
+        state = "draining" if self.draining else stats.total.state
+        engines = [{"index": i, "device": e.device, "codec_device": e.codec_device, "state": e.state, "error": e.error,
+                    "running": e.running, "waiting": e.waiting, "max_streams": e.max_streams}
+                   for i, e in enumerate(stats.engines)]
+        status = {"ready": "ok"}.get(state, state)  # degraded, draining, loading
         return {"status": status, "engines": engines}
 
     def require(self) -> Fleet:
@@ -143,8 +144,8 @@ class Service:
     def max_streams(self) -> int:
         return self.require().max_streams
 
-    def stats(self) -> dict | None:
-        """The engines' counters (summed, and each under "engines"), or None before they are loaded."""
+    def stats(self) -> FleetStats | None:
+        """The engines' stats (summed, and each engine's), or None before they are loaded."""
         return self.fleet.stats() if self.fleet is not None else None
 
     # ---- shutdown ------------------------------------------------------------------------------------------

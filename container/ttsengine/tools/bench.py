@@ -25,6 +25,7 @@ from ..engine.fleet import Fleet
 from ..engine.loader import load
 from ..engine.placement import engine_configs
 from ..engine.settings import codec_switches, features_on, platform
+from ..engine.stats import EngineStats
 from ..errors import BusyError, TTSError
 from ..model.quant import weight_bytes
 from ..synthesis.request import Reference, SynthesisRequest
@@ -61,7 +62,7 @@ class Level:
     time_step_s: float
     time_prefill_s: float
     time_vocoder_s: float
-    time_host_s: float  # the engine loops' own host time: iterations less their waits for steps (EngineMetrics),
+    time_host_s: float  # the engine loops' own host time: iterations less their waits for steps (EngineStats),
     #                     summed over the engines (per_engine has each engine's)
     steps: int
     prefill_tokens_per_request: float
@@ -151,18 +152,13 @@ def random_voice(engine, seconds: float) -> Reference:
     return Reference(text=words + ".", codes=codes.numpy())
 
 
-def _counters(fleet: Fleet) -> list[tuple]:
-    return [(m.step_seconds, m.prefill_seconds, m.vocoder_seconds, m.steps, m.prefill_tokens, m.vocoded_frames,
-             m.requests_done, m.loop_seconds, m.step_wait_seconds) for m in (e.metrics for e in fleet.engines)]
-
-
 def run_level(fleet: Fleet, concurrency: int, load: Load, progress) -> Level:
     devices = gpus(fleet)
     for d in devices:
         torch.cuda.synchronize(d)
         torch.cuda.reset_peak_memory_stats(d)
     base = max((torch.cuda.memory_allocated(d) for d in devices), default=0)
-    before = _counters(fleet)
+    before = [e.stats() for e in fleet.engines]
     sampler = NvmlSampler(devices or (0,))
     sampler.start()
     t0 = time.perf_counter()
@@ -193,12 +189,11 @@ def run_level(fleet: Fleet, concurrency: int, load: Load, progress) -> Level:
     ttfa = [s.ttfa * 1000 for s in streams if s.ttfa is not None]
     stalls = [s.stalls() * 1000 for s in streams]
     audio_s = sum(kept) / FRAME_RATE
-    after = _counters(fleet)
-    delta = [[a - b for a, b in zip(x, y)] for x, y in zip(after, before)]
-    per_engine = [{"device": str(e.runner.device), "codec_device": str(e.vocoder.device), "streams": d[6],
-                   "frames_per_second": round(d[5] / wall, 1), "time_host_s": round(d[7] - d[8], 3)}
-                  for e, d in zip(fleet.engines, delta)]
-    total = [sum(col) for col in zip(*delta)]
+    level_stats = [e.stats().since(b) for e, b in zip(fleet.engines, before)]  # each engine's counters in the level
+    per_engine = [{"device": d.device, "codec_device": d.codec_device, "streams": d.requests_done,
+                   "frames_per_second": round(d.vocoded_frames / wall, 1),
+                   "time_host_s": round(d.loop_seconds - d.step_wait_seconds, 3)} for d in level_stats]
+    total = EngineStats.sum(level_stats).total
     level = Level(
         concurrency=concurrency, frames_per_stream=load.frames - 1, wall_s=wall, aggregate_fps=sum(kept) / wall,
         stream_fps_min=min(fps), stream_fps_p50=statistics.median(fps),
@@ -208,9 +203,9 @@ def run_level(fleet: Fleet, concurrency: int, load: Load, progress) -> Level:
         vram_baseline_gb=base / 1e9,
         vram_peak_gb=max((torch.cuda.max_memory_allocated(d) for d in devices), default=0) / 1e9,
         gpu_util_pct=util, power_w=power, audio_hours_per_gpu_hour=audio_s / wall / max(1, len(devices)),
-        time_step_s=total[0], time_prefill_s=total[1], time_vocoder_s=total[2],
-        time_host_s=total[7] - total[8], steps=total[3],
-        prefill_tokens_per_request=total[4] / max(1, len(streams)), arrival_rate=load.arrival_rate,
+        time_step_s=total.step_seconds, time_prefill_s=total.prefill_seconds, time_vocoder_s=total.vocoder_seconds,
+        time_host_s=total.loop_seconds - total.step_wait_seconds, steps=total.steps,
+        prefill_tokens_per_request=total.prefill_tokens / max(1, len(streams)), arrival_rate=load.arrival_rate,
         rejected=rejected, per_engine=per_engine,
     )
     # after the level's figures (its VRAM peak included): the checks' whole decodes are not the engine's work
@@ -358,23 +353,25 @@ def main(argv: list[str] | None = None) -> int:
                 results.append(run_level(fleet, c, load_, bar))
         profile = profile_level(fleet, args.profile, Load(min(args.frames, 192), args.text, reference)) \
             if args.profile else None
+        stats = fleet.stats()
     finally:
         fleet.close()
     ok = [lv.concurrency for lv in results if lv.realtime_x_min >= 1.2]
+    first = stats.engines[0]  # the settings the report names: the first engine's
     report = {
         "device": torch.cuda.get_device_name() if engine.runner.device.type == "cuda" else "cpu",
         "torch": torch.__version__, "model": random_weights or str(config.model_dir), "write_checkpoint_s": write_s,
         "codec_cache": ckpt.codec_cache,
-        "dtype": str(engine.runner.dtype), "compile": engine.compiled, "cuda_graphs": engine.device.graphs is not None,
+        "dtype": str(engine.runner.dtype), "compile": first.compiled, "cuda_graphs": first.cuda_graphs,
         "compile_error": engine.device.compile_error, "load_s": round(load_s, 2),
-        "warmup_s": round(max(e.warmup_seconds for e in fleet.engines), 2),
-        "kernel_cache": engine.kernel_cache.status, "precompiled": engine.precompiled,
-        "quantization": ckpt.quantization, "fused_kernels": sorted(engine.runner.fused_in_use),
+        "warmup_s": round(stats.total.warmup_seconds, 2),
+        "kernel_cache": first.kernel_cache, "precompiled": first.precompiled,
+        "quantization": first.quantization, "fused_kernels": sorted(engine.runner.fused_in_use),
         "prefix_cache": engine.prefix_cache is not None,
         "weights_gb": round((weight_bytes(ckpt.model) + weight_bytes(ckpt.codec)) / 1e9, 3),
         "first_chunk_frames": engine.settings.first_chunk_frames,
         "stream_chunk_frames": engine.settings.stream_chunk_frames,
-        "kv_positions": engine.kv_positions, "memory_preset": engine.settings.preset.as_dict(),
+        "kv_positions": first.kv_positions, "memory_preset": first.memory_preset.as_dict(),
         "voice_seconds": args.voice, "voice_prompt_tokens": int(reference.codes.shape[1]) if reference else 0,
         "arrivals": args.arrivals, "topology": config.topology,
         "engines": [f"{e.runner.device}" + (f"+{e.vocoder.device}" if e.vocoder.device != e.runner.device else "")

@@ -66,6 +66,7 @@ def main(argv: list[str] | None = None) -> int:
         if not args.until_first_audio:
             engine.settle()  # the graphs captured after ready use no new kernels, but warm promises everything
         blob = None if args.no_blob else engine.kernel_cache.save()
+        stats = engine.stats()
     finally:
         engine.close()
         wait_for_writers()  # the codec cache's entry too: warm leaves a complete cache
@@ -73,10 +74,10 @@ def main(argv: list[str] | None = None) -> int:
         "process_to_first_audio_s": round(first_audio, 2), "imports_s": round(imports_s, 2), "load_s": round(load_s, 2),
         "model": f"random weights ({random_weights})" if random_weights else str(config.model_dir),
         "write_checkpoint_s": write_s, "codec_cache": ckpt.codec_cache,
-        "warmup_s": round(engine.warmup_seconds or 0.0, 2), "kernel_cache": engine.kernel_cache.status,
-        "precompiled": engine.precompiled,
-        "compiled": engine.compiled, "cuda_graphs": engine.device.graphs is not None,
-        "quantization": ckpt.quantization, "blob": str(blob) if blob else None,
+        "warmup_s": round(stats.warmup_seconds or 0.0, 2), "kernel_cache": stats.kernel_cache,
+        "precompiled": stats.precompiled,
+        "compiled": stats.compiled, "cuda_graphs": stats.cuda_graphs,
+        "quantization": stats.quantization, "blob": str(blob) if blob else None,
         "blob_mb": round(blob.stat().st_size / 1e6, 1) if blob else None, "torch": torch.__version__,
     }))
     return 0

@@ -173,7 +173,7 @@ def test_the_engine_precompiles_into_its_cache_and_has_an_off_switch(tmp_path):
                          (base.with_(cache_dir=None), "off")):  # nowhere to keep them
         engine = Engine.load(config, start=False)  # built, not warmed up: nothing compiles here
         try:
-            assert engine.precompiled == want and engine.stats()["precompiled"] == want
+            assert engine.precompiled == want and engine.stats().precompiled == want
             if want != "off":
                 assert engine.runner.ops.slow_layer.directory == engine.kernel_cache.precompiled_dir
                 assert engine.kernel_cache.precompiled_dir.parent == tmp_path
