@@ -33,6 +33,7 @@ from . import codec_bench
 from . import report as report_page
 from .audio_check import MIN_SNR_DB, AudioCheck, compare, sampled
 from .checkpoint_flag import add_write_checkpoint, write_if_asked
+from .load.schedule import poisson_rate
 from .timeline import Timeline, timeline
 
 FRAME_RATE = 44100 / 2048  # frames per second of audio
@@ -310,7 +311,10 @@ def main(argv: list[str] | None = None) -> int:
                        help="codec without CUDA graphs (as with TTS_FEATURES=-cuda_graphs)")
     codec.add_argument("--profile-mode", help="top GPU kernels of this mode")
     args = ap.parse_args(argv)
-    rate = _arrival_rate(args.arrivals) if args.arrivals else None
+    try:  # the same spelling as loadtest's (tools/load/schedule.py); `closed` there means all at once here
+        rate = poisson_rate(args.arrivals)
+    except ValueError as e:
+        raise TTSError(str(e)) from None
     if args.voice is not None and not 0 < args.voice <= 60:
         raise TTSError(f"--voice {args.voice:g}: give seconds in (0, 60]")
     if args.check_audio < 0:
@@ -390,17 +394,6 @@ def main(argv: list[str] | None = None) -> int:
               f"streams delivered audio that is not their codes' (lowest SNR {lv.audio_snr_min_db:.1f} dB, "
               f"need {MIN_SNR_DB:g}; {lv.audio_wrong_length} of the wrong length)")
     return 1 if bad else 0
-
-
-def _arrival_rate(spec: str) -> float:
-    kind, _, value = spec.partition(":")
-    try:
-        rate = float(value)
-    except ValueError:
-        rate = 0.0
-    if kind != "poisson" or not rate > 0:
-        raise TTSError(f"--arrivals {spec!r}: expected poisson:RATE with RATE > 0 requests per second")
-    return rate
 
 
 def _codec_only(args) -> int:
