@@ -150,3 +150,10 @@ def test_handler_rules(path):
             assert name.split(".")[1] == adapter, f"adapter {adapter} imports {name}"
         if mod == "handlers.__main__" and name.startswith("handlers."):
             assert not top, "handlers/__main__.py imports only the chosen adapter, lazily"
+
+
+@pytest.mark.parametrize("folder", sorted({p.parent for p in core_files()}), ids=lambda p: str(p.relative_to(CORE)))
+def test_no_core_folder_holds_more_than_twelve_modules(folder):
+    # one concern per folder: a folder that grows past a dozen modules is split into nouns of its own (issue 42)
+    modules = sorted(p.name for p in folder.glob("*.py") if p.name != "__init__.py")
+    assert len(modules) <= 12, f"{folder.relative_to(CORE)} holds {len(modules)} modules: {modules}"

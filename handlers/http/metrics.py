@@ -33,7 +33,8 @@ from ttsengine.serving import chunk_trace
 from ttsengine.serving.delivery import Tally
 from ttsengine.serving.protocol import SpeechJob
 from ttsengine.serving.service import Service
-from ttsengine.serving.thread_cpu import thread_cpu
+
+from .thread_cpu import thread_cpu
 
 log = logging.getLogger("handlers.http")
 CONTENT_TYPE = CONTENT_TYPE_PLAIN_0_0_4
