@@ -34,19 +34,7 @@ t=$(date +%s)
 TTS_MODEL_DIR=$CKPT TTS_CACHE_DIR=$CACHE TTS_DATA_DIR=/tmp/tts-data TTS_PORT=$PORT TTS_LOG_LEVEL=WARNING \
   TTS_MAX_BATCH=256 TTS_TRACE_CHUNKS=on python3 -m handlers http > "$W/server.log" 2>&1 &
 PID=$!
-python3 - "$PORT" "$PID" <<'PY' || { tail -30 "$W/server.log"; kill $PID; exit 1; }
-import json, os, sys, time, urllib.request
-port, pid, t0 = sys.argv[1], int(sys.argv[2]), time.time()
-while time.time() - t0 < 300:
-    try:
-        r = json.load(urllib.request.urlopen(f"http://127.0.0.1:{port}/ready", timeout=5))
-        print(f"ready after {time.time() - t0:.1f} s:", {k: r.get(k) for k in ("kernel_cache", "max_streams")})
-        sys.exit(0)
-    except Exception:
-        os.kill(pid, 0)
-        time.sleep(1)
-sys.exit("not ready after 300 s")
-PY
+python3 scripts/device/wait_ready.py "$PORT" "$PID" 300 kernel_cache max_streams || { tail -30 "$W/server.log"; kill $PID; exit 1; }
 URL=http://127.0.0.1:$PORT
 lt() { local name=$1 t0; t0=$(date +%s); shift; timeout 240 python3 -m ttsengine loadtest "$URL" \
   --max-new-tokens "$FRAMES" --out "$W/$name" "$@" > "$W/$name.log" 2>&1

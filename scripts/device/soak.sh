@@ -20,19 +20,7 @@ fi
 TTS_MODEL_DIR=$CKPT TTS_CACHE_DIR=$CACHE TTS_DATA_DIR=/tmp/tts-data TTS_PORT=$PORT TTS_LOG_LEVEL=WARNING \
   python3 -m handlers http > "$OUT/server.log" 2>&1 &
 PID=$!
-python3 - "$PORT" "$PID" <<'PY' || { tail -30 "$OUT/server.log"; kill $PID; exit 1; }
-import json, os, sys, time, urllib.request
-port, pid, t0 = sys.argv[1], int(sys.argv[2]), time.time()
-while time.time() - t0 < 400:
-    try:
-        r = json.load(urllib.request.urlopen(f"http://127.0.0.1:{port}/ready", timeout=5))
-        print(f"ready after {time.time() - t0:.1f} s:", {k: r.get(k) for k in ("kernel_cache", "max_streams", "memory_preset")})
-        sys.exit(0)
-    except Exception:
-        os.kill(pid, 0)
-        time.sleep(1)
-sys.exit("not ready after 400 s")
-PY
+python3 scripts/device/wait_ready.py "$PORT" "$PID" 400 kernel_cache max_streams memory_preset || { tail -30 "$OUT/server.log"; kill $PID; exit 1; }
 for formats in ${FORMAT_SETS:-pcm,wav,mp3,opus,flac}; do  # one soak per set, against the same server
   echo "## formats $formats"
   python3 -m ttsengine soak "http://127.0.0.1:$PORT" --clients "${CLIENTS:-256}" --minutes "${MINUTES:-8}" \

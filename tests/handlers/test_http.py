@@ -4,6 +4,7 @@ CPU, driven by httpx; every format decoded back; voices; bad inputs; auth; disco
 from __future__ import annotations
 
 import base64
+import contextlib
 import io
 import json
 import os
@@ -67,6 +68,18 @@ def stop(proc: subprocess.Popen) -> None:
         proc.wait(timeout=20)
     except subprocess.TimeoutExpired:
         proc.kill()
+
+
+@contextlib.contextmanager
+def served(tmp: Path, **env):
+    """A real server on the tiny checkpoint (start_server's settings, `env` over them), ready -> its URL; stopped
+    on the way out."""
+    proc, url = start_server(tmp, **env)
+    try:
+        wait_ready(url, proc)
+        yield url
+    finally:
+        stop(proc)
 
 
 @pytest.fixture(scope="module")

@@ -11,7 +11,7 @@ import sys
 
 import pytest
 from conftest import ROOT
-from test_http import start_server, stop, wait_ready
+from test_http import served
 
 from ttsengine.tools.load.playback import stalls
 from ttsengine.tools.load.schedule import arrival_offsets, poisson_rate, shares
@@ -55,10 +55,8 @@ def test_quantile_interpolates_within_buckets_like_prometheus():
 
 @pytest.fixture(scope="module")
 def traced(tmp_path_factory):
-    proc, url = start_server(tmp_path_factory.mktemp("lt"), TTS_TRACE_CHUNKS="on")
-    wait_ready(url, proc)
-    yield url
-    stop(proc)
+    with served(tmp_path_factory.mktemp("lt"), TTS_TRACE_CHUNKS="on") as url:
+        yield url
 
 
 def test_open_loop_over_two_processes_in_every_format_with_the_servers_breakdown(traced, tmp_path):
@@ -85,9 +83,7 @@ def test_open_loop_over_two_processes_in_every_format_with_the_servers_breakdown
 
 
 def test_untraced_server_exports_no_trace_metrics_and_loadtest_still_breaks_down(tmp_path):
-    proc, url = start_server(tmp_path)
-    try:
-        wait_ready(url, proc)
+    with served(tmp_path) as url:
         run = subprocess.run([sys.executable, "-m", "ttsengine", "loadtest", url, "--concurrency", "1",
                               "--out", str(tmp_path / "lt")], capture_output=True, text=True, timeout=600, cwd=ROOT)
         assert run.returncode == 0, run.stderr
@@ -96,5 +92,3 @@ def test_untraced_server_exports_no_trace_metrics_and_loadtest_still_breaks_down
         import httpx
 
         assert "tts_trace" not in httpx.get(url + "/metrics").text
-    finally:
-        stop(proc)

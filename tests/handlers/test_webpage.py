@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import soundfile as sf
 from conftest import ROOT
-from test_http import start_server, stop, wait_ready
+from test_http import served, start_server, stop, wait_ready
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 playwright = pytest.importorskip("playwright.sync_api", reason="playwright is installed by .ci/run")
@@ -24,10 +24,8 @@ ARTIFACTS = ROOT / "artifacts"
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    proc, url = start_server(tmp_path_factory.mktemp("web"), TTS_DEFAULT_MAX_NEW_TOKENS="60")
-    wait_ready(url, proc)
-    yield url
-    stop(proc)
+    with served(tmp_path_factory.mktemp("web"), TTS_DEFAULT_MAX_NEW_TOKENS="60") as url:
+        yield url
 
 
 @pytest.fixture(scope="module")
