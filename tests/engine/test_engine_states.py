@@ -361,3 +361,58 @@ def test_capacity_guard_uses_the_engines_kv_cache(ckpt):
             eng.submit(SynthesisRequest(text="Too long to fit.", seed=1, max_new_tokens=500))
         assert eng.submit(SynthesisRequest(text="Fits.", seed=1, max_new_tokens=20)).result().frames == 19
         assert [it.params[3] for it in runner.prefills] == [1]
+
+
+def test_a_failure_before_the_slot_operations_ran_leaves_no_row_armed(ckpt):
+    # a release's row moves and resets go to the device as a plan of their own; when that fails before they ran, the
+    # failure's cleanup must still reset every row: one left armed would write keys into pages the pool has given
+    # away (found in review: row 2 stayed armed after b's release and a failed plan)
+    with scripted_engine(ckpt, stops={1: 40, 2: 6, 3: 40}, max_batch=4) as (eng, device, _):
+        failed, run = [], device.execute
+
+        def execute(plan, started):
+            if not failed and any(isinstance(op, Move) for op in plan.slot_ops):
+                failed.append(list(plan.slot_ops))
+                raise RuntimeError("scripted failure before the slot operations ran")
+            return run(plan, started)
+
+        device.execute = execute
+        device.pause()
+        a = eng.submit(SynthesisRequest(text="First.", seed=1, max_new_tokens=60))
+        assert device.wait_blocked()
+        b = eng.submit(SynthesisRequest(text="Second.", seed=2, max_new_tokens=60))
+        c = eng.submit(SynthesisRequest(text="Third.", seed=3, max_new_tokens=60))
+        device.resume()
+        # b ended first (its release moved c into its row and reset the last one); that plan failed before it ran, b
+        # not yet closed: every stream gets the error
+        for stream in (a, b, c):
+            with pytest.raises(TTSError, match="scripted failure"):
+                stream.result()
+        assert failed and any(isinstance(op, Move) for op in failed[0])
+        deadline = time.monotonic() + 10
+        while not device.idle and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert device.idle  # every row reset, every page back in the pool
+        assert eng.submit(SynthesisRequest(text="Next.", seed=4, max_new_tokens=5)).result().frames == 4
+
+
+def test_a_request_refused_after_continuations_went_ahead_is_closed_and_counted(ckpt):
+    # one slot, a queue of two: b and c are let in while the long stream's first text chunk makes its last frame; its
+    # continuation goes to the front of the queue before they are taken in, so c no longer fits and is refused then.
+    # It ends with BusyError, counts as rejected and is no longer open (it stayed open: a drain waited it out)
+    text = "First part of a long text. " * 5 + "And the end."
+    with scripted_engine(ckpt, stops={7: 6}, max_batch=1, max_queue=2) as (eng, device, _):
+        device.pause()
+        long = eng.submit(SynthesisRequest(text=text, seed=7, max_new_tokens=50, chunk_length=60))
+        device.allow(5)  # frames 1-5 of the first chunk; the step of its last frame waits
+        assert device.wait_blocked()
+        b = eng.submit(SynthesisRequest(text="Second.", seed=8, max_new_tokens=3))
+        c = eng.submit(SynthesisRequest(text="Third.", seed=9, max_new_tokens=3))
+        device.resume()
+        with pytest.raises(BusyError):
+            c.result()
+        assert len(long.result().chunks) > 2 and b.result().frames == 2
+        deadline = time.monotonic() + 10
+        while eng.open_streams and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert eng.open_streams == 0 and eng.metrics.rejected == 1

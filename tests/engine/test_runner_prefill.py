@@ -164,3 +164,12 @@ def test_a_larger_prefill_group_pads_to_its_rows_and_plans_their_graphs(model):
     keys8, keys32 = set(r8.prefill_graph_keys()), set(r32.prefill_graph_keys())
     assert keys8 < keys32 and max(k[0] for k in keys8) == 8 and max(k[0] for k in keys32) == 32
     assert all(rows * t <= 8192 for rows, t, _ in keys32)
+
+
+def test_a_prefill_without_the_pages_of_its_positions_is_refused(model):
+    # the pages are the control plane's: an item that comes without them would write its keys to the scratch page
+    r = _runner(model)
+    with torch.inference_mode(), pytest.raises(ValueError, match="prefill of slot 0 up to position 29 got 1 pages"):
+        r.prefill([replace(_item(model, 0, 30, 1), pages=(3,))])  # 30 positions need 2 pages of 16
+    with torch.inference_mode(), pytest.raises(ValueError, match="got 0 pages"):
+        r.prefill([_item(model, 0, 1, 1)])  # a one-token prompt only arms its slot: one page still

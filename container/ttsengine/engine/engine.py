@@ -28,7 +28,7 @@ from .control.faults import FaultCounter, simulated
 from .control.prefill_budget import PrefillBudget
 from .control.prefix_cache import PrefixCache, prefix_key
 from .control.scheduler import Job, Scheduler
-from .control.step_plan import StepResult
+from .control.step_plan import Reset, StepPlan, StepResult
 from .device.device import Device, kernel_cache, units_text
 from .device.in_flight import InFlight
 from .device.runner import Runner
@@ -289,8 +289,6 @@ class Engine:
         if launched is not None and (not self.settings.overlap_step or not self.scheduler.running):
             self._in_flight = None
             self._read(launched)
-        if not self.scheduler.has_work() and self.scheduler.has_slot_ops:  # going idle: the freed rows reset now
-            self.device.execute(self.scheduler.flush(), t0)
         self.audio.due([job.owner for job in self.scheduler.running], time.perf_counter())
 
     def _intake(self) -> None:
@@ -314,8 +312,10 @@ class Engine:
         task.job = job
         try:
             self.scheduler.submit(job, front=front)
-        except BusyError as e:
+        except BusyError as e:  # continuations went ahead of it since it was let in: refused after all
+            self.metrics.rejected += 1
             task.stream.finish(e)
+            self.intake.ended(task.stream)
 
     def _cancellations(self) -> None:
         for job in self.scheduler.waiting:
@@ -350,10 +350,10 @@ class Engine:
             self._finished(finished)
 
     def _finished(self, jobs: list[Job]) -> None:
-        """Jobs the scheduler released: their remaining audio, then their streams continue or close."""
-        # the jobs' last audio in shared codec calls: streams started together end at the same step, and a call per
-        # stream (each followed by its reset and finish, which stop the codec thread's merge) left a queue of
-        # one-row calls behind the last step
+        """Jobs the scheduler released: their rows move and reset on the device at once (before any stream hears of
+        its end), their last audio goes to the codec in shared calls (streams started together end together), then
+        their streams continue or close."""
+        self.device.execute(self.scheduler.flush(), time.perf_counter())
         self.audio.send([j.owner for j in jobs if j.finish_reason != "cancelled"], final=True)
         for job in jobs:
             self._close(job.owner, job.finish_reason)
@@ -382,10 +382,12 @@ class Engine:
         if self.prefix_cache is not None:  # a failed step may have left any page half written: cache nothing
             for key in list(self.prefix_cache.entries):
                 self._drop_prefix(key)
-        self.device.execute(self.scheduler.flush(), time.perf_counter())  # every row reset
+        # every row reset, not only those the releases name: a failed iteration may have taken earlier releases' moves
+        # and resets into its plan and died before running them (a row left armed over freed pages)
+        self.scheduler.flush()
+        self.device.execute(StepPlan(slot_ops=[Reset(tuple(range(self.settings.max_slots)))]), time.perf_counter())
         self.scheduler.waiting.clear()
         self.audio.fail(self.intake.end_all(), error)
-
 
 
 def _real_device(engine: Engine) -> Device:

@@ -136,7 +136,7 @@ class Scheduler:
         their slots' pages, the prefixes they complete cached, and a decode step over the running jobs if any
         decodes, with the pages its writes need."""
         chunks = self.chunks(budget)
-        plan = StepPlan(slot_ops=self._take_slot_ops(), chunks=chunks)
+        plan = StepPlan(chunks=chunks)
         pool = self.pool
         for c in chunks:  # an armed slot also holds the page of its first decode position (the prompt's last)
             if c.last or c.end > c.start:
@@ -156,6 +156,7 @@ class Scheduler:
             for j in plan.rows:
                 if j is not None:
                     j.in_flight += 1
+        plan.slot_ops = self._take_slot_ops()  # last: growing pages may raise, and the ops would then be lost
         return plan
 
     def flush(self) -> StepPlan:
@@ -303,7 +304,7 @@ class Scheduler:
     def release(self, jobs: list[Job]) -> list[tuple[int, int]]:
         """Frees the slots and pages of finished jobs (a cached prefix's pages stay cached); returns the (from, to)
         slot moves that keep 0..B-1 dense. The device's share, the moves and the freed rows' resets, goes out with
-        the next plan (or flush())."""
+        flush() (the engine's, right after the release) or else the next plan."""
         for job in jobs:
             self.pool.release(job.slot)
         old = len(self.running)

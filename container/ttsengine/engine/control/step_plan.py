@@ -2,8 +2,9 @@
 
 The scheduler makes a StepPlan (Scheduler.schedule) from host-side state alone; the device plane carries it out in
 order (device/device.py: execute(plan)) and never decides anything itself:
-1. slot_ops: the row moves and resets that earlier releases left (a finished job's slot takes the last running
-   job's row, so slots stay 0..B-1 dense; freed rows are reset to scratch), in the order they were made;
+1. slot_ops: the row moves and resets that releases left (a finished job's slot takes the last running job's row, so
+   slots stay 0..B-1 dense; freed rows are reset to scratch), in the order they were made (the engine sends them at
+   once after each release as a plan of their own, Scheduler.flush);
 2. chunks: prompt positions [start, end) to prefill per job; `pages` holds each such slot's page list after this
    plan's allocations (the device builds its page-table rows from it); a job's last chunk arms its slot;
 3. table: (slot, index, page) entries new to the page tables of decoding slots;

@@ -160,7 +160,8 @@ class Runner:
 
     # ---- pages --------------------------------------------------------------------------------
     def write_table(self, entries: list[tuple[int, int, int]]) -> None:
-        """(slot, index, page) entries new to armed slots' page tables, in one small host-to-device copy."""
+        """(slot, index, page) entries new to the page tables of decoding slots (armed: their last prefill ran), in one
+        small host-to-device copy."""
         if entries:
             idx = torch.tensor(entries, dtype=torch.int64).T.to(self.device, non_blocking=True)
             self.page_table.index_put_((idx[0], idx[1]), idx[2].to(torch.int32))
@@ -228,6 +229,11 @@ class Runner:
         last position arms its slot: the prompt's last column becomes the slot's next input, so the (graphed)
         decode step samples the first frame, without repetition penalty (the `fresh` flag) as upstream does. Each
         item's pages cover its positions (the control plane allocated them: control/scheduler.py schedule)."""
+        for it in items:  # pages left out would send the item's keys to the scratch page without a word
+            need = it.stop if it.last else it.stop - 1
+            if (it.last or it.stop > it.start) and len(it.pages) * self.cfg.page_size <= need:
+                raise ValueError(f"prefill of slot {it.slot} up to position {need} got {len(it.pages)} pages of "
+                                 f"{self.cfg.page_size}")
         # parts from position 0 attend only within themselves (the first prefill of a stream: no gather); parts
         # with history read the slot's earlier positions through its pages
         fresh = [it for it in items if it.start == 0]
