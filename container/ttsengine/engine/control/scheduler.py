@@ -125,11 +125,6 @@ class Scheduler:
     def has_work(self) -> bool:
         return bool(self.running or self.waiting)
 
-    @property
-    def has_slot_ops(self) -> bool:
-        """Releases left row moves or resets that no plan carried out yet (flush() takes them)."""
-        return bool(self._slot_ops)
-
     # ---- per step -----------------------------------------------------------------------------
     def schedule(self, budget: int | Callable[[int], int] | None = None) -> StepPlan:
         """This step's plan (step_plan.py): the slot operations releases left, the prefill chunks (chunks()) with
