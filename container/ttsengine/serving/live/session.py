@@ -14,12 +14,13 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import logging
 import secrets
 from collections.abc import AsyncIterator, Callable, Mapping
 
 from pydantic import Field
 
-from ...errors import InputError
+from ...errors import InputError, NoAudio
 from ...synthesis.request import Reference, SynthesisRequest
 from ...synthesis.stream import Stream
 from ..delivery import encoder_for, scaled
@@ -28,6 +29,7 @@ from ..voices import VoiceStore
 from .segmenter import Segmenter
 
 _DONE = object()
+log = logging.getLogger(__name__)
 
 
 class LiveRequest(FishTTSRequest):
@@ -106,7 +108,8 @@ class LiveSession:
     # ---- the audio --------------------------------------------------------------------------------------
     async def audio(self) -> AsyncIterator[bytes]:
         """Encoded audio, segment after segment, until stop's segments are spoken (or cancel). An engine error
-        (a segment's bad text, a full engine) is raised."""
+        (a segment's bad text, a full engine) is raised; a segment the model ended at once (NoAudio, HTTP's 422)
+        is skipped: in a conversation one silent sentence should not end the session."""
         enc = None
         try:
             while not self.cancelled:
@@ -117,15 +120,20 @@ class LiveSession:
                 self._stream = stream
                 if self.cancelled:
                     break
-                enc = enc or encoder_for(self.job, stream.sample_rate)
-                async for chunk in stream:
-                    if self.cancelled:
-                        break
-                    data = await asyncio.to_thread(enc.encode, scaled(chunk.audio, self.job.volume))
-                    if data and not self.cancelled:
-                        yield data
-                else:
-                    self._context = self._next_context(stream)
+                if enc is None:
+                    enc = encoder_for(self.job, stream.sample_rate)
+                try:
+                    async for chunk in stream:
+                        if self.cancelled:
+                            break
+                        data = await asyncio.to_thread(enc.encode, scaled(chunk.audio, self.job.volume))
+                        if data and not self.cancelled:
+                            yield data
+                    else:
+                        self._context = self._next_context(stream)
+                except NoAudio:  # the model ended this segment at once: the next ones are still spoken
+                    log.warning("live segment %d made no audio; the session goes on", self.segments)
+                    self._context = None
                 self._stream = None
             if enc is not None and not self.cancelled:
                 tail = await asyncio.to_thread(enc.finish)
