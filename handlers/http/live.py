@@ -9,6 +9,8 @@ error, message when error}. After `finish` the connection takes a new `start`.
 Closing the socket is barge-in: the queued and running segments are cancelled. Every error is a `finish` with
 reason "error" and a one-line message, then a close with a code: 1007 a message that is not a msgpack map of a
 known event, 1008 a limit (text, idle time) or a bad request, 1013 the model is loading or full, 1011 a failure.
+The `model` header fish-audio-sdk sends is accepted and ignored (one model is served); the API key is checked as
+for HTTP (serving/api_key.py), and a browser page's Origin as CORS would (origin_allowed).
 """
 
 from __future__ import annotations
@@ -42,8 +44,21 @@ class ProtocolError(Exception):
 
 @router.websocket("/v1/tts/live")
 async def live(ws: WebSocket):
+    if not origin_allowed(ws.headers, ws.app.state.server.cors_origins):
+        await ws.close(1008, "origin not allowed (TTS_CORS_ORIGINS)")  # before accept: the handshake gets a 403
+        return
     await ws.accept()
     await Connection(ws).run()
+
+
+def origin_allowed(headers, allowed: tuple[str, ...]) -> bool:
+    """Browsers send an Origin with every WebSocket handshake and, unlike fetch, need no CORS answer to connect,
+    so any web page could use a server without a key: a page on another origin is let in only when
+    TTS_CORS_ORIGINS names it (or is *), as for HTTP. SDKs send no Origin; this server's own page is same-origin."""
+    origin = headers.get("origin")
+    if origin is None or "*" in allowed or origin in allowed:
+        return True
+    return origin.partition("://")[2] == headers.get("host", "")
 
 
 class Connection:

@@ -260,3 +260,13 @@ def test_the_api_key_is_required(server, key):
     with pytest.raises(InvalidStatus) as refused:
         open_live(server, key)
     assert refused.value.response.status_code == 401
+
+
+def test_a_browser_page_on_another_origin_is_refused(server):
+    auth = {"Authorization": f"Bearer {KEY}"}
+    with pytest.raises(InvalidStatus) as refused:
+        connect(ws_url(server), additional_headers={**auth, "Origin": "http://evil.example"})
+    assert refused.value.response.status_code == 403  # TTS_CORS_ORIGINS is not set
+    with connect(ws_url(server), additional_headers={**auth, "Origin": server}) as ws:
+        send(ws, event="stop")  # this server's own page is same-origin
+        assert receive(ws) == {"event": "finish", "reason": "stop"}
