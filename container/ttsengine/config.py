@@ -367,6 +367,8 @@ class ServerConfig:
     drain_seconds: int = 30
     read_timeout: float = 30.0
     trace_chunks: bool = False  # per-chunk stage timings and per-thread CPU in /metrics (serving/chunk_trace.py)
+    live_idle_timeout: float = 60.0  # seconds a live WebSocket may stay silent (no message, no audio) before it closes
+    live_max_chars: int = 100_000  # text one live session may send
 
     @staticmethod
     def from_env(env: Mapping[str, str] | None = None, defaults: Mapping[str, object] | None = None,
@@ -448,6 +450,11 @@ SERVER_VARS = (
     DRAIN_SECONDS,
     Var("TTS_READ_TIMEOUT", "read_timeout", positive_number(),
         "seconds a client may pause while sending its request body before it gets 408 (default 30)"),
+    Var("TTS_LIVE_IDLE_TIMEOUT", "live_idle_timeout", positive_number(),
+        "seconds a live WebSocket (/v1/tts/live) may go without a message from the client or audio to it before "
+        "it is closed (default 60)"),
+    Var("TTS_LIVE_MAX_CHARS", "live_max_chars", integer(1),
+        "characters of text one live session may send (default 100000)"),
     Var("TTS_TRACE_CHUNKS", "trace_chunks", toggle(auto=False),
         "on: /metrics adds each audio piece's time from the engine to the socket and the CPU per thread (default off)",
         dev=True),

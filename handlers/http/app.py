@@ -21,7 +21,7 @@ from ttsengine.serving.listen import HeadAsGet
 from ttsengine.serving.protocol import FishTTSRequest, OpenAISpeechRequest, ReferenceUpdate
 from ttsengine.serving.service import Service, engine_loader
 
-from . import captioned, catalog, downloads
+from . import captioned, catalog, downloads, live
 from .docs import add_docs
 from .errors import add_error_handlers, document_errors, error_body
 from .metrics import HttpMetrics, Instrument
@@ -63,6 +63,7 @@ def create_app(server: ServerConfig, engine_config: EngineConfig,
     app.include_router(catalog.router)
     app.include_router(captioned.router)
     app.include_router(downloads.router)
+    app.include_router(live.router)  # WebSocket /v1/tts/live
     add_docs(app)
     app.openapi = lambda: openapi(app)
     return app

@@ -5,7 +5,8 @@ on it. The key comes as `Authorization: Bearer <key>` or `X-API-Key: <key>`.
 Open without the key: the health and metrics probes (orchestrators call them without credentials), the web page
 and its assets, the API's description (/docs, /openapi.json: they hold no data and the code is public), finished
 audio behind a download link (/v1/download/NAME: the 128-bit random name is the credential, like a presigned
-URL, so a browser's plain link works), and CORS preflights (browsers never send credentials on them).
+URL, so a browser's plain link works), and CORS preflights (browsers never send credentials on them). A WebSocket
+handshake (/v1/tts/live) needs the key too.
 """
 
 from __future__ import annotations
@@ -32,15 +33,29 @@ class ApiKey:
         self.app, self.key, self.reply = app, key, reply
 
     async def __call__(self, scope, receive, send):
-        if scope["type"] != "http" or not self.key or self.is_open(scope):
+        if scope["type"] not in ("http", "websocket") or not self.key or self.is_open(scope):
             return await self.app(scope, receive, send)
         if key_matches(dict(scope.get("headers") or []), self.key):
             return await self.app(scope, receive, send)
         data = json.dumps(self.reply("missing or wrong API key (Authorization: Bearer <key>)")).encode()
+        if scope["type"] == "websocket":
+            return await self.refuse_websocket(scope, receive, send, data)
         await send({"type": "http.response.start", "status": 401,
                     "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(data)).encode()),
                                 (b"www-authenticate", b"Bearer")]})
         await send({"type": "http.response.body", "body": data})
+
+    @staticmethod
+    async def refuse_websocket(scope, receive, send, data: bytes) -> None:
+        """The handshake is answered 401 with the JSON body where the server can (ASGI's websocket.http.response
+        extension), else refused (servers answer 403)."""
+        await receive()  # websocket.connect
+        if "websocket.http.response" in (scope.get("extensions") or {}):
+            await send({"type": "websocket.http.response.start", "status": 401,
+                        "headers": [(b"content-type", b"application/json"), (b"www-authenticate", b"Bearer")]})
+            await send({"type": "websocket.http.response.body", "body": data})
+        else:
+            await send({"type": "websocket.close", "code": 1008, "reason": "missing or wrong API key"})
 
     @staticmethod
     def is_open(scope) -> bool:

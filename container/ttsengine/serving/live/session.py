@@ -1,0 +1,159 @@
+"""One live session, whatever the wire protocol: the `start` request (fish-speech's /v1/tts body, plus the
+fields Fish Audio's live clients send), text pieces cut into segments (segmenter.py), each segment submitted to
+the engine in order once the one before has finished, with the voice and the previous segment (its text and
+codes) as context, as long-text synthesis chains its chunks, and one encoder for the whole session, so the audio
+is one continuous stream in the requested format and rate. cancel() (barge-in) drops the queued segments and
+stops the running one; the engine frees its slot within a step.
+
+Segments are separate engine requests: the previous segment's context goes in as a reference (its transcript
+and kept codes), which is the prompt the engine builds for a chained chunk (Planner.chunk_prompt). Without a
+seed in the request the session draws one and uses it for every segment.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import secrets
+from collections.abc import AsyncIterator, Callable, Mapping
+
+from pydantic import Field
+
+from ...errors import InputError, NoAudio
+from ...synthesis.request import Reference, SynthesisRequest
+from ...synthesis.stream import Stream
+from ..delivery import encoder_for, scaled
+from ..protocol import FishTTSRequest, SpeechJob, fish_job, validate
+from ..voices import VoiceStore
+from .segmenter import Segmenter
+
+_DONE = object()
+log = logging.getLogger(__name__)
+
+
+class LiveRequest(FishTTSRequest):
+    """The `request` of a `start` event: /v1/tts's body (text may be empty: it comes in `text` events), plus
+    what fish-audio-sdk's TTSRequest always sends."""
+
+    text: str = ""
+    min_chunk_length: int | None = None  # accepted and ignored: segments are cut at sentence ends
+    condition_on_previous_chunks: bool = Field(True, description="false: each segment without the one before")
+    early_stop_threshold: float | None = None  # accepted and ignored
+
+
+def live_job(body: Mapping, voices: VoiceStore | None, strict: bool = True) -> tuple[SpeechJob, LiveRequest]:
+    """A start event's request -> the job every segment is made from; InputError names a bad field."""
+    if not isinstance(body, Mapping):
+        raise InputError("start: `request` must be a map (a /v1/tts request body)")
+    req = validate(LiveRequest, dict(body), strict)
+    job = fish_job(req, voices)
+    if job.request.seed is None:
+        job = dataclasses.replace(job, request=dataclasses.replace(job.request, seed=secrets.randbits(63)))
+    return job, req
+
+
+class LiveSession:
+    def __init__(self, submit: Callable[[SynthesisRequest], Stream], job: SpeechJob, *, max_chars: int,
+                 chain: bool = True, first_text: str = ""):
+        self.job, self.chain, self.max_chars = job, chain, max_chars
+        self._submit = submit
+        self._segmenter = Segmenter(job.request.chunk_length or 200)
+        self._queue: asyncio.Queue = asyncio.Queue()
+        self._chars = 0
+        self._stream: Stream | None = None
+        self._context: Reference | None = None
+        self.ended = False  # stop came: no more text
+        self.cancelled = False
+        self.segments = 0  # submitted so far
+        if first_text:
+            self.text(first_text)
+
+    @property
+    def working(self) -> bool:
+        """A segment is being made."""
+        return self._stream is not None
+
+    # ---- the client's events -----------------------------------------------------------------------------
+    def text(self, text: str) -> None:
+        if self.ended:
+            raise InputError("text after stop: start a new session")
+        self._chars += len(text)
+        if self._chars > self.max_chars:
+            raise InputError(f"the session's text passed {self.max_chars} characters (TTS_LIVE_MAX_CHARS)")
+        self._queue_all(self._segmenter.feed(text))
+
+    def flush(self) -> None:
+        self._queue_all(self._segmenter.flush())
+
+    def end(self) -> None:
+        """stop: the pending text is spoken, then the audio ends."""
+        if not self.ended:
+            self.flush()
+            self.ended = True
+            self._queue.put_nowait(_DONE)
+
+    def cancel(self) -> None:
+        """Barge-in: nothing more is spoken; the running segment stops within one engine step."""
+        self.cancelled = True
+        if self._stream is not None:
+            self._stream.cancel()
+        self._queue.put_nowait(_DONE)
+
+    def _queue_all(self, segments: list[str]) -> None:
+        for segment in segments:
+            if any(c.isalnum() for c in segment):  # "..." or "**" alone is nothing to say
+                self._queue.put_nowait(segment)
+
+    # ---- the audio --------------------------------------------------------------------------------------
+    async def audio(self) -> AsyncIterator[bytes]:
+        """Encoded audio, segment after segment, until stop's segments are spoken (or cancel). An engine error
+        (a segment's bad text, a full engine) is raised; a segment the model ended at once (NoAudio, HTTP's 422)
+        is skipped: in a conversation one silent sentence should not end the session."""
+        enc = None
+        try:
+            while not self.cancelled:
+                segment = await self._queue.get()
+                if segment is _DONE or self.cancelled:
+                    break
+                stream = await asyncio.to_thread(self._start, segment)
+                self._stream = stream
+                if self.cancelled:
+                    break
+                if enc is None:
+                    enc = encoder_for(self.job, stream.sample_rate)
+                try:
+                    async for chunk in stream:
+                        if self.cancelled:
+                            break
+                        data = await asyncio.to_thread(enc.encode, scaled(chunk.audio, self.job.volume))
+                        if data and not self.cancelled:
+                            yield data
+                    else:
+                        self._context = self._next_context(stream)
+                except NoAudio:  # the model ended this segment at once: the next ones are still spoken
+                    log.warning("live segment %d made no audio; the session goes on", self.segments)
+                    self._context = None
+                self._stream = None
+            if enc is not None and not self.cancelled:
+                tail = await asyncio.to_thread(enc.finish)
+                if tail:
+                    yield tail
+        finally:
+            if self._stream is not None and not self._stream.done:
+                self._stream.cancel()  # left early (cancel, an error, the socket gone): free the slot now
+
+    def _start(self, segment: str) -> Stream:
+        refs = self.job.request.references + ((self._context,) if self._context is not None else ())
+        stream = self._submit(dataclasses.replace(self.job.request, text=segment, references=refs))
+        # the kept codes become the next segment's context; set before the first chunk can finish (a chunk
+        # takes at least a prefill and a few steps); a miss only means the next segment has no context
+        stream.plan.keep_codes = self.chain
+        self.segments += 1
+        return stream
+
+    def _next_context(self, stream: Stream) -> Reference | None:
+        plan = stream.plan
+        if not self.chain or len(plan.codes) != len(plan.texts) or plan.codes[-1].shape[1] == 0:
+            return None
+        return Reference(text=plan.texts[-1], codes=plan.codes[-1])

@@ -1,0 +1,216 @@
+"""Fish Audio's live protocol: WebSocket `/v1/tts/live`, the endpoint fish-audio-sdk's `stream_websocket` and
+livekit-plugins-fishaudio speak. Binary msgpack maps, each with an `event`:
+
+client: `start` {request: a /v1/tts body; its text may be empty}, `text` {text}, `flush` (speak what is
+pending now), `stop` (no more text: the rest is spoken, then `finish`); and `cancel` (ours: barge-in without
+closing the socket). server: `audio` {audio: bytes of the requested format}, `finish` {reason: stop | cancelled |
+error, message when error}. After `finish` the connection takes a new `start`.
+
+Closing the socket is barge-in: the queued and running segments are cancelled. Every error is a `finish` with
+reason "error" and a one-line message, then a close with a code: 1007 a message that is not a msgpack map of a
+known event, 1008 a limit (text, idle time) or a bad request, 1013 the model is loading or full, 1011 a failure.
+The `model` header fish-audio-sdk sends is accepted and ignored (one model is served); the API key is checked as
+for HTTP (serving/api_key.py), and a browser page's Origin as CORS would (origin_allowed).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+
+import msgpack
+from fastapi import APIRouter, WebSocket
+from starlette.websockets import WebSocketState
+
+from ttsengine import InputError
+from ttsengine.serving.failure import failure
+from ttsengine.serving.live.session import LiveSession, live_job
+
+log = logging.getLogger("handlers.http")
+router = APIRouter()
+EVENTS = ("start", "text", "flush", "stop", "cancel")
+
+
+class Gone(Exception):
+    """The client closed the socket: nobody to tell anything."""
+
+
+class ProtocolError(Exception):
+    def __init__(self, message: str, code: int = 1007):
+        super().__init__(message)
+        self.message, self.code = message, code
+
+
+@router.websocket("/v1/tts/live")
+async def live(ws: WebSocket):
+    if not origin_allowed(ws.headers, ws.app.state.server.cors_origins):
+        await ws.close(1008, "origin not allowed (TTS_CORS_ORIGINS)")  # before accept: the handshake gets a 403
+        return
+    await ws.accept()
+    await Connection(ws).run()
+
+
+def origin_allowed(headers, allowed: tuple[str, ...]) -> bool:
+    """Browsers send an Origin with every WebSocket handshake and, unlike fetch, need no CORS answer to connect,
+    so any web page could use a server without a key: a page on another origin is let in only when
+    TTS_CORS_ORIGINS names it (or is *), as for HTTP. SDKs send no Origin; this server's own page is same-origin."""
+    origin = headers.get("origin")
+    if origin is None or "*" in allowed or origin in allowed:
+        return True
+    return origin.partition("://")[2] == headers.get("host", "")
+
+
+class Connection:
+    def __init__(self, ws: WebSocket):
+        self.ws = ws
+        self.service, self.server = ws.app.state.service, ws.app.state.server
+        self.session: LiveSession | None = None
+        self.producer: asyncio.Task | None = None
+        self.last_active = time.monotonic()  # a message in or audio out
+        self.send_lock = asyncio.Lock()
+        self.closed = False
+        self.failing = False  # an error is being reported: the session sends nothing more
+
+    async def run(self) -> None:
+        receiving: asyncio.Task | None = None
+        try:
+            while not self.closed:
+                receiving = receiving or asyncio.ensure_future(self.ws.receive())
+                idle = self.server.live_idle_timeout
+                waits = {receiving} | ({self.producer} if self.producer and not self.producer.done() else set())
+                left = max(0.0, self.last_active + idle - time.monotonic())
+                done, _ = await asyncio.wait(waits, timeout=left, return_when=asyncio.FIRST_COMPLETED)
+                if receiving not in done:
+                    if done or self.closed:  # the session ended (or failed and closed the socket)
+                        continue
+                    if self.busy:
+                        self.last_active = max(self.last_active, time.monotonic() - idle / 2)
+                        continue
+                    raise ProtocolError(f"idle for {idle:g} s (TTS_LIVE_IDLE_TIMEOUT)", 1008)
+                message, receiving = receiving.result(), None
+                if message["type"] == "websocket.disconnect":
+                    self.closed = True
+                    return
+                self.last_active = time.monotonic()
+                await self.handle(decode(message))
+        except ProtocolError as e:
+            await self.fail(e.message, e.code)
+        except Exception as e:  # noqa: BLE001 - a client sees a protocol error, never a traceback
+            await self.fail_with(e)
+        finally:
+            if receiving is not None:
+                receiving.cancel()
+            if self.session is not None:
+                self.session.cancel()  # the socket is gone or closing: barge-in
+            if self.producer is not None:
+                await asyncio.gather(self.producer, return_exceptions=True)
+
+    @property
+    def busy(self) -> bool:
+        """Audio is being made (not idle, whatever the client does meanwhile)."""
+        return self.producer is not None and not self.producer.done() and self.session is not None and \
+            self.session.working
+
+    async def handle(self, event: dict) -> None:
+        name = event["event"]
+        if name == "start":
+            return await self.start(event)
+        session = self.session
+        if session is None or self.producer is None or self.producer.done():
+            if name == "stop":  # nothing to speak
+                return await self.send({"event": "finish", "reason": "stop"})
+            if name == "cancel":  # the session ended meanwhile: nothing to stop
+                return None
+            raise ProtocolError(f"{name!r} before `start`", 1008)
+        try:
+            if name == "text":
+                text = event.get("text")
+                if not isinstance(text, str):
+                    raise ProtocolError("text: `text` must be a string")
+                session.text(text)
+            elif name == "flush":
+                session.flush()
+            elif name == "stop":
+                session.end()
+            else:
+                session.cancel()
+        except InputError as e:
+            raise ProtocolError(str(e), 1008) from None
+
+    async def start(self, event: dict) -> None:
+        if self.producer is not None and not self.producer.done():
+            raise ProtocolError("a session is running: send `stop` (or `cancel`) and wait for `finish` first", 1008)
+        try:
+            self.service.require()  # loading: 1013 (stored voices are known once loaded)
+            job, req = live_job(event.get("request"), self.service.voices, strict=self.server.strict_fields)
+            self.session = LiveSession(self.service.submit, job, max_chars=self.server.live_max_chars,
+                                       chain=req.condition_on_previous_chunks, first_text=req.text)
+        except InputError as e:
+            raise ProtocolError(f"start: {e}", 1008) from None
+        self.producer = asyncio.create_task(self.produce(self.session))
+
+    async def produce(self, session: LiveSession) -> None:
+        try:
+            async for data in session.audio():
+                await self.send({"event": "audio", "audio": data})
+                self.last_active = time.monotonic()
+            await self.send({"event": "finish", "reason": "cancelled" if session.cancelled else "stop"})
+            self.last_active = time.monotonic()
+        except Gone:
+            return
+        except Exception as e:  # noqa: BLE001 - the engine's error as a protocol message
+            if not self.closed:
+                await self.fail_with(e)
+
+    async def send(self, message: dict, final: bool = False) -> None:
+        async with self.send_lock:
+            if self.closed or (self.failing and not final):
+                raise Gone
+            try:
+                await self.ws.send_bytes(msgpack.packb(message, use_bin_type=True))
+            except Exception:  # noqa: BLE001 - the socket closed under us (the client left: barge-in)
+                self.closed = True
+                raise Gone from None
+
+    async def fail_with(self, error: BaseException) -> None:
+        f = failure(error)
+        if not f.expected:
+            log.error("live session failed", exc_info=error)
+        code = 1013 if f.kind == "busy" else 1008 if f.kind == "input" else 1011
+        await self.fail(f.message, code)
+
+    async def fail(self, message: str, code: int) -> None:
+        """finish (reason error, the message), then a close with `code` and the message as its reason."""
+        if self.closed:
+            return
+        self.failing = True
+        if self.session is not None:
+            self.session.cancel()
+        try:
+            await self.send({"event": "finish", "reason": "error", "message": message}, final=True)
+        except Gone:
+            return
+        try:
+            async with self.send_lock:
+                self.closed = True
+                if self.ws.application_state != WebSocketState.DISCONNECTED:
+                    await self.ws.close(code, message.encode()[:120].decode(errors="ignore"))
+        except Exception:  # noqa: BLE001 - the client is gone already: nothing to tell it
+            self.closed = True
+
+
+def decode(message: dict) -> dict:
+    """One received WebSocket message -> an event map, or ProtocolError (1007) saying what is wrong."""
+    data = message.get("bytes")
+    if data is None:
+        raise ProtocolError("send msgpack maps in binary messages (a text message came)")
+    try:
+        event = msgpack.unpackb(data, raw=False)
+    except Exception as e:  # noqa: BLE001 - msgpack raises several types for bad input
+        raise ProtocolError(f"a message is not valid msgpack: {type(e).__name__}") from None
+    if not isinstance(event, dict) or not isinstance(event.get("event"), str):
+        raise ProtocolError("each message is a msgpack map with an `event`: " + ", ".join(EVENTS))
+    if event["event"] not in EVENTS:
+        raise ProtocolError(f"unknown event {event['event'][:40]!r}; expected one of: {', '.join(EVENTS)}")
+    return event
