@@ -109,7 +109,8 @@ class Planner:
         tokens = TextTokens(self.ckpt.tokenizer)
         lengths = [self.prompt(text, refs, tokens).shape[1] for text in texts]
         self.capacity.check(lengths, req.max_new_tokens)
-        return Plan(req, refs, texts, tokens, lengths, prefix_length=self.prefix(refs, tokens).shape[1])
+        return Plan(req, refs, texts, tokens, lengths, prefix_length=self.prefix(refs, tokens).shape[1],
+                    keep_codes=request.keep_codes)
 
     def check_reference_lengths(self, req: ResolvedRequest) -> None:
         """The cheap checks, before any decode or encode: every reference's header is readable, its rate in

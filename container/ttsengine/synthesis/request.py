@@ -37,6 +37,7 @@ class SynthesisRequest:
     repetition_penalty: float | None = None
     max_new_tokens: int | None = None  # frames per text chunk; 0 = as many as the context allows
     chunk_length: int | None = None  # characters per text chunk; None: the engine's setting
+    keep_codes: bool = False  # each text chunk's kept codes stay on the plan (a live session's next context, checks)
 
 
 @dataclass(frozen=True)

@@ -38,11 +38,13 @@ class GraphSet:
     def __init__(self, kind: str, lock: threading.Lock, body: Callable[..., Tensor],
                  static_inputs: Callable[[Hashable], tuple[Tensor, ...]] = lambda key: (),
                  capture_on_current_stream: bool = False,
-                 tune: Callable[[], AbstractContextManager] = contextlib.nullcontext):
+                 tune: Callable[[], AbstractContextManager] = contextlib.nullcontext,
+                 gate: threading.Event | None = None):
         """body(key, *inputs) -> output does the work; static_inputs(key) makes inputs that are safe to run
         on (scratch rows) and become the graph's static inputs. capture_on_current_stream: record on the
         caller's stream (a worker thread's own stream) instead of torch's capture stream. tune(): a context
-        around every first run and recording, inside the lock (the codec's cuDNN autotuning)."""
+        around every first run and recording, inside the lock (the codec's cuDNN autotuning). gate: while set and
+        clear, run() captures nothing (below)."""
         self.kind, self.lock, self.body, self.static_inputs = kind, lock, body, static_inputs
         self.tune = tune
         self.current_stream = capture_on_current_stream
@@ -53,7 +55,7 @@ class GraphSet:
         self._stream: torch.cuda.Stream | None = None  # this set's capture stream, on its thread's device
         # while set and clear, run() captures nothing (a fleet's other engines are still compiling: a capture
         # beside another thread's compile on another device failed with "operation not permitted")
-        self.gate: threading.Event | None = None
+        self.gate = gate
 
     def plan(self, keys: list) -> None:
         """The keys that get graphs (sorted: smallest first); forgets earlier graphs."""

@@ -63,8 +63,6 @@ class Device:
             precompile = features.PRECOMPILE in s.features
             runner.enable_compile(kernel_cache.precompiled_dir if precompile else None)
         vocoder.apply(s.codec)
-        vocoder.set_merge(s.codec_merge_rows)
-        vocoder.pinned_copy = s.codec_pinned_copy
         if s.cudnn_autotune == "process":  # cuDNN picks each conv shape's fastest algorithm at its first call
             torch.backends.cudnn.benchmark = True
         self.graphs = self._step_graphs() if s.cuda_graphs else None
@@ -202,15 +200,13 @@ class Device:
     def _step_graphs(self) -> GraphSet:
         """The decode step's CUDA graphs, one per batch bucket (its state lives in the runner's buffers); and
         the prefill's, one per padded shape (runner.prefill_key), captured at first use or while idle."""
-        graphs = GraphSet("decode-step", self._lock, lambda bb: self.runner.decode_step(bb))
+        graphs = GraphSet("decode-step", self._lock, lambda bb: self.runner.decode_step(bb), gate=self._gate)
         graphs.plan(list(self.settings.buckets))
-        graphs.gate = self.vocoder.graphs.gate = self._gate
         if self.settings.prefill_graphs:
             r = self.runner
             prefill = GraphSet("prefill", self._lock, lambda key, *inputs: r.prefill_layers(*inputs),
-                               r.prefill_scratch_inputs)
+                               r.prefill_scratch_inputs, gate=self._gate)
             prefill.plan(r.prefill_graph_keys())
-            prefill.gate = self._gate
             r.prefill_graphs = prefill
         return graphs
 

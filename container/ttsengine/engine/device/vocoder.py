@@ -88,11 +88,14 @@ class Vocoder:
     def __init__(self, codec: Codec, slots: int, max_frames: int, chunk_sizes: tuple[int, ...],
                  buckets: tuple[int, ...], capture_lock: threading.RLock,
                  on_decoded: Callable[[int, float], None], on_finished: Callable[[AudioSink], None],
-                 time_major: bool = False):
+                 time_major: bool = False, *, merge_rows: int = 0, pinned_copy: bool = True,
+                 gate: threading.Event | None = None):
         """max_frames: the longest stream a slot decodes; capture_lock: held by every CUDA graph capture (reentrant:
         the codec holds it around first uses that may capture);
         on_decoded(frames, seconds) after each decode; on_finished(stream) when a stream completed; time_major:
-        the streaming codec's layout (StreamingCodec, feature codec_channels_last)."""
+        the streaming codec's layout (StreamingCodec, feature codec_channels_last); merge_rows: queued decodes join
+        into calls of up to this many rows (0: off; feature codec_merge); pinned_copy: audio reaches the host through
+        a pinned buffer (feature codec_pinned_copy); gate: graphs left for later wait for it (fleet.py)."""
         self.codec = StreamingCodec(codec, slots + 1, max_frames, time_major)
         self.device, self.frame_length = self.codec.device, self.codec.frame_length
         self.chunk_sizes, self.buckets = tuple(sorted(chunk_sizes)), tuple(sorted(buckets))
@@ -100,15 +103,15 @@ class Vocoder:
         self._decode: Callable[[Tensor, Tensor], Tensor] = self.codec.codes_to_audio
         self.compiled = False
         self.graphs = GraphSet("codec", capture_lock, self._graph_body, self._scratch_inputs,
-                               capture_on_current_stream=True)
+                               capture_on_current_stream=True, gate=gate)
         self._capture_lock = capture_lock
         self._graph_rows = 0  # the planned graphs' largest batch
-        self.merge_rows = 0  # queued decodes merge into calls of up to this many rows (0: off; set_merge)
+        self.merge_rows = merge_rows
         self.on_decoded, self.on_finished = on_decoded, on_finished
         self._q: queue.SimpleQueue = queue.SimpleQueue()
         self._cuda = self.device.type == "cuda"
         self._stream = torch.cuda.Stream(self.device) if self._cuda else None
-        self.pinned_copy = True  # audio reaches the host through a pinned buffer (feature codec_pinned_copy)
+        self.pinned_copy = pinned_copy
         self._staging: Tensor | None = None  # float32, pinned: the last decode's audio (_to_host)
         self._copied = torch.cuda.Event() if self._cuda else None
         self._thread = threading.Thread(target=self._run, name="tts-vocoder", daemon=True)

@@ -145,10 +145,9 @@ class LiveSession:
 
     def _start(self, segment: str) -> Stream:
         refs = self.job.request.references + ((self._context,) if self._context is not None else ())
-        stream = self._submit(dataclasses.replace(self.job.request, text=segment, references=refs))
-        # the kept codes become the next segment's context; set before the first chunk can finish (a chunk
-        # takes at least a prefill and a few steps); a miss only means the next segment has no context
-        stream.plan.keep_codes = self.chain
+        # the kept codes become the next segment's context
+        stream = self._submit(dataclasses.replace(self.job.request, text=segment, references=refs,
+                                                  keep_codes=self.chain))
         self.segments += 1
         return stream
 
