@@ -10,7 +10,6 @@ import numpy as np
 import pytest
 
 from ttsengine import InputError, NoAudio, Reference, SynthesisRequest
-from ttsengine.engine.audio_feed import send_to_codec
 from ttsengine.model.kernels.triton_support import triton_major
 from ttsengine.model.quant import Int8Linear
 
@@ -374,7 +373,7 @@ def test_streams_ending_together_share_their_last_codec_call(eager_engine):
 
 
 def test_a_shared_final_call_pads_the_shorter_rows_without_changing_their_audio(engine):
-    # audio_feed.send_to_codec(final=True) on tasks with 3, 8 and 5 frames left: one call of 8 frames, the 3- and
+    # AudioFeed.send(final=True) on tasks with 3, 8 and 5 frames left: one call of 8 frames, the 3- and
     # 5-frame rows zero-padded (audio_feed.pending_codes); each row's audio == the whole decode of its own frames
     from conftest import Recorder
 
@@ -398,8 +397,7 @@ def test_a_shared_final_call_pads_the_shorter_rows_without_changing_their_audio(
     assert engine.open_streams == 0  # the shared engine is idle: slots 1-3 are free
     engine.vocoder.decode = counting_decode
     try:
-        s = engine.settings
-        send_to_codec(engine.vocoder, tasks, True, s.first_chunk_frames, s.stream_chunk_frames)
+        engine.audio.send(tasks, final=True)
     finally:
         engine.vocoder.decode = decode
     for t in tasks:

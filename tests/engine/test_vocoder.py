@@ -99,7 +99,7 @@ def test_a_batch_past_the_largest_graph_runs_in_pieces_in_order(eager_engine):
 
 
 def test_a_final_call_with_rows_of_different_lengths_equals_one_call_per_row(eager_engine):
-    # audio_feed.send_to_codec(final=True): the streams that ended in one step share a call, each row padded to the
+    # AudioFeed.send(final=True): the streams that ended in one step share a call, each row padded to the
     # longest (audio_feed.pending_codes): the codec is causal, so each row's real frames decode as they would alone
     codec = eager_engine.ckpt.codec
     first = {slot: codes(40 + slot, 4) for slot in range(3)}

@@ -187,12 +187,17 @@ def engines_idle(url: str, timeout: float = 10) -> bool:
 LONG = " ".join(f"Sentence number {i} is here." for i in range(30))
 
 
+def speaking(ws) -> None:
+    """A session with a long text whose first audio came back: segments run and more wait behind them."""
+    start(ws, max_new_tokens=400)
+    send(ws, event="text", text=LONG)
+    send(ws, event="stop")
+    assert receive(ws)["event"] == "audio"
+
+
 def test_cancel_is_barge_in_and_the_socket_stays_usable(server):
     with open_live(server) as ws:
-        start(ws, max_new_tokens=400)
-        send(ws, event="text", text=LONG)
-        send(ws, event="stop")
-        assert receive(ws)["event"] == "audio"
+        speaking(ws)
         send(ws, event="cancel")
         _, finish = until_finish(ws)
         assert finish == {"event": "finish", "reason": "cancelled"}
@@ -207,10 +212,7 @@ def test_cancel_is_barge_in_and_the_socket_stays_usable(server):
 
 def test_closing_the_socket_is_barge_in(server):
     with open_live(server) as ws:
-        start(ws, max_new_tokens=400)
-        send(ws, event="text", text=LONG)
-        send(ws, event="stop")
-        assert receive(ws)["event"] == "audio"
+        speaking(ws)
     assert engines_idle(server)  # the running segment stopped, the queued ones never started
 
 

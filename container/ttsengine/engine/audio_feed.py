@@ -203,19 +203,6 @@ class CodecRounds:
         return task.decoded > 0 and buffered is not None and buffered >= hold
 
 
-def send_to_codec(vocoder: Vocoder, tasks: list[Task], final: bool, first: int, stream: int) -> None:
-    """Queues codec decodes of pending frames: whole chunks (codec_calls), or when `final` all that is left, every task
-    in each call (final_calls)."""
-    calls = (final_calls(tasks, vocoder.chunk_sizes[-1]) if final else  # its largest: decode_padded's limit
-             ([(t, count) for t in group] for count, group in codec_calls(tasks, first, stream)))
-    for call in calls:
-        width = max(count for _, count in call)
-        codes = np.stack([pending_codes(t, count, width) for t, count in call])  # [b, n, width]
-        vocoder.decode([t.voc_slot for t, _ in call], codes, [Delivery(t.stream, t.index, count) for t, count in call])
-        for task, count in call:
-            task.decoded += count
-
-
 class AudioFeed:
     """The loop's side of the codec: a codec slot for each text chunk in flight, its frames sent in rounds or all at
     its end, its slot reset and its stream finished after its last audio (the vocoder's queue keeps that order)."""
@@ -236,7 +223,17 @@ class AudioFeed:
             self.send(ready, final=False)
 
     def send(self, tasks: list[Task], final: bool) -> None:
-        send_to_codec(self.vocoder, tasks, final, self.first, self.stream)
+        """Queues codec decodes of pending frames: whole chunks (codec_calls), or when `final` all that is left, every
+        task in each call (final_calls)."""
+        voc = self.vocoder
+        calls = (final_calls(tasks, voc.chunk_sizes[-1]) if final else  # its largest: decode_padded's limit
+                 ([(t, count) for t in group] for count, group in codec_calls(tasks, self.first, self.stream)))
+        for call in calls:
+            width = max(count for _, count in call)
+            codes = np.stack([pending_codes(t, count, width) for t, count in call])  # [b, n, width]
+            voc.decode([t.voc_slot for t, _ in call], codes, [Delivery(t.stream, t.index, count) for t, count in call])
+            for task, count in call:
+                task.decoded += count
 
     def release(self, task: Task) -> None:
         """The text chunk ended: its slot is reset after its last decode and free again."""

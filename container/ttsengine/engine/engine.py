@@ -383,8 +383,8 @@ class Engine:
         if self.prefix_cache is not None:  # a failed step may have left any page half written: cache nothing
             for key in list(self.prefix_cache.entries):
                 self._drop_prefix(key)
-        # every row reset, not only those the releases name: a failed iteration may have taken earlier releases' moves
-        # and resets into its plan and died before running them (a row left armed over freed pages)
+        # every row reset, not only those the releases name: a plan that failed before its moves and resets ran
+        # would leave a row armed over pages the pool gave away
         self.scheduler.flush()
         self.device.execute(StepPlan(slot_ops=[Reset(tuple(range(self.settings.max_slots)))]), time.perf_counter())
         self.scheduler.waiting.clear()

@@ -39,7 +39,7 @@ class Intake:
                 raise EngineDown(f"the engine on {self.where} is out of service: {self.down}")
             if self.stopping:
                 raise ShuttingDown("the server is shutting down; retry shortly")
-            waiting = len(self._tasks) + self.scheduler.queue_depth
+            waiting = self._waiting()
             if waiting >= self.max_queue:
                 self.metrics.rejected += 1
                 raise BusyError(f"the engine is busy ({len(self.scheduler.running)} streams running, {waiting} "
@@ -56,13 +56,17 @@ class Intake:
     def occupancy(self) -> tuple[int, int]:
         """(slots not spoken for, requests waiting)."""
         with self.cv:
-            waiting = self.scheduler.queue_depth + len(self._tasks)
+            waiting = self._waiting()
             return self.slots - len(self.scheduler.running) - waiting, waiting
 
     @property
     def waiting(self) -> int:
         with self.cv:
-            return self.scheduler.queue_depth + len(self._tasks)
+            return self._waiting()
+
+    def _waiting(self) -> int:
+        """Requests not yet running: here, or in the scheduler's queue (call under cv)."""
+        return len(self._tasks) + self.scheduler.queue_depth
 
     @property
     def open_streams(self) -> int:

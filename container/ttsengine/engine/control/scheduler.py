@@ -100,7 +100,7 @@ class Scheduler:
         self.bucket = bucket if bucket is not None else (lambda rows: rows)
         self.waiting: deque[Job] = deque()
         self.running: list[Job] = []  # index = slot
-        self._slot_ops: list[Move | Reset] = []  # made by releases, carried out by the next plan
+        self._slot_ops: list[Move | Reset] = []  # made by releases, carried out by flush() or the next plan
 
     # ---- queue --------------------------------------------------------------------------------
     def pages_for(self, job: Job) -> int:
@@ -155,8 +155,8 @@ class Scheduler:
         return plan
 
     def flush(self) -> StepPlan:
-        """A plan of the slot operations alone (before the device runs anything else: an idle engine's capture, a
-        failure's cleanup)."""
+        """A plan of the slot operations alone: the engine sends one right after each release, so a row is reset
+        before its stream hears of its end."""
         return StepPlan(slot_ops=self._take_slot_ops())
 
     def update(self, result: StepResult, eos_id: int) -> list[Job]:
