@@ -330,9 +330,11 @@ class Vocoder:
                             d.stream.finish(RuntimeError(f"audio decoding failed: {type(e).__name__}: {e}"))
 
     def _finish(self, cmd: tuple) -> None:
-        cmd[1].finish(cmd[2])
+        # counted before the stream ends: whoever waits on the stream then sees the count that includes it (the
+        # RunPod engines test read the counters between the two and timed out in CI)
         if cmd[3]:
             self.on_finished(cmd[1])
+        cmd[1].finish(cmd[2])
 
     def _resets(self, slot: int, held: deque) -> None:
         """A slot's reset and the resets and finishes queued right behind it: the finishes first, then every slot in
