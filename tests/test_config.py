@@ -148,7 +148,8 @@ SWITCHES = [v for v in ENV_VARS.values() if v.kind.expected == "auto, on or off"
 def test_every_switch_takes_auto_on_off():
     names = {v.name for v in SWITCHES}
     # the speed features are a list (TTS_FEATURES), not switches
-    assert names == {"TTS_ALLOW_SPECIAL_TOKENS", "TTS_STRICT_FIELDS", "TTS_PREFIX_CACHE", "TTS_TRACE_CHUNKS"}
+    assert names == {"TTS_ALLOW_SPECIAL_TOKENS", "TTS_STRICT_FIELDS", "TTS_PREFIX_CACHE", "TTS_TRACE_CHUNKS",
+                     "TTS_ENGINE_PROCESS"}
     for var in SWITCHES:
         for word in ("auto", "on", "off", "AUTO", "On", "1", "0", "true", "false", "yes", "no"):
             from_env({var.name: word})  # no error

@@ -96,6 +96,12 @@ def toggle(auto: bool) -> Kind:
     return Kind(parse, "auto, on or off", lambda value: None if isinstance(value, bool) else f"{value!r} is not a bool")
 
 
+def three_way() -> Kind:
+    """auto | on | off where auto is decided later (at start, from what the machine has): the word is the value."""
+    return Kind(_switch_word, "auto, on or off",
+                lambda value: None if value in ("auto", "on", "off") else f"{value!r} is not auto, on or off")
+
+
 def _device(value) -> str | None:
     ok = value in ("auto", "cpu", "cuda") or (value.startswith("cuda:") and value[5:].isdigit())
     return None if ok else f"{value!r} is not one of auto, cpu, cuda, cuda:N"
@@ -173,6 +179,7 @@ class EngineConfig:
     device: str = "auto"  # auto | cpu | cuda | cuda:N: one engine's device (TTS_DEVICES makes the engines)
     devices: str = "auto"  # auto | "cuda:0,cuda:1,...": one engine per entry (engine/placement.py)
     topology: str = "replicas"  # replicas: whole engine per device | split: DualAR and codec on a pair of devices
+    process: str = "auto"  # auto (own process on CUDA) | on | off: the engines in a process of their own (serving)
     codec_device: str = ""  # where this engine's codec runs ("": with the DualAR); set by the placement
     kv_share: int = 1  # engines on this device still to size their KV cache, this one included (placement)
     fail_engine: str = ""  # test hook "INDEX@STEPS": that engine fails as with a CUDA error at that decode step
@@ -223,6 +230,9 @@ ENGINE_VARS = (
     Var("TTS_TOPOLOGY", "topology", choice("replicas", "split"),
         "replicas (default): a whole engine per device | split: the DualAR on one device of each pair, its codec on "
         "the other (an even number of devices)"),
+    Var("TTS_ENGINE_PROCESS", "process", three_way(),
+        "auto (default: on when a GPU serves) | on | off: the engines run in a process of their own, apart from the "
+        "HTTP server and the encoders, so per-stream work there never slows the decode loop; off: one process"),
     Var("TTS_DTYPE", "dtype", DTYPE, "DualAR weights: auto (bf16 on CUDA, fp32 on CPU) | bfloat16 | float16 | float32"),
     Var("TTS_CODEC_DTYPE", "codec_dtype", DTYPE,
         "codec weights: auto (bf16 on CUDA, fp32 on CPU) | bfloat16 | float16 | float32"),

@@ -42,9 +42,26 @@ def engine_loader(config: EngineConfig, download: DownloadConfig | None = None) 
     def load() -> Fleet:
         if download is not None and download.model_source:
             ensure_model(config.model_dir, download.model_source, download.hf_token)
+        if own_process(config):
+            from .engine_process.remote_fleet import RemoteFleet
+
+            return RemoteFleet.spawn(config)
         return Fleet.load(config)
 
     return load
+
+
+def own_process(config: EngineConfig) -> bool:
+    """TTS_ENGINE_PROCESS: on, off, or auto = on when the engines would run on a GPU (one process keeps CPU-only
+    runs and tests simple; on a GPU the decode loop must not share a GIL with the HTTP front: issue 43)."""
+    if config.process != "auto":
+        return config.process == "on"
+    wanted = config.device if config.devices == "auto" else config.devices  # as engine/placement.py reads them
+    if wanted != "auto":
+        return "cuda" in wanted
+    import torch
+
+    return torch.cuda.is_available()
 
 
 class Service:

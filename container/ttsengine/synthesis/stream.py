@@ -18,7 +18,9 @@ _END = object()
 
 
 class Stream:
-    def __init__(self, plan: Plan, sample_rate: int, device: str = ""):
+    def __init__(self, plan: Plan, sample_rate: int, device: str = "", on_cancel: Callable[[], None] | None = None):
+        """on_cancel: called once on the first cancel() (a stream whose engine lives in another process tells it
+        there: serving/engine_process)."""
         self.plan = plan
         self.sample_rate = sample_rate
         self.device = device  # the engine's, as its stats name it ("cuda:1"): a metrics label
@@ -34,6 +36,8 @@ class Stream:
         self._error: BaseException | None = None
         self._done = False
         self._count = 0
+        self._on_cancel = on_cancel
+        self._relay: Callable[[object], None] | None = None
 
     # ---- engine side (any thread) -------------------------------------------------------------
     def start(self) -> None:
@@ -57,10 +61,28 @@ class Stream:
         self.finished_at = time.perf_counter()
         self._push(_END)
 
+    def relay(self, sink: Callable[[object], None]) -> None:
+        """From now on every item goes to sink(item) in the pushing thread instead of this stream's queue: an
+        AudioChunk, then END (is_end) once; what was queued before goes first, under the lock, so nothing is lost
+        or reordered. The engine process forwards its streams this way (no waiter thread or wake-up per chunk)."""
+        with self._cond:
+            for item in self._items:
+                sink(item)
+            self._items.clear()
+            self._relay = sink
+
+    @property
+    def error(self) -> BaseException | None:
+        """The error the stream ended with (None: none, or not ended)."""
+        return self._error
+
     def _push(self, item) -> None:
         with self._cond:
             if item is _END:
                 self._done = True
+            if self._relay is not None:
+                self._relay(item)
+                return
             self._items.append(item)
             waiters, self._waiters = self._waiters, []
             self._cond.notify_all()
@@ -122,7 +144,11 @@ class Stream:
 
     def cancel(self) -> None:
         """Stops generation; the engine frees the request's slot within one step."""
+        if self._cancelled:
+            return
         self._cancelled = True
+        if self._on_cancel is not None:
+            self._on_cancel()
 
     def _take(self):
         item = self._items.popleft()
@@ -176,6 +202,11 @@ class Stream:
         if self._cancelled:
             raise CancelledError("the request was cancelled")
         return SynthesisResult.join(parts, self.sample_rate, self.seed, self.plan.reports)
+
+
+def is_end(item) -> bool:
+    """Whether a relayed item is the end of its stream (Stream.relay)."""
+    return item is _END
 
 
 def _wake(fut: asyncio.Future) -> None:

@@ -1,0 +1,194 @@
+"""The engine side: `python -m ttsengine.serving.engine_process.host FD`, started by remote_fleet.py with one end
+of a socket pair. It loads the fleet, says LOADED (or FAILED), then serves the front's messages until CLOSE or
+until the front is gone (end of file: the front died; the engines must not outlive it).
+
+Threads: this one reads commands; a writer sends everything outgoing in batches; submits and calls run on a
+small pool (a request with reference audio is encoded by the codec at submit: it must not hold up cancels);
+audio leaves from the engine's own codec thread through Stream.relay, with no waiter per stream.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import queue
+import signal
+import sys
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from multiprocessing.connection import Connection
+
+from ...engine.fleet import Fleet
+from ...synthesis.stream import Stream, is_end
+from ..service import setup_logging
+from .wire import (
+    ACCEPTED,
+    AUDIO,
+    CALL,
+    CALLS,
+    CANCEL,
+    CLOSE,
+    END,
+    FAILED,
+    LOADED,
+    REFUSED,
+    REPLY,
+    STATE,
+    SUBMIT,
+    pack_error,
+)
+
+log = logging.getLogger(__name__)
+BATCH = 512  # messages per send at most: a burst of chunks goes out in few system calls, none waits for long
+STATE_EVERY = 0.2  # seconds between checks of ready / failure / max_streams (sent when they change)
+
+
+class Host:
+    def __init__(self, fleet: Fleet, conn: Connection):
+        self.fleet, self.conn = fleet, conn
+        self.outbox: queue.SimpleQueue = queue.SimpleQueue()  # messages for the writer; None stops it
+        self.streams: dict[int, Stream] = {}  # sid -> the engine's stream, until its END is queued
+        self.early: set[int] = set()  # sids cancelled before their submit returned
+        self.lock = threading.Lock()
+        self.pool = ThreadPoolExecutor(8, thread_name_prefix="engine-process-call")
+        self.stopped = threading.Event()
+
+    def facts(self) -> dict:
+        f = self.fleet
+        return {"ready": f.ready, "failure": f.failure, "max_streams": f.max_streams if f.ready else 0}
+
+    def serve(self) -> None:
+        writer = threading.Thread(target=self._write, name="engine-process-writer", daemon=True)
+        writer.start()
+        self.outbox.put((LOADED, {**self.facts(), "sample_rate": self.fleet.sample_rate,
+                                  "frame_rate": self.fleet.frame_rate, "codec_tag": self.fleet.codec_tag}))
+        threading.Thread(target=self._watch_state, name="engine-process-state", daemon=True).start()
+        try:
+            while True:
+                try:
+                    batch = self.conn.recv()
+                except (EOFError, OSError):
+                    log.warning("the front process is gone: the engines close")
+                    break
+                if not self._handle(batch):
+                    break
+        finally:
+            self.stopped.set()
+            self.pool.shutdown(wait=True, cancel_futures=True)
+            self.fleet.close()  # ends what is still open with an error: those ENDs go out before the writer stops
+            self.outbox.put(None)
+            writer.join(10)
+
+    def _handle(self, batch: list) -> bool:
+        for msg in batch:
+            tag = msg[0]
+            if tag == SUBMIT:
+                self.pool.submit(self._submit, *msg[1:])
+            elif tag == CANCEL:
+                with self.lock:
+                    stream = self.streams.get(msg[1])
+                    if stream is None:
+                        self.early.add(msg[1])
+                if stream is not None:
+                    stream.cancel()
+            elif tag == CALL:
+                self.pool.submit(self._call, *msg[1:])
+            elif tag == CLOSE:
+                return False
+        return True
+
+    def _submit(self, sid: int, request, ignore_stop: bool) -> None:
+        try:
+            stream = self.fleet.submit(request, ignore_stop=ignore_stop)
+        except Exception as e:  # noqa: BLE001 - InputError, BusyError, EngineDown... go back as they are
+            with self.lock:
+                self.early.discard(sid)
+            self.outbox.put((REFUSED, sid, pack_error(e)))
+            return
+        with self.lock:
+            self.streams[sid] = stream
+            early = sid in self.early
+            self.early.discard(sid)
+        self.outbox.put((ACCEPTED, sid, list(stream.plan.texts), stream.seed, stream.device))
+        stream.relay(functools.partial(self._forward, sid, stream))  # after ACCEPTED: the front knows the sid
+        if early:
+            stream.cancel()
+
+    def _forward(self, sid: int, stream: Stream, item) -> None:
+        """In the engine's thread that pushed it: one AudioChunk, or the end."""
+        if not is_end(item):
+            self.outbox.put((AUDIO, sid, item.text_index, item.audio, stream.started_at))
+            return
+        with self.lock:
+            self.streams.pop(sid, None)
+        plan = stream.plan
+        self.outbox.put((END, sid, pack_error(stream.error), list(plan.reports),
+                         list(plan.codes) if plan.keep_codes else None, stream.started_at))
+
+    def _call(self, rid: int, name: str, args: tuple) -> None:
+        try:
+            if name not in CALLS:
+                raise ValueError(f"the engine process does not answer {name!r}")
+            self.outbox.put((REPLY, rid, True, getattr(self.fleet, name)(*args)))
+        except Exception as e:  # noqa: BLE001 - the caller gets the exception
+            self.outbox.put((REPLY, rid, False, pack_error(e)))
+
+    def _watch_state(self) -> None:
+        last = None
+        while not self.stopped.wait(STATE_EVERY):
+            now = self.facts()
+            if now != last:
+                self.outbox.put((STATE, now))
+                last = now
+
+    def _write(self) -> None:
+        while True:
+            item = self.outbox.get()
+            if item is None:
+                return
+            batch = [item]
+            while len(batch) < BATCH:
+                try:
+                    item = self.outbox.get_nowait()
+                except queue.Empty:
+                    break
+                if item is None:
+                    self._send(batch)
+                    return
+                batch.append(item)
+            if not self._send(batch):
+                return
+
+    def _send(self, batch: list) -> bool:
+        try:
+            self.conn.send(batch)
+            return True
+        except (OSError, ValueError):  # the front is gone
+            return False
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 1 or not args[0].isdigit():
+        print("engine process: usage: python -m ttsengine.serving.engine_process.host FD "
+              "(started by the server, not by hand)", file=sys.stderr)
+        return 2
+    # the front decides when to stop (a drain first): Ctrl-C or a SIGTERM sent to the whole process group
+    # must not cut the engines under requests it still serves; it says CLOSE, or its end of the socket closes
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    conn = Connection(int(args[0]))
+    config, log_level = conn.recv()
+    setup_logging(log_level)
+    try:
+        fleet = Fleet.load(config)
+    except Exception as e:  # noqa: BLE001 - the front reports it (health: failed) as if it had loaded itself
+        log.exception("the engine failed to load")
+        conn.send([(FAILED, pack_error(e))])
+        return 1
+    Host(fleet, conn).serve()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

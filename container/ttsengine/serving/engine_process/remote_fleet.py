@@ -1,0 +1,275 @@
+"""The front side: a Fleet look-alike whose engines run in a child process (host.py). The Service holds it as it
+holds a Fleet: submit -> Stream, stats, ready, failure, max_streams, open_streams, voice codes, close.
+
+Streams are ordinary synthesis Streams filled by one reader thread: the front stamps submit and arrival times
+itself (what a client meets), the engine's first prefill time comes with the audio. A stream's cancel() is a
+CANCEL message. If the engine process dies, every open stream ends with EngineDown and the fleet reports the
+failure (health: failed), as an in-process fleet does when its last engine fails.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import logging
+import socket
+import subprocess
+import sys
+import threading
+from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeout
+from multiprocessing.connection import Connection
+
+from ...config import EngineConfig
+from ...engine.stats import FleetStats
+from ...errors import EngineDown
+from ...synthesis.plan import ChunkReport
+from ...synthesis.request import SynthesisRequest
+from ...synthesis.stream import Stream
+from .wire import ACCEPTED, AUDIO, CALL, CANCEL, CLOSE, END, FAILED, LOADED, REFUSED, REPLY, STATE, SUBMIT, unpack_error
+
+log = logging.getLogger(__name__)
+SUBMIT_TIMEOUT = 120.0  # seconds for the engine to take or refuse a request (a long reference is encoded first)
+CALL_TIMEOUT = 30.0
+CLOSE_TIMEOUT = 60.0  # the engines end what is left and free the GPU
+
+
+class RemotePlan:
+    """What the front knows of a request's plan: the parts of synthesis.plan.Plan its readers use."""
+
+    def __init__(self, request: SynthesisRequest):
+        self.request = request
+        self.texts: list[str] = []
+        self.seed: int = request.seed if request.seed is not None else 0
+        self.reports: list[ChunkReport] = []
+        self.keep_codes = request.keep_codes
+        self.codes: list = []  # int64 [num_codebooks, kept frames] per text chunk, when keep_codes
+
+    @property
+    def frames(self) -> int:
+        return sum(r.frames for r in self.reports)
+
+
+class RemoteFleet:
+    def __init__(self, process: subprocess.Popen, conn: Connection, facts: dict):
+        self.process, self.conn, self.facts = process, conn, facts
+        self.streams: dict[int, Stream] = {}
+        self._submits: dict[int, Future] = {}
+        self._calls: dict[int, Future] = {}
+        self._ids = itertools.count(1)
+        self._lock = threading.Lock()  # the three tables
+        self._send_lock = threading.Lock()  # one writer on the socket at a time
+        self.dead: str | None = None  # why the engine process is gone
+        self._closing = False
+        self._reader = threading.Thread(target=self._read, name="engine-process-reader", daemon=True)
+        self._reader.start()
+
+    # ---- start ---------------------------------------------------------------------------------------
+    @classmethod
+    def spawn(cls, config: EngineConfig) -> RemoteFleet:
+        """Starts the engine process and returns once its first engine is warm; raises what its loading raised
+        (or EngineDown if it died without saying)."""
+        front, back = socket.socketpair()
+        cmd = [sys.executable, "-m", "ttsengine.serving.engine_process.host", str(back.fileno())]
+        process = subprocess.Popen(cmd, pass_fds=(back.fileno(),), stdin=subprocess.DEVNULL)
+        back.close()
+        conn = Connection(front.detach())
+        try:
+            conn.send((config, logging.getLevelName(logging.getLogger().getEffectiveLevel())))
+            while True:
+                for msg in conn.recv():
+                    if msg[0] == LOADED:
+                        return cls(process, conn, msg[1])
+                    if msg[0] == FAILED:
+                        process.wait(CLOSE_TIMEOUT)
+                        raise unpack_error(msg[1])
+        except (EOFError, OSError):
+            code = process.wait(CLOSE_TIMEOUT)
+            raise EngineDown(f"the engine process exited with code {code} while loading (its log says why)") from None
+        except BaseException:
+            conn.close()
+            if process.poll() is None:
+                process.kill()
+                process.wait()
+            raise
+
+    # ---- requests ------------------------------------------------------------------------------------
+    def submit(self, request: SynthesisRequest, *, ignore_stop: bool = False) -> Stream:
+        """Like Fleet.submit: the stream once the engine took the request; InputError, BusyError, EngineDown...
+        raised as the engine raised them."""
+        sid = next(self._ids)
+        plan = RemotePlan(request)
+        stream = Stream(plan, self.sample_rate, on_cancel=lambda: self._tell((CANCEL, sid)))
+        taken: Future = Future()
+        with self._lock:
+            if self.dead:
+                raise EngineDown(self.dead)
+            self.streams[sid], self._submits[sid] = stream, taken
+        self._tell((SUBMIT, sid, request, ignore_stop))
+        try:
+            texts, seed, device = taken.result(SUBMIT_TIMEOUT)
+        except FutureTimeout:
+            stream.cancel()
+            raise EngineDown(f"the engine process did not take the request within {SUBMIT_TIMEOUT:.0f} s") from None
+        finally:
+            with self._lock:
+                self._submits.pop(sid, None)
+        plan.texts, plan.seed, stream.device = texts, seed, device
+        return stream
+
+    def synthesize(self, request: SynthesisRequest):
+        return self.submit(request).result()
+
+    def _tell(self, msg: tuple) -> None:
+        try:
+            with self._send_lock:
+                self.conn.send([msg])
+        except (OSError, ValueError):
+            if msg[0] != CANCEL:  # a cancel after the end has nothing left to stop
+                raise EngineDown(self.dead or "the engine process is gone") from None
+
+    def _ask(self, name: str, *args, timeout: float = CALL_TIMEOUT):
+        rid = next(self._ids)
+        answer: Future = Future()
+        with self._lock:
+            if self.dead:
+                raise EngineDown(self.dead)
+            self._calls[rid] = answer
+        self._tell((CALL, rid, name, args))
+        try:
+            return answer.result(timeout)
+        except FutureTimeout:
+            raise EngineDown(f"the engine process did not answer {name} within {timeout:.0f} s") from None
+        finally:
+            with self._lock:
+                self._calls.pop(rid, None)
+
+    # ---- the reader ----------------------------------------------------------------------------------
+    def _read(self) -> None:
+        try:
+            while True:
+                for msg in self.conn.recv():
+                    self._dispatch(msg)
+        except (EOFError, OSError):
+            pass
+        self._gone()
+
+    def _dispatch(self, msg: tuple) -> None:
+        tag = msg[0]
+        if tag == AUDIO:
+            _, sid, text_index, audio, started_at = msg
+            stream = self.streams.get(sid)
+            if stream is not None:
+                if stream.started_at is None:
+                    stream.started_at = started_at
+                stream.emit(audio, text_index)
+        elif tag == END:
+            _, sid, error, reports, codes, started_at = msg
+            with self._lock:
+                stream = self.streams.pop(sid, None)
+            if stream is not None:
+                stream.plan.reports.extend(reports)
+                if codes is not None:
+                    stream.plan.codes.extend(codes)
+                if stream.started_at is None:
+                    stream.started_at = started_at
+                stream.finish(unpack_error(error))
+        elif tag in (ACCEPTED, REFUSED):
+            with self._lock:
+                taken = self._submits.get(msg[1])
+                if tag == REFUSED:
+                    self.streams.pop(msg[1], None)
+            if taken is not None:
+                if tag == ACCEPTED:
+                    taken.set_result(msg[2:])
+                else:
+                    taken.set_exception(unpack_error(msg[2]))
+        elif tag == REPLY:
+            _, rid, ok, value = msg
+            with self._lock:
+                answer = self._calls.get(rid)
+            if answer is not None:
+                answer.set_result(value) if ok else answer.set_exception(unpack_error(value))
+        elif tag == STATE:
+            self.facts = {**self.facts, **msg[1]}
+
+    def _gone(self) -> None:
+        """The engine process ended (or closed its end): everything still waiting on it ends with EngineDown."""
+        try:
+            code = self.process.wait(5)
+        except subprocess.TimeoutExpired:
+            code = None
+        why = "the engine process was closed" if self._closing else \
+            f"the engine process exited unexpectedly (exit code {code}); the server must be restarted"
+        with self._lock:
+            self.dead = why
+            streams, self.streams = list(self.streams.values()), {}
+            waiting = list(self._submits.values()) + list(self._calls.values())
+        if not self._closing:
+            log.error("%s", why)
+        for stream in streams:
+            stream.finish(EngineDown(why))
+        for future in waiting:
+            if not future.done():
+                future.set_exception(EngineDown(why))
+
+    # ---- what the front reports ----------------------------------------------------------------------
+    @property
+    def ready(self) -> bool:
+        return self.dead is None and bool(self.facts["ready"])
+
+    @property
+    def failure(self) -> str | None:
+        return self.dead if self.dead and not self._closing else self.facts["failure"]
+
+    @property
+    def max_streams(self) -> int:
+        return self.facts["max_streams"] if self.ready else 0
+
+    @property
+    def open_streams(self) -> int:
+        return len(self.streams)
+
+    @property
+    def sample_rate(self) -> int:
+        return self.facts["sample_rate"]
+
+    @property
+    def frame_rate(self) -> float:
+        return self.facts["frame_rate"]
+
+    @property
+    def codec_tag(self) -> str:
+        return self.facts["codec_tag"]
+
+    def voice_codes(self, audio: bytes):
+        return self._ask("voice_codes", audio)
+
+    def forget_voice(self, text: str, codes) -> None:
+        self._ask("forget_voice", text, codes)
+
+    def stats(self) -> FleetStats:
+        return self._ask("stats")
+
+    def settle(self, timeout: float = 120.0) -> bool:
+        return self._ask("settle", timeout, timeout=timeout + CALL_TIMEOUT)
+
+    def wait_all(self, timeout: float | None = None) -> bool:
+        return self._ask("wait_all", timeout, timeout=(timeout or 3600.0) + CALL_TIMEOUT)
+
+    def close(self) -> None:
+        """Tells the engines to close (what is still open ends with an error, as in one process) and waits for
+        the process; kills it if it does not end."""
+        if self._closing:
+            return
+        self._closing = True
+        with contextlib.suppress(EngineDown):
+            self._tell((CLOSE,))
+        try:
+            self.process.wait(CLOSE_TIMEOUT)
+        except subprocess.TimeoutExpired:
+            log.warning("the engine process did not end within %.0f s: killed", CLOSE_TIMEOUT)
+            self.process.kill()
+            self.process.wait()
+        self._reader.join(5)
+        self.conn.close()

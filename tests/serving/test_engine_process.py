@@ -1,0 +1,131 @@
+"""The engine in its own process (serving/engine_process), for real: a child process on the tiny checkpoint, driven
+through RemoteFleet as the Service drives it, against the same requests in one process."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import numpy as np
+import pytest
+from conftest import MODEL_DIR
+
+from ttsengine import EngineConfig, Fleet
+from ttsengine.errors import CheckpointError, EngineDown, InputError
+from ttsengine.serving.engine_process.remote_fleet import RemoteFleet
+from ttsengine.serving.failure import ModelFailed
+from ttsengine.serving.service import Service, engine_loader, own_process
+from ttsengine.synthesis.request import SynthesisRequest
+
+CONFIG = EngineConfig(model_dir=MODEL_DIR, device="cpu", max_batch=4, process="on")
+REQUESTS = [SynthesisRequest(text="Hello there.", seed=2, max_new_tokens=20, keep_codes=True),
+            SynthesisRequest(text="A second voice, a little longer.", seed=5, max_new_tokens=30, keep_codes=True)]
+
+
+@pytest.fixture(scope="module")
+def remote():
+    fleet = RemoteFleet.spawn(CONFIG)
+    yield fleet
+    fleet.close()
+
+
+@pytest.fixture(scope="module")
+def local():
+    fleet = Fleet.load(CONFIG)
+    yield fleet
+    fleet.close()
+
+
+def test_the_engine_process_makes_the_same_audio_and_reports(remote, local):
+    got = [remote.submit(r) for r in REQUESTS]
+    want = [local.submit(r) for r in REQUESTS]
+    for g, w in zip(got, want):
+        a, b = g.result(), w.result()
+        # the same codes exactly; the audio within the codec's batching noise (rows decoded together differ)
+        assert [c.tolist() for c in g.plan.codes] == [c.tolist() for c in w.plan.codes]
+        assert a.audio.shape == b.audio.shape and np.abs(a.audio - b.audio).max() < 1e-4
+        assert g.seed == w.seed and g.frames == w.frames > 0 and g.text_chunks == w.text_chunks
+        assert g.reports == w.reports and g.ttfa is not None and g.queue_wait is not None
+    assert len(got[1].plan.codes) == 1  # a live session's next context crosses too
+    assert remote.open_streams == 0 and remote.ready and remote.failure is None
+
+
+def test_refusals_keep_their_kind_and_message(remote, local):
+    bad = SynthesisRequest(text="x", temperature=-1.0)
+    with pytest.raises(InputError) as here:
+        local.submit(bad)
+    with pytest.raises(InputError) as there:
+        remote.submit(bad)
+    assert str(there.value) == str(here.value)
+    assert remote.open_streams == 0
+
+
+def test_cancel_crosses_and_frees_the_slot(remote):
+    before = remote.stats().total.cancelled
+    stream = remote.submit(SynthesisRequest(text="Keep talking for a while.", seed=3, max_new_tokens=400))
+    next(iter(stream))  # it runs
+    stream.cancel()
+    list(stream)  # ends (no error: a cancelled stream just stops)
+    deadline = time.monotonic() + 30
+    while remote.stats().total.cancelled == before and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert remote.stats().total.cancelled == before + 1 and remote.open_streams == 0
+
+
+def test_stats_voice_codes_and_facts_come_from_the_engine(remote, local):
+    assert (remote.sample_rate, remote.frame_rate, remote.codec_tag) == \
+           (local.sample_rate, local.frame_rate, local.codec_tag)
+    assert remote.max_streams == local.max_streams == 4
+    wav = (MODEL_DIR.parent / "reference.wav") if (MODEL_DIR.parent / "reference.wav").exists() else None
+    if wav is not None:
+        assert np.array_equal(remote.voice_codes(wav.read_bytes()), local.voice_codes(wav.read_bytes()))
+    stats = remote.stats()
+    assert stats.total.requests_done >= 2 and stats.engines[0].device == "cpu"
+
+
+def test_a_dead_engine_process_ends_its_streams_and_says_so(tmp_path):
+    fleet = RemoteFleet.spawn(CONFIG)
+    svc = Service(lambda: fleet, None).load()
+    try:
+        stream = svc.submit(SynthesisRequest(text="Keep talking for a while.", seed=3, max_new_tokens=2000))
+        next(iter(stream))
+        os.kill(fleet.process.pid, signal.SIGKILL)
+        with pytest.raises(EngineDown, match="exited unexpectedly"):
+            stream.result()
+        assert not svc.ready and svc.health()["status"] == "failed" and "exit code -9" in svc.error
+        with pytest.raises(ModelFailed, match="engine process exited"):  # 503 with the reason
+            svc.submit(REQUESTS[0])
+    finally:
+        svc.close()
+
+
+def test_a_failed_load_raises_what_the_engine_raised(tmp_path):
+    config = CONFIG.with_(model_dir=tmp_path / "nowhere")
+    with pytest.raises(CheckpointError) as there:
+        RemoteFleet.spawn(config)
+    with pytest.raises(CheckpointError) as here:
+        Fleet.load(config)
+    assert str(there.value) == str(here.value)
+
+
+def test_close_ends_the_process_and_what_was_open():
+    fleet = RemoteFleet.spawn(CONFIG)
+    stream = fleet.submit(SynthesisRequest(text="Keep talking for a while.", seed=3, max_new_tokens=2000))
+    next(iter(stream))
+    fleet.close()
+    assert fleet.process.poll() is not None  # no orphan
+    with pytest.raises(Exception):  # noqa: B017 - ended with the engine's shutdown error, as in one process
+        stream.result()
+    assert stream.done and fleet.open_streams == 0
+
+
+def test_the_switch():
+    assert own_process(CONFIG) and not own_process(CONFIG.with_(process="off"))
+    assert not own_process(CONFIG.with_(process="auto"))  # cpu: one process
+    assert own_process(EngineConfig(devices="cuda:0,cuda:1")) and own_process(EngineConfig(device="cuda"))
+    fleet = engine_loader(CONFIG.with_(process="off"))()
+    try:
+        assert isinstance(fleet, Fleet)
+    finally:
+        fleet.close()
