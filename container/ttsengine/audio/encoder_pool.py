@@ -68,8 +68,11 @@ class EncoderPool:
         """Slot i's live worker, started when there is none (under the lock)."""
         w = self._workers[i]
         if w is None or w.failure is not None:
+            try:
+                w = self._workers[i] = EncoderProcess(f"audio-encoder-{i}")
+            except OSError as e:  # out of processes or file descriptors: this stream fails, the server goes on
+                raise EncoderFailed(f"could not start an audio encoder process: {e.strerror or e}") from e
             self.started += 1
-            w = self._workers[i] = EncoderProcess(f"audio-encoder-{i}")
         return w
 
     def workers(self) -> list[EncoderProcess]:

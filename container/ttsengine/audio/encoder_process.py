@@ -49,6 +49,10 @@ class EncoderProcess:
         try:
             self.proc = subprocess.Popen([sys.executable, str(WORKER), str(child_in), str(child_out)],
                                          pass_fds=(child_in, child_out), stdin=subprocess.DEVNULL)
+        except BaseException:
+            os.close(to_child)
+            os.close(from_child)
+            raise
         finally:
             os.close(child_in)
             os.close(child_out)
