@@ -379,6 +379,7 @@ class ServerConfig:
     trace_chunks: bool = False  # per-chunk stage timings and per-thread CPU in /metrics (serving/chunk_trace.py)
     live_idle_timeout: float = 60.0  # seconds a live WebSocket may stay silent (no message, no audio) before it closes
     live_max_chars: int = 100_000  # text one live session may send
+    encoder_processes: int | None = None  # audio encoder worker processes; None: min(8, CPUs // 2); 0: threads
 
     @staticmethod
     def from_env(env: Mapping[str, str] | None = None, defaults: Mapping[str, object] | None = None,
@@ -441,6 +442,10 @@ STRICT_FIELDS = Var("TTS_STRICT_FIELDS", "strict_fields", toggle(auto=False),
 DRAIN_SECONDS = Var("TTS_DRAIN_SECONDS", "drain_seconds", integer(0, 3600),
                     "on SIGTERM: seconds the requests (RunPod: jobs) in flight may take to finish while new ones "
                     "get 503 (default 30; 0 cuts them at once); a second signal cuts them too")
+ENCODER_PROCESSES = Var(
+    "TTS_ENCODER_PROCESSES", "encoder_processes", integer(0, 64),
+    "worker processes that encode mp3, opus, aac, flac (and wav/pcm with a speed change) outside the server "
+    "process (default min(8, CPUs / 2); 0: threads of the server process); RunPod reads it too")
 SERVER_VARS = (
     Var("TTS_HOST", "host", TEXT, "address the HTTP server binds (default 0.0.0.0)"),
     Var("TTS_PORT", "port", PORT, "port of the HTTP server (default 8080)"),
@@ -465,10 +470,21 @@ SERVER_VARS = (
         "it is closed (default 60)"),
     Var("TTS_LIVE_MAX_CHARS", "live_max_chars", integer(1),
         "characters of text one live session may send (default 100000)"),
+    ENCODER_PROCESSES,
     Var("TTS_TRACE_CHUNKS", "trace_chunks", toggle(auto=False),
         "on: /metrics adds each audio piece's time from the engine to the socket and the CPU per thread (default off)",
         dev=True),
 )
+
+
+def encoder_processes(env: Mapping[str, str] | None = None) -> int:
+    """TTS_ENCODER_PROCESSES alone (the encoder pool starts lazily under every adapter, RunPod's too, which has no
+    ServerConfig); unset: min(8, usable CPUs // 2), so that encoding leaves cores to the engine and event loop."""
+    n = read(ServerConfig, (ENCODER_PROCESSES,), env).encoder_processes
+    if n is not None:
+        return n
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return min(8, cpus // 2)
 
 
 @dataclass(frozen=True)

@@ -114,6 +114,11 @@ class AudioEncoder:
         self._av = None
 
     @property
+    def samples(self) -> int:
+        """Output samples so far (after tempo change and resampling)."""
+        return self._samples
+
+    @property
     def seconds(self) -> float:
         return self._samples / self.rate
 

@@ -1,13 +1,13 @@
 """From an engine Stream to bytes on the wire, for any transport: encoded audio as it is produced,
-OpenAI-style SSE events, or one whole file. Encoding runs in a worker thread so the event loop keeps
-serving other streams; leaving an iterator early (a client that went away) cancels the generation.
+OpenAI-style SSE events, or one whole file. Encoding goes through a StreamEncoder (stream_encoder.py): pcm and
+wav inline, compressed formats in the encoder worker processes, so the event loop keeps serving other streams;
+leaving an iterator early (a client that went away) cancels the generation.
 A Tally, when given, keeps the account an adapter's metrics read: audio seconds out, when audio was first
 handed on, and how the delivery ended.
 """
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import contextlib
 import json
@@ -19,7 +19,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..audio.encode import CONTENT_TYPES, AudioEncoder, EncodedAudio
+from ..audio import encoder_pool
+from ..audio.encode import CONTENT_TYPES, EncodedAudio
+from ..audio.stream_encoder import StreamEncoder
+from ..config import encoder_processes
 from ..synthesis.stream import Stream
 from . import chunk_trace
 from .failure import failure
@@ -40,7 +43,7 @@ class Tally:
     outcome: str | None = None
     marks: deque | None = field(default_factory=chunk_trace.new_marks)
 
-    def audio(self, enc: AudioEncoder, data: bytes) -> None:
+    def audio(self, enc: StreamEncoder, data: bytes) -> None:
         self.audio_seconds = enc.seconds
         if data and self.first_audio_at is None:
             self.first_audio_at = time.perf_counter()
@@ -63,8 +66,24 @@ def _delivering(stream: Stream, tally: Tally):
             stream.cancel()  # the consumer stopped early: free the engine slot
 
 
-def encoder_for(job: SpeechJob, native_rate: int, streaming: bool = True) -> AudioEncoder:
-    return AudioEncoder(job.format, native_rate, job.sample_rate, job.speed, streaming=streaming)
+def encoder_for(job: SpeechJob, native_rate: int, streaming: bool = True) -> StreamEncoder:
+    """The job's encoder; close() it when done (a worker process may hold its state)."""
+    return StreamEncoder(job.format, native_rate, job.sample_rate, job.speed, streaming=streaming, pool=_pool)
+
+
+def _pool() -> encoder_pool.EncoderPool | None:
+    return encoder_pool.shared(encoder_processes)  # TTS_ENCODER_PROCESSES at first use; every adapter's
+
+
+def start_encoders(processes: int | None = None) -> None:
+    """A server's start-up (optional): the encoder worker processes start now rather than with the first streams
+    that need them. processes None: TTS_ENCODER_PROCESSES; 0: encoding in threads."""
+    encoder_pool.start(encoder_processes() if processes is None else processes)
+
+
+def close_encoders() -> None:
+    """A server's shutdown, after its streams ended (optional: the interpreter's exit does it too)."""
+    encoder_pool.close()
 
 
 def scaled(audio: np.ndarray, volume: float) -> np.ndarray:
@@ -75,18 +94,18 @@ def scaled(audio: np.ndarray, volume: float) -> np.ndarray:
 
 async def audio_bytes(stream: Stream, job: SpeechJob, tally: Tally | None = None) -> AsyncIterator[bytes]:
     """Encoded audio bytes as the engine produces them (one stream, one encoder)."""
-    enc = encoder_for(job, stream.sample_rate)
     tally = tally if tally is not None else Tally()
-    with _delivering(stream, tally):
+    # the encoder is made inside _delivering: a worker process that cannot start still frees the engine slot
+    with _delivering(stream, tally), contextlib.closing(encoder_for(job, stream.sample_rate)) as enc:
         async for chunk in stream:
             picked = time.perf_counter()
-            data = await asyncio.to_thread(enc.encode, scaled(chunk.audio, job.volume))
+            data = await enc.encode(scaled(chunk.audio, job.volume))
             tally.audio(enc, data)
             if data:
                 if tally.marks is not None:
                     chunk_trace.mark(tally.marks, _emitted(stream, chunk.index), picked)
                 yield data
-        tail = await asyncio.to_thread(enc.finish)
+        tail = await enc.finish()
         tally.audio(enc, tail)
         if tail:
             yield tail
@@ -129,14 +148,13 @@ def _event(payload: dict) -> bytes:
 
 async def whole(stream: Stream, job: SpeechJob, tally: Tally | None = None) -> EncodedAudio:
     """The complete utterance as one file (exact headers); the tally's first audio is the whole file's."""
-    enc = encoder_for(job, stream.sample_rate, streaming=False)
     tally = tally if tally is not None else Tally()
     parts = []
-    with _delivering(stream, tally):
+    with _delivering(stream, tally), contextlib.closing(encoder_for(job, stream.sample_rate, streaming=False)) as enc:
         async for chunk in stream:
-            parts.append(await asyncio.to_thread(enc.encode, scaled(chunk.audio, job.volume)))
+            parts.append(await enc.encode(scaled(chunk.audio, job.volume)))
             tally.audio_seconds = enc.seconds
-        parts.append(await asyncio.to_thread(enc.finish))
+        parts.append(await enc.finish())
         data = b"".join(parts)
         tally.audio(enc, data)
     return EncodedAudio(data, enc.content_type, enc.rate, enc.seconds)

@@ -126,7 +126,7 @@ class LiveSession:
                     async for chunk in stream:
                         if self.cancelled:
                             break
-                        data = await asyncio.to_thread(enc.encode, scaled(chunk.audio, self.job.volume))
+                        data = await enc.encode(scaled(chunk.audio, self.job.volume))
                         if data and not self.cancelled:
                             yield data
                     else:
@@ -136,12 +136,14 @@ class LiveSession:
                     self._context = None
                 self._stream = None
             if enc is not None and not self.cancelled:
-                tail = await asyncio.to_thread(enc.finish)
+                tail = await enc.finish()
                 if tail:
                     yield tail
         finally:
             if self._stream is not None and not self._stream.done:
                 self._stream.cancel()  # left early (cancel, an error, the socket gone): free the slot now
+            if enc is not None:
+                enc.close()  # an encoder in a worker process: its state goes (nothing after finish)
 
     def _start(self, segment: str) -> Stream:
         refs = self.job.request.references + ((self._context,) if self._context is not None else ())

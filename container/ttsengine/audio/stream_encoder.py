@@ -1,0 +1,68 @@
+"""A delivered stream's encoder, behind one async interface whatever runs it.
+
+Where a chunk is encoded (scripts/encode_cost.py measures the costs):
+- inline, on the event loop: pcm and wav at speed 1.0. Their writer is a numpy clip-and-convert, with soxr
+  when the rate changes: tens of microseconds for an 8-frame chunk, far less than a thread hop costs under load
+  (the pool's queue and the GIL, which the engine's threads share);
+- a worker process of the pool (audio/encoder_pool.py), when TTS_ENCODER_PROCESSES > 0: everything else (LAME,
+  Opus, AAC: milliseconds per chunk; FLAC written whole at the end; the WSOLA tempo change, ~1-2 ms a chunk),
+  so that codec CPU runs outside this process's GIL;
+- a worker thread (asyncio.to_thread), when the pool is off (TTS_ENCODER_PROCESSES=0): what every format did
+  before the pool.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+
+import numpy as np
+
+from .encode import AudioEncoder
+from .encoder_pool import EncoderPool, PooledEncoder
+
+INLINE_FORMATS = ("pcm", "wav")
+
+class StreamEncoder:
+    """One stream's encoder (AudioEncoder's arguments): await encode(chunk) for the bytes ready so far, await
+    finish() for the rest, close() when the stream is abandoned (frees its state in a worker process).
+    pool: the worker processes (None: worker threads); a callable is asked only when the stream needs it, so a
+    pcm stream never starts the pool."""
+
+    def __init__(self, fmt: str, native_rate: int, sample_rate: int | None = None, speed: float = 1.0,
+                 streaming: bool = True, pool: EncoderPool | Callable[[], EncoderPool | None] | None = None):
+        args = (fmt, native_rate, sample_rate, speed, streaming)
+        inline = fmt in INLINE_FORMATS and speed == 1.0
+        if callable(pool):
+            pool = None if inline else pool()
+        pool = None if inline else pool
+        self._enc: AudioEncoder | PooledEncoder
+        if pool is not None:
+            self._enc, self.where = pool.open(*args), "process"
+        else:
+            self._enc, self.where = AudioEncoder(*args), "inline" if inline else "thread"
+        self.fmt, self.rate, self.content_type = fmt, self._enc.rate, self._enc.content_type
+
+    @property
+    def seconds(self) -> float:
+        """Output audio so far (after the speed change and resampling)."""
+        return self._enc.seconds
+
+    async def encode(self, chunk: np.ndarray) -> bytes:
+        """chunk: [n] float32 mono at the native rate."""
+        if self.where == "process":
+            return await self._enc.encode(chunk)
+        if self.where == "inline":
+            return self._enc.encode(chunk)
+        return await asyncio.to_thread(self._enc.encode, chunk)
+
+    async def finish(self) -> bytes:
+        if self.where == "process":
+            return await self._enc.finish()
+        if self.where == "inline":
+            return self._enc.finish()
+        return await asyncio.to_thread(self._enc.finish)
+
+    def close(self) -> None:
+        if self.where == "process":
+            self._enc.close()  # nothing to do after finish()
