@@ -108,6 +108,9 @@ class BatchSettings:
     codec_pinned_copy: bool  # the codec's audio to the host through a pinned buffer, where the codec is on CUDA
     buckets: tuple[int, ...]  # batch sizes a decode step is captured for
     preset: Preset  # the memory preset, with the values in effect (env overrides applied)
+    # TTS_READY=all: every graph (decode buckets, codec rows, prefill shapes) is captured before ready; else (first)
+    # ready after the smallest, and admission grows only through captured buckets (Device.admit_rows)
+    ready_all: bool = False
     features: frozenset[str] = frozenset()  # the speed features in effect (engine/features.py); the fields above
     # that switch one are read from it
 
@@ -218,5 +221,5 @@ class BatchSettings:
                              codec_merge_rows=max_batch if features.CODEC_MERGE in on else 0,
                              codec_rounds=features.CODEC_ROUNDS in on,
                              codec_pinned_copy=features.CODEC_PINNED_COPY in on,
-                             buckets=tuple(buckets),
+                             buckets=tuple(buckets), ready_all=config.ready == "all",
                              preset=replace(preset, max_batch=max_batch, memory_utilization=utilization), features=on)
