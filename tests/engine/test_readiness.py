@@ -192,3 +192,28 @@ def test_codec_pieces_while_a_row_count_is_pending():
     assert v._piece_rows(12, 4) == 8  # above the largest planned graph: pieces of it, as before
     v.pieces_while_pending = False
     assert v._piece_rows(6, 4) == 8  # TTS_READY=all / lazy off: a pending shape captures at first use
+
+
+def test_a_first_use_does_not_wait_behind_another_threads_capture():
+    """TTS_READY=first: the codec's capture on its thread holds the lock for seconds (cuDNN tuning); a prefill's or
+    step's first use meanwhile runs uncaptured (its graph is recorded at a later use) instead of stalling the loop."""
+    ran = []
+    g = GraphSet("prefill", threading.RLock(), lambda key, *inputs: ran.append(key) or key)
+    g.plan([(1, 64, 0)])
+    g.first_use_waits = False
+    held, release = threading.Event(), threading.Event()
+
+    def capture_elsewhere():
+        with g.lock:
+            held.set()
+            release.wait(10)
+
+    t = threading.Thread(target=capture_elsewhere)
+    t.start()
+    try:
+        assert held.wait(10)
+        assert g.run((1, 64, 0)) == (1, 64, 0) and ran == [(1, 64, 0)]
+        assert g.pending == [(1, 64, 0)] and not g.failed  # still to capture, not given up
+    finally:
+        release.set()
+        t.join()

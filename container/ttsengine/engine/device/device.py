@@ -214,11 +214,15 @@ class Device:
         the prefill's, one per padded shape (runner.prefill_key), captured at first use or while idle."""
         graphs = GraphSet("decode-step", self._lock, lambda bb: self.runner.decode_step(bb), gate=self._gate)
         graphs.plan(list(self.settings.buckets))
+        # TTS_READY=first: a step or prefill never waits behind the codec's capture on its thread (Device.grow)
+        lazy = self.settings.lazy_graphs and not self.settings.ready_all
+        graphs.first_use_waits = not lazy
         if self.settings.prefill_graphs:
             r = self.runner
             prefill = GraphSet("prefill", self._lock, lambda key, *inputs: r.prefill_layers(*inputs),
                                r.prefill_scratch_inputs, gate=self._gate)
             prefill.plan(r.prefill_graph_keys())
+            prefill.first_use_waits = not lazy
             r.prefill_graphs = prefill
         return graphs
 
