@@ -135,8 +135,8 @@ class BatchSettings:
         """The buckets whose step runs before ready (the compiled units they use are compiled then): the first, and
         with compile the first dynamic one (2) after a 1-row bucket, so no compile waits for the first batch of two
         where those buckets run compiled units. (With layer_gemv, steps of up to runner.gemv_rows (16, or 64 with PDL)
-        rows run Triton kernels, not compiled units: their compile comes with the first bucket above, captured while
-        idle or at first use.)"""
+        rows run Triton kernels, not compiled units: Device._warm_buckets adds the first bucket above, so their
+        compile too comes before ready.)"""
         return self.buckets[:2] if self.compile and self.buckets[0] == 1 and self.max_slots > 1 else self.buckets[:1]
 
     @property
