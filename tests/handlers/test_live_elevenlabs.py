@@ -9,6 +9,7 @@ import base64
 import json
 import time
 
+import httpx
 import pytest
 from elevenlabs import (
     AudioOutputMulti,
@@ -220,3 +221,56 @@ def test_the_api_key_is_required(server, key):
     with pytest.raises(InvalidStatus) as refused:
         open_multi(server, key)
     assert refused.value.response.status_code == 401
+
+
+# ---- a client that does not read ----------------------------------------------------------------------------
+CAP = 64 * 1024
+
+
+@pytest.fixture(scope="module")
+def capped(tmp_path_factory):
+    """A server with a small TTS_LIVE_SEND_BUFFER and long segments, so a stalled client overflows it fast."""
+    proc, url = start_server(tmp_path_factory.mktemp("capped"), TTS_HOST="127.0.0.1",
+                             TTS_LIVE_SEND_BUFFER=str(CAP), TTS_DEFAULT_MAX_NEW_TOKENS="400")
+    wait_ready(url, proc)
+    yield url
+    stop(proc)
+
+
+def stalled_client(url: str):
+    """A websocket whose reader takes one message and then stops reading; a small receive buffer and segment size
+    keep the kernels from holding megabytes meanwhile."""
+    import socket
+    from urllib.parse import urlparse
+
+    where = urlparse(url)
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_MAXSEG, 536)
+    sock.connect((where.hostname, where.port))
+    return sock
+
+
+def engines_busy(url: str, timeout: float = 30) -> bool:
+    end = time.time() + timeout
+    while time.time() < end:
+        if any(e["running"] for e in httpx.get(url + "/ready", timeout=5).json()["engines"]):
+            return True
+        time.sleep(0.02)
+    return False
+
+
+def test_a_client_that_does_not_read_is_closed_and_its_generation_cancelled(capped):
+    sock = stalled_client(capped)
+    with connect(ws_url(capped, output_format="pcm_48000"), sock=sock, max_queue=1) as ws:
+        send(ws, InitializeConnectionMulti(context_id="a"))
+        send(ws, SendTextMulti(text=LONG, context_id="a"))
+        assert engines_busy(capped)  # generation started; then the buffers fill and the outbox passes its cap
+        assert engines_idle(capped, timeout=60)  # cancelled while the client still reads nothing
+        messages = []
+        with pytest.raises(ConnectionClosed) as closed:
+            while True:
+                messages.append(json.loads(ws.recv(timeout=30)))
+    error = messages[-1]
+    assert error["error"] == "client_not_reading" and "TTS_LIVE_SEND_BUFFER" in error["message"]
+    assert closed.value.rcvd.code == 1008 and all("audio" in m for m in messages[:-1])
