@@ -10,6 +10,7 @@ import json
 import time
 
 import httpx
+import msgpack
 import pytest
 from elevenlabs import (
     AudioOutputMulti,
@@ -274,3 +275,21 @@ def test_a_client_that_does_not_read_is_closed_and_its_generation_cancelled(capp
     error = messages[-1]
     assert error["error"] == "client_not_reading" and "TTS_LIVE_SEND_BUFFER" in error["message"]
     assert closed.value.rcvd.code == 1008 and all("audio" in m for m in messages[:-1])
+
+
+def test_the_fish_live_socket_is_bounded_the_same_way(capped):
+    sock = stalled_client(capped)
+    url = capped.replace("http://", "ws://") + "/v1/tts/live"
+    with connect(url, sock=sock, max_queue=1) as ws:
+        for event in ({"event": "start", "request": {"text": "", "format": "pcm", "sample_rate": 48000, "seed": 1}},
+                      {"event": "text", "text": LONG}, {"event": "stop"}):
+            ws.send(msgpack.packb(event, use_bin_type=True))
+        assert engines_busy(capped)
+        assert engines_idle(capped, timeout=60)
+        events = []
+        with pytest.raises(ConnectionClosed) as closed:
+            while True:
+                events.append(msgpack.unpackb(ws.recv(timeout=30), raw=False))
+    assert events[-1]["event"] == "finish" and events[-1]["reason"] == "error"
+    assert "TTS_LIVE_SEND_BUFFER" in events[-1]["message"] and closed.value.rcvd.code == 1008
+    assert all(e["event"] == "audio" for e in events[:-1])
