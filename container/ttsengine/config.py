@@ -384,6 +384,7 @@ class ServerConfig:
     live_idle_timeout: float = 60.0  # seconds a live WebSocket may stay silent (no message, no audio) before it closes
     live_max_chars: int = 100_000  # text one live session may send
     encoder_processes: int | None = None  # audio encoder worker processes; None: min(8, CPUs // 2); 0: threads
+    live_send_buffer: int = 8 << 20  # bytes a live socket may have waiting for a client that does not read
 
     @staticmethod
     def from_env(env: Mapping[str, str] | None = None, defaults: Mapping[str, object] | None = None,
@@ -475,6 +476,9 @@ SERVER_VARS = (
     Var("TTS_LIVE_MAX_CHARS", "live_max_chars", integer(1),
         "characters of text one live session may send (default 100000)"),
     ENCODER_PROCESSES,
+    Var("TTS_LIVE_SEND_BUFFER", "live_send_buffer", integer(1024),
+        "bytes of audio a live WebSocket may hold for a client that does not read it; past them the session is "
+        "cancelled and the socket closed (1008; default 8388608)"),
     Var("TTS_TRACE_CHUNKS", "trace_chunks", toggle(auto=False),
         "on: /metrics adds each audio piece's time from the engine to the socket and the CPU per thread (default off)",
         dev=True),

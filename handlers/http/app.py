@@ -21,7 +21,7 @@ from ttsengine.serving.listen import HeadAsGet
 from ttsengine.serving.protocol import FishTTSRequest, OpenAISpeechRequest, ReferenceUpdate
 from ttsengine.serving.service import Service, engine_loader
 
-from . import captioned, catalog, downloads, live
+from . import captioned, catalog, downloads, live, live_elevenlabs
 from .docs import add_docs
 from .errors import add_error_handlers, document_errors, error_body
 from .metrics import HttpMetrics, Instrument
@@ -64,6 +64,7 @@ def create_app(server: ServerConfig, engine_config: EngineConfig,
     app.include_router(captioned.router)
     app.include_router(downloads.router)
     app.include_router(live.router)  # WebSocket /v1/tts/live
+    app.include_router(live_elevenlabs.router)  # ElevenLabs' WebSockets /v1/text-to-speech/{voice_id}/...
     add_docs(app)
     app.openapi = lambda: openapi(app)
     return app

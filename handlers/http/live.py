@@ -8,7 +8,8 @@ error, message when error}. After `finish` the connection takes a new `start`.
 
 Closing the socket is barge-in: the queued and running segments are cancelled. Every error is a `finish` with
 reason "error" and a one-line message, then a close with a code: 1007 a message that is not a msgpack map of a
-known event, 1008 a limit (text, idle time) or a bad request, 1013 the model is loading or full, 1011 a failure.
+known event, 1008 a limit (text, idle time, a client that leaves more than TTS_LIVE_SEND_BUFFER bytes unread: the
+session is cancelled) or a bad request, 1013 the model is loading or full, 1011 a failure.
 The `model` header fish-audio-sdk sends is accepted and ignored (one model is served); the API key is checked as
 for HTTP (serving/api_key.py), and a browser page's Origin as CORS would (origin_allowed).
 """
@@ -25,11 +26,13 @@ from starlette.websockets import WebSocketState
 
 from ttsengine import InputError
 from ttsengine.serving.failure import failure
+from ttsengine.serving.live.outbox import Outbox, Overflow
 from ttsengine.serving.live.session import LiveSession, live_job
 
 log = logging.getLogger("handlers.http")
 router = APIRouter()
 EVENTS = ("start", "text", "flush", "stop", "cancel")
+CLOSE_WAIT = 10.0  # seconds a closing socket waits for the client to take what is left
 
 
 class Gone(Exception):
@@ -69,16 +72,24 @@ class Connection:
         self.producer: asyncio.Task | None = None
         self.last_active = time.monotonic()  # a message in or audio out
         self.send_lock = asyncio.Lock()
+        self.outbox = Outbox(self.ws.send_bytes, self.server.live_send_buffer)  # bounded: a client may stop reading
+        self.writer: asyncio.Task | None = None
         self.closed = False
         self.failing = False  # an error is being reported: the session sends nothing more
 
     async def run(self) -> None:
         receiving: asyncio.Task | None = None
+        self.writer = asyncio.ensure_future(self.outbox.run())
         try:
             while not self.closed:
                 receiving = receiving or asyncio.ensure_future(self.ws.receive())
                 idle = self.server.live_idle_timeout
-                waits = {receiving} | ({self.producer} if self.producer and not self.producer.done() else set())
+                if self.writer.done():  # a send failed: the client is gone
+                    self.closed = True
+                    return
+                waits = {receiving, self.writer}
+                if self.producer is not None and not self.producer.done():
+                    waits.add(self.producer)
                 left = max(0.0, self.last_active + idle - time.monotonic())
                 done, _ = await asyncio.wait(waits, timeout=left, return_when=asyncio.FIRST_COMPLETED)
                 if receiving not in done:
@@ -105,6 +116,7 @@ class Connection:
                 self.session.cancel()  # the socket is gone or closing: barge-in
             if self.producer is not None:
                 await asyncio.gather(self.producer, return_exceptions=True)
+            self.writer.cancel()
 
     @property
     def busy(self) -> bool:
@@ -159,19 +171,18 @@ class Connection:
             self.last_active = time.monotonic()
         except Gone:
             return
+        except Overflow as e:
+            await self.fail(f"{e} (TTS_LIVE_SEND_BUFFER)", 1008)
         except Exception as e:  # noqa: BLE001 - the engine's error as a protocol message
             if not self.closed:
                 await self.fail_with(e)
 
     async def send(self, message: dict, final: bool = False) -> None:
         async with self.send_lock:
-            if self.closed or (self.failing and not final):
-                raise Gone
-            try:
-                await self.ws.send_bytes(msgpack.packb(message, use_bin_type=True))
-            except Exception:  # noqa: BLE001 - the socket closed under us (the client left: barge-in)
-                self.closed = True
-                raise Gone from None
+            if self.closed or (self.failing and not final) or self.writer.done():
+                raise Gone  # the client left (a send failed): barge-in
+            data = msgpack.packb(message, use_bin_type=True)
+            self.outbox.put(data, 0 if final else len(data))  # Overflow: the client does not read
 
     async def fail_with(self, error: BaseException) -> None:
         f = failure(error)
@@ -187,15 +198,19 @@ class Connection:
         self.failing = True
         if self.session is not None:
             self.session.cancel()
+        self.outbox.drop()  # audio not yet sent: the error goes out next
         try:
             await self.send({"event": "finish", "reason": "error", "message": message}, final=True)
         except Gone:
             return
+        await asyncio.wait({self.writer, asyncio.ensure_future(self.outbox.drained())}, timeout=CLOSE_WAIT,
+                           return_when=asyncio.FIRST_COMPLETED)  # the finish goes out before the close
         try:
             async with self.send_lock:
                 self.closed = True
                 if self.ws.application_state != WebSocketState.DISCONNECTED:
-                    await self.ws.close(code, message.encode()[:120].decode(errors="ignore"))
+                    await asyncio.wait_for(self.ws.close(code, message.encode()[:120].decode(errors="ignore")),
+                                           CLOSE_WAIT)
         except Exception:  # noqa: BLE001 - the client is gone already: nothing to tell it
             self.closed = True
 

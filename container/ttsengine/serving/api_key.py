@@ -1,6 +1,7 @@
 """The API key check of the HTTP server, as ASGI middleware: it runs before anything reads the request body, so
 a caller without the key gets 401 for any body (an invalid JSON, a 20 MB upload) and the server spends nothing
-on it. The key comes as `Authorization: Bearer <key>` or `X-API-Key: <key>`.
+on it. The key comes as `Authorization: Bearer <key>`, `X-API-Key: <key>` or `xi-api-key: <key>` (ElevenLabs'
+clients).
 
 Open without the key: the health and metrics probes (orchestrators call them without credentials), the web page
 and its assets, the API's description (/docs, /openapi.json: they hold no data and the code is public), finished
@@ -22,7 +23,8 @@ OPEN_PREFIXES = ("/static/", "/docs/", "/v1/download/")
 
 def key_matches(headers: dict[bytes, bytes], key: str) -> bool:
     auth = headers.get(b"authorization", b"").decode("latin-1")
-    token = auth[7:] if auth[:7].lower() == "bearer " else headers.get(b"x-api-key", b"").decode("latin-1")
+    token = auth[7:] if auth[:7].lower() == "bearer " else \
+        (headers.get(b"x-api-key") or headers.get(b"xi-api-key", b"")).decode("latin-1")  # xi-: ElevenLabs' clients
     return hmac.compare_digest(token.encode(), key.encode())
 
 
