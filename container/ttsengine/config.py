@@ -208,7 +208,6 @@ class EngineConfig:
     quant: str = "bf16"  # weight-only quantization of linear layers: bf16 (none) | int8 | int4
     int8_kernel: str = "auto"  # int8 implementation: auto | fused | tile | dequant | off (model/quant.py)
     default_max_new_tokens: int = 0  # frames per chunk when a request does not say; 0 = the family's (1024)
-    ready: str = "first"  # first: ready once some load runs captured, admission grows as graphs land | all: all first
 
     def __post_init__(self):
         # Python callers may pass strings for the paths (from_env gives Paths): the engine calls Path methods on them
@@ -295,9 +294,6 @@ ENGINE_VARS = (
     Var("TTS_TEST_FAIL_ENGINE", "fail_engine", Kind(str, "INDEX@STEPS", _fault),
         "test hook: engine INDEX (0-based, TTS_DEVICES order) fails as with a CUDA error at its STEPS-th decode step "
         "and is taken out of service", dev=True),
-    Var("TTS_READY", "ready", choice("first", "all"),
-        "first (default): ready once the smallest batch runs at full speed; the engine admits streams only into decode "
-        "batch sizes whose graphs are captured while it captures the rest | all: ready once every graph is captured"),
     Var("TTS_DEFAULT_MAX_NEW_TOKENS", "default_max_new_tokens", integer(0, note=" (0 = auto)"),
         "frames per chunk if a request gives none (0: 1024)"),
 )

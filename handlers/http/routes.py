@@ -69,10 +69,7 @@ async def health(svc: Svc):
 
 @router.get("/ready", tags=["health"])
 async def ready(svc: Svc):
-    """200 while at least one engine serves (the others may still warm up or be out of service), with each; with
-    TTS_READY=first (default) the graphs still being captured are listed per engine, and admit_streams says how many
-    streams run at full speed now (admission grows only through captured batch sizes); TTS_READY=all: 200 once
-    every graph is in."""
+    """200 while at least one engine serves (the others may still warm up or be out of service), with each."""
     if svc.error:
         return JSONResponse({"status": "failed", "error": svc.error}, status_code=503)
     if svc.draining:
@@ -80,13 +77,10 @@ async def ready(svc: Svc):
     if not svc.ready:
         return JSONResponse({"status": "loading"}, status_code=503)
     total = svc.stats().total
-    engines = svc.health()["engines"]
     preset = total.memory_preset.as_dict() if total.memory_preset is not None else None
     return {"status": "ready", "warmup_seconds": total.warmup_seconds, "quantization": total.quantization,
             "kernel_cache": total.kernel_cache, "memory_preset": preset, "max_streams": total.max_streams,
-            "kv_positions": total.kv_positions, "engines": engines, "ready_mode": total.graphs.ready,
-            "admit_streams": sum(e["graphs"]["admit_streams"] for e in engines if e["state"] == "ready"),
-            "graphs_pending": any(not e["graphs"]["done"] for e in engines if e["state"] == "ready")}
+            "kv_positions": total.kv_positions, "engines": svc.health()["engines"]}
 
 
 @router.get("/metrics", tags=["health"], response_class=PlainTextResponse)

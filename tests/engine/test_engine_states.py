@@ -32,7 +32,6 @@ from ttsengine.engine.control.step_plan import Move, StepPlan
 from ttsengine.engine.device.in_flight import InFlight
 from ttsengine.engine.device.runner import PrefillItem
 from ttsengine.engine.loader import load
-from ttsengine.engine.stats import GraphStatus
 
 AUDIO_TOL = 5e-5  # streaming vs whole decode, fp32
 
@@ -83,8 +82,6 @@ class ScriptedDevice:
         self.moves: list[tuple[int, int]] = []
         self.resets: list[list[int]] = []
         self.steps = 0
-        self.admit, self.grows = slots, 0
-        self.buckets_run: list[int] = []  # each decode step's bucket
         self._fail: Exception | None = None
         self._gate = threading.Condition()
         self._allowed: int | None = None  # decode steps that may still run; None: any number
@@ -105,16 +102,6 @@ class ScriptedDevice:
     def graphs_pending(self) -> bool:
         return False
 
-    def admit_rows(self) -> int:
-        return self.admit  # the test may cap admission as capturing would (TTS_READY=first)
-
-    def grow(self) -> int:
-        self.grows += 1
-        return 0
-
-    def graph_status(self) -> GraphStatus:
-        return GraphStatus(admit_streams=self.admit)
-
     # ---- the one entry point, as Engine calls it -----------------------------------------------
     def execute(self, plan: StepPlan, started: float) -> InFlight | None:
         for op in plan.slot_ops:
@@ -133,7 +120,6 @@ class ScriptedDevice:
                 self.rows[job.slot] = (job.sampling[3], job.frame_offset, 0)
         if not plan.decodes:
             return None
-        self.buckets_run.append(plan.bucket)
         frames = self._decode_step(plan.bucket)
         return InFlight(list(plan.rows), frames[: len(plan.rows)].clone(), None, plan.bucket, plan.tokens, started)
 
@@ -430,22 +416,3 @@ def test_a_request_refused_after_continuations_went_ahead_is_closed_and_counted(
         while eng.open_streams and time.monotonic() < deadline:
             time.sleep(0.01)
         assert eng.open_streams == 0 and eng.metrics.rejected == 1
-
-
-def test_admission_grows_only_through_captured_buckets(ckpt):
-    """TTS_READY=first: while the device says only 2 rows are captured, a burst runs 2 at a time (the rest wait, the
-    device is asked to grow), and all of it goes in once the captures land."""
-    with scripted_engine(ckpt, max_batch=8) as (eng, device, _):
-        device.admit = 2
-        device.pause()
-        streams = [eng.submit(SynthesisRequest(text=f"Burst {i}.", seed=i, max_new_tokens=40), ignore_stop=True)
-                   for i in range(6)]
-        device.allow(5)
-        assert device.wait_blocked()
-        assert device.grows > 0 and max(device.buckets_run) <= 2 and len(eng.scheduler.running) <= 2
-        assert eng.stats().graphs.admit_streams == 2
-        device.admit = 8
-        device.resume()
-        for s in streams:
-            s.result()
-        assert max(device.buckets_run) > 2

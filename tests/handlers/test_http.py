@@ -410,25 +410,19 @@ def test_metrics_and_health(server):
 
 def test_health_and_ready_keep_their_keys(server):
     """The JSON of /health and /ready, key by key and in order, as it was when the engines' stats were dicts."""
-    engine_keys = ["index", "device", "codec_device", "state", "error", "running", "waiting", "max_streams", "graphs"]
+    engine_keys = ["index", "device", "codec_device", "state", "error", "running", "waiting", "max_streams"]
     health = httpx.get(server + "/health").json()
     assert list(health) == ["status", "engines"] and [list(e) for e in health["engines"]] == [engine_keys]
     ready = httpx.get(server + "/ready").json()
     assert list(ready) == ["status", "warmup_seconds", "quantization", "kernel_cache", "memory_preset", "max_streams",
-                           "kv_positions", "engines", "ready_mode", "admit_streams", "graphs_pending"]
+                           "kv_positions", "engines"]
     assert list(ready["memory_preset"]) == ["name", "max_batch", "positions_per_stream", "memory_utilization"]
     assert [list(e) for e in ready["engines"]] == [engine_keys] and ready["engines"] == health["engines"]
     assert isinstance(ready["warmup_seconds"], float) and ready["quantization"] == "bf16 (none)"
     assert ready["kernel_cache"] == "off" and isinstance(ready["kv_positions"], int)
-    # on the CPU there are no graphs: nothing pending, every slot admitted (TTS_READY's default, first)
-    graphs = {"ready": "first", "done": True, "admit_streams": ready["max_streams"],
-              "decode_buckets": {"captured": [], "pending": []}, "codec_rows": {"captured": [], "pending": []},
-              "prefill_shapes": {"captured": 0, "pending": 0}}
     assert health["engines"][0] | {"running": 0, "waiting": 0} == {
         "index": 0, "device": "cpu", "codec_device": "cpu", "state": "ready", "error": None, "running": 0,
-        "waiting": 0, "max_streams": ready["max_streams"], "graphs": graphs}
-    assert ready["ready_mode"] == "first" and ready["admit_streams"] == ready["max_streams"]
-    assert ready["graphs_pending"] is False
+        "waiting": 0, "max_streams": ready["max_streams"]}
 
 
 def test_head_answers_like_get_without_a_body(server):

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import threading
 import time
-from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -15,7 +14,6 @@ from fastapi.testclient import TestClient
 from handlers.http.app import create_app
 from ttsengine import EngineConfig, EngineStats, FleetStats, ServerConfig
 from ttsengine.engine.presets import Preset
-from ttsengine.engine.stats import GraphStatus
 
 
 class FakeEngine:
@@ -67,11 +65,11 @@ def test_loading_then_ready(tmp_path):
         settle(c)
         ready = c.get("/ready").json()
         engine = {"index": 0, "device": "cpu", "codec_device": "cpu", "state": "ready", "error": None, "running": 0,
-                  "waiting": 0, "max_streams": 4, "graphs": GraphStatus().as_dict()}
+                  "waiting": 0, "max_streams": 4}
         assert ready == {"status": "ready", "warmup_seconds": 1.5, "quantization": "bf16 (none)", "kernel_cache": "off",
                          "memory_preset": {"name": "cpu", "max_batch": 4, "positions_per_stream": 2048,
                                            "memory_utilization": 1.0}, "max_streams": 4, "kv_positions": 4096,
-                         "engines": [engine], "ready_mode": "first", "admit_streams": 0, "graphs_pending": False}
+                         "engines": [engine]}
         assert c.get("/health").json() == {"status": "ok", "engines": [engine]}
         metrics = c.get("/metrics").text
         assert "tts_ready 1.0" in metrics and 'tts_engine_up{device="cpu",engine="0"} 1.0' in metrics
@@ -145,40 +143,3 @@ def test_schema_has_the_fish_speech_body(tmp_path):
         assert "FishTTSRequest" in schema["components"]["schemas"]
         assert {"/v1/audio/speech", "/v1/tts", "/v1/references/add", "/v1/voices", "/health"} <= set(schema["paths"])
         assert "/" not in schema["paths"]
-
-
-class CapturingEngine(FakeEngine):
-    """An engine that turned ready with graphs still to capture (TTS_READY=first), then gets them all."""
-
-    pending = GraphStatus(decode_captured=(1,), decode_pending=(2, 4), codec_captured=(1,), codec_pending=(2, 4),
-                          prefill_captured=1, prefill_pending=5, admit_streams=1)
-    done = GraphStatus(decode_captured=(1, 2, 4), codec_captured=(1, 2, 4), prefill_captured=6, admit_streams=4)
-
-    def __init__(self):
-        super().__init__()
-        self.graphs = self.pending
-
-    def stats(self) -> FleetStats:
-        one = super().stats().engines[0]
-        return EngineStats.sum([replace(one, graphs=self.graphs)])
-
-
-def test_ready_says_what_is_captured_and_what_is_pending(tmp_path):
-    engine = CapturingEngine()
-    with client(tmp_path, lambda: engine) as c:
-        settle(c)
-        r = c.get("/ready")
-        assert r.status_code == 200  # some load runs at full speed already
-        ready = r.json()
-        assert ready["ready_mode"] == "first" and ready["admit_streams"] == 1 and ready["graphs_pending"] is True
-        graphs = ready["engines"][0]["graphs"]
-        assert graphs == {"ready": "first", "done": False, "admit_streams": 1,
-                          "decode_buckets": {"captured": [1], "pending": [2, 4]},
-                          "codec_rows": {"captured": [1], "pending": [2, 4]},
-                          "prefill_shapes": {"captured": 1, "pending": 5}}
-        assert c.get("/health").json()["engines"][0]["graphs"] == graphs
-        engine.graphs = engine.done
-        ready = c.get("/ready").json()
-        assert ready["admit_streams"] == 4 and ready["graphs_pending"] is False
-        assert ready["engines"][0]["graphs"]["done"] is True
-        assert ready["engines"][0]["graphs"]["decode_buckets"] == {"captured": [1, 2, 4], "pending": []}

@@ -190,7 +190,7 @@ class Engine:
             state=self.state, error=self.error, quantization=self.ckpt.quantization,
             kernel_cache=self.kernel_cache.status, precompiled=self.precompiled, compiled=self.compiled,
             cuda_graphs=self.device.graphs is not None, max_streams=self.max_streams, kv_positions=self.kv_positions,
-            memory_preset=self.settings.preset, graphs=self.device.graph_status())
+            memory_preset=self.settings.preset)
 
     @property
     def precompiled(self) -> str:
@@ -198,7 +198,8 @@ class Engine:
         return units_text(self.device.precompiled())
 
     @property
-    def failure(self) -> BaseException | None:  # what warm-up raised (start() re-raises it), or None
+    def failure(self) -> BaseException | None:
+        """What warm-up raised (start() re-raises it), or None."""
         return self._failed
 
     # ---- the loop -----------------------------------------------------------------------------
@@ -259,7 +260,8 @@ class Engine:
         for stream in streams:
             stream.finish(error)
 
-    def settle(self, timeout: float = 120.0) -> bool:  # until the graphs left for later are in -> whether all are
+    def settle(self, timeout: float = 120.0) -> bool:
+        """Waits until the graphs left for later (lazy start-up) are captured; -> whether they all are."""
         return self.device.settle(timeout)
 
     def _iteration(self) -> None:
@@ -272,10 +274,7 @@ class Engine:
         playing = any(j.decoding for j in running) and any(j.owner.playing for j in running)
         t0 = time.perf_counter()
         bucket_of = self.settings.bucket
-        self.scheduler.admit_rows = self.device.admit_rows()  # TTS_READY=first: only captured buckets take streams
         plan = self.scheduler.schedule(lambda rows: self.budget.tokens(bucket_of(rows) if playing else 0))
-        if plan.decodes and self.scheduler.capped:  # the next bucket's graphs, beside the serving (Device.grow)
-            plan.bucket = max(plan.bucket, self.device.grow())
         for chunk in plan.chunks:
             task: Task = chunk.job.owner
             if task.voc_slot < 0:  # the job's first chunk

@@ -108,9 +108,6 @@ class BatchSettings:
     codec_pinned_copy: bool  # the codec's audio to the host through a pinned buffer, where the codec is on CUDA
     buckets: tuple[int, ...]  # batch sizes a decode step is captured for
     preset: Preset  # the memory preset, with the values in effect (env overrides applied)
-    # TTS_READY=all: every graph (decode buckets, codec rows, prefill shapes) is captured before ready; else (first)
-    # ready after the smallest, and admission grows only through captured buckets (Device.admit_rows)
-    ready_all: bool = False
     features: frozenset[str] = frozenset()  # the speed features in effect (engine/features.py); the fields above
     # that switch one are read from it
 
@@ -135,8 +132,8 @@ class BatchSettings:
         """The buckets whose step runs before ready (the compiled units they use are compiled then): the first, and
         with compile the first dynamic one (2) after a 1-row bucket, so no compile waits for the first batch of two
         where those buckets run compiled units. (With layer_gemv, steps of up to runner.gemv_rows (16, or 64 with PDL)
-        rows run Triton kernels, not compiled units: Device._warm_buckets adds the first bucket above, so their
-        compile too comes before ready.)"""
+        rows run Triton kernels, not compiled units: their compile comes with the first bucket above, captured while
+        idle or at first use.)"""
         return self.buckets[:2] if self.compile and self.buckets[0] == 1 and self.max_slots > 1 else self.buckets[:1]
 
     @property
@@ -221,5 +218,5 @@ class BatchSettings:
                              codec_merge_rows=max_batch if features.CODEC_MERGE in on else 0,
                              codec_rounds=features.CODEC_ROUNDS in on,
                              codec_pinned_copy=features.CODEC_PINNED_COPY in on,
-                             buckets=tuple(buckets), ready_all=config.ready == "all",
+                             buckets=tuple(buckets),
                              preset=replace(preset, max_batch=max_batch, memory_utilization=utilization), features=on)

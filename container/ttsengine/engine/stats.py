@@ -1,8 +1,7 @@
 """What an engine reports of itself, and what a fleet of engines reports: frozen snapshots that /health, /ready,
 /metrics and bench read by attribute.
 
-EngineStats: one engine's counters, load, TTFA histogram, GPU memory, prefix-cache counters, state and settings,
-and its graphs captured and pending (GraphStatus).
+EngineStats: one engine's counters, load, TTFA histogram, GPU memory, prefix-cache counters, state and settings.
 FleetStats: several engines as one (EngineStats.sum) and each engine's own.
 Each counter or load field says how engines add up (its metadata "add"): "counter" (only grows; added, and
 since() takes the growth) or "gauge" (a level now; added). The other fields are the engine's state and settings.
@@ -16,32 +15,6 @@ from dataclasses import dataclass, field, fields, replace
 from .presets import Preset
 
 TTFA_BUCKETS = (0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 2.0, 5.0, 10.0)  # seconds: upper bounds, +Inf last
-
-
-@dataclass(frozen=True)
-class GraphStatus:
-    """What an engine has captured and what it still captures (TTS_READY, device.py Device.graph_status): the decode
-    step's batch buckets, the codec's graph row counts, the prefill's padded shapes (counts), and the streams admission
-    lets run now (it grows only through captured buckets). Plain values: it crosses a process boundary in stats."""
-
-    ready: str = "first"  # TTS_READY: first | all
-    decode_captured: tuple[int, ...] = ()
-    decode_pending: tuple[int, ...] = ()
-    codec_captured: tuple[int, ...] = ()  # row counts whose every chunk size is captured
-    codec_pending: tuple[int, ...] = ()
-    prefill_captured: int = 0
-    prefill_pending: int = 0
-    admit_streams: int = 0  # the running batch admission may grow to now (max_streams once all is in)
-
-    @property
-    def done(self) -> bool:
-        return not (self.decode_pending or self.codec_pending or self.prefill_pending)
-
-    def as_dict(self) -> dict:
-        return {"ready": self.ready, "done": self.done, "admit_streams": self.admit_streams,
-                "decode_buckets": {"captured": list(self.decode_captured), "pending": list(self.decode_pending)},
-                "codec_rows": {"captured": list(self.codec_captured), "pending": list(self.codec_pending)},
-                "prefill_shapes": {"captured": self.prefill_captured, "pending": self.prefill_pending}}
 
 
 def _counter(default=0):
@@ -99,7 +72,6 @@ class EngineStats:
     max_streams: int = _gauge()  # stream slots; a fleet's: its ready engines' (sum())
     kv_positions: int = _gauge()
     memory_preset: Preset | None = None
-    graphs: GraphStatus = GraphStatus()  # captured and pending graphs, the admission cap (TTS_READY)
 
     @staticmethod
     def sum(engines: Sequence[EngineStats], *, rejected: int | None = None) -> FleetStats:

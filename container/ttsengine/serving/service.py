@@ -128,8 +128,7 @@ class Service:
 
     def health(self) -> dict:
         """status ok | degraded (an engine is out of service or still warming up) | loading | failed, with each
-        engine's device and state once loaded, and its graphs: captured and pending, the streams admission lets run
-        now (TTS_READY; engine/stats.py GraphStatus)."""
+        engine's device and state once loaded."""
         if self.error:
             return {"status": "failed", "error": self.error}
         if self.fleet is None:
@@ -137,8 +136,7 @@ class Service:
         stats = self.fleet.stats()
         state = "draining" if self.draining else stats.total.state
         engines = [{"index": i, "device": e.device, "codec_device": e.codec_device, "state": e.state, "error": e.error,
-                    "running": e.running, "waiting": e.waiting, "max_streams": e.max_streams,
-                    "graphs": e.graphs.as_dict()}
+                    "running": e.running, "waiting": e.waiting, "max_streams": e.max_streams}
                    for i, e in enumerate(stats.engines)]
         status = {"ready": "ok"}.get(state, state)  # degraded, draining, loading
         return {"status": status, "engines": engines}

@@ -22,10 +22,6 @@ positions left first; the oldest continuation always gets at least `min_chunk` p
 arrivals nor shorter continuations can starve it.
 A job decodes (takes part in the frames a step reads back) once its last chunk ran.
 
-Admission may be capped below the slots (admit_rows): while the engine still captures the CUDA graphs of larger
-batch buckets (TTS_READY=first), the running batch grows only through buckets already captured, so no request ever
-waits behind a capture; the cap rises as the captures land.
-
 The waiting queue is bounded: a full engine refuses new work at once (BusyError), it never queues
 without limit. Continuations of a long text go to the front: they already hold a client.
 """
@@ -102,9 +98,6 @@ class Scheduler:
         self.pool = PagePool(total_pages + 1, max_slots, page_size, cache)
         self.min_chunk = page_size if min_chunk is None else min_chunk
         self.bucket = bucket if bucket is not None else (lambda rows: rows)
-        # running jobs admission may bring the batch to at most (the engine sets it each step: Device.admit_rows);
-        # never lowered below the running batch: jobs already running keep their slots
-        self.admit_rows = max_slots
         self.waiting: deque[Job] = deque()
         self.running: list[Job] = []  # index = slot
         self._slot_ops: list[Move | Reset] = []  # made by releases, carried out by flush() or the next plan
@@ -131,11 +124,6 @@ class Scheduler:
 
     def has_work(self) -> bool:
         return bool(self.running or self.waiting)
-
-    @property
-    def capped(self) -> bool:
-        """Jobs wait while slots are free because of admit_rows alone (the engine then grows the captured buckets)."""
-        return bool(self.waiting) and len(self.running) >= self.admit_rows and self.admit_rows < self.max_slots
 
     # ---- per step -----------------------------------------------------------------------------
     def schedule(self, budget: int | Callable[[int], int] | None = None) -> StepPlan:
@@ -225,8 +213,7 @@ class Scheduler:
         admitted: list[tuple[Job, int]] = []
         used = 0
         writing = self._prefixes_being_written()
-        rows = min(self.max_slots, self.admit_rows)
-        while self.waiting and len(self.running) < rows and used < budget_at(len(self.running) + 1):
+        while self.waiting and len(self.running) < self.max_slots and used < budget_at(len(self.running) + 1):
             job = self.waiting[0]
             if job.cancelled:
                 self.waiting.popleft()

@@ -56,9 +56,6 @@ class GraphSet:
         # while set and clear, run() captures nothing (a fleet's other engines are still compiling: a capture
         # beside another thread's compile on another device failed with "operation not permitted")
         self.gate = gate
-        # False: a first use that finds another thread capturing (the lock held) runs uncaptured and is captured at a
-        # later use, instead of waiting behind that capture (a codec capture tunes cuDNN for seconds: TTS_READY=first)
-        self.first_use_waits = True
 
     def plan(self, keys: list) -> None:
         """The keys that get graphs (sorted: smallest first); forgets earlier graphs."""
@@ -114,20 +111,15 @@ class GraphSet:
         if key not in self.planned or key in self.failed or (self.gate is not None and not self.gate.is_set()):
             return self.body(key, *inputs)
         t0 = time.perf_counter()
-        if not self.lock.acquire(blocking=self.first_use_waits):
-            return self.body(key, *inputs)
-        try:  # a first run may autotune or allocate: never while the other thread captures
-            with self.tune():
-                out = self.body(key, *inputs)
-                try:
-                    self.graphs[key] = self._record(key)
-                except Exception as e:  # noqa: BLE001 - the work itself ran; only its replay is lost
-                    log.warning("capturing the %s graph %s failed (%s: %s); it runs uncaptured", self.kind, key,
-                                type(e).__name__, e)
-                    self.failed.add(key)
-                    return out
-        finally:
-            self.lock.release()
+        with self.lock, self.tune():  # a first run may autotune or allocate: never while the other thread captures
+            out = self.body(key, *inputs)
+            try:
+                self.graphs[key] = self._record(key)
+            except Exception as e:  # noqa: BLE001 - the work itself ran; only its replay is lost
+                log.warning("capturing the %s graph %s failed (%s: %s); it runs uncaptured", self.kind, key,
+                            type(e).__name__, e)
+                self.failed.add(key)
+                return out
         log.info("captured the %s graph %s at first use in %.2f s", self.kind, key, time.perf_counter() - t0)
         return out
 

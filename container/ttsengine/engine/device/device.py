@@ -19,7 +19,6 @@ import torch
 from ...config import EngineConfig
 from .. import features
 from ..control.step_plan import Move, StepPlan
-from ..stats import GraphStatus
 from .compile.kernel_cache import KernelCache
 from .cuda_graphs import GraphSet
 from .in_flight import InFlight
@@ -72,7 +71,6 @@ class Device:
         self._host_out = torch.empty(2, s.runner.max_slots, num_codebooks + 1, dtype=torch.int64,
                                      pin_memory=runner.device.type == "cuda")
         self._flip = 0
-        self._codec_growing: threading.Event | None = None  # set when the codec capture grow() queued is done
 
     @property
     def device(self) -> torch.device:
@@ -166,7 +164,7 @@ class Device:
             # the steps change nothing); the graphs are captured one thread at a time afterwards
             codec_done = self.vocoder.call_async(self.vocoder.warm_up)
             try:
-                for bb in self._warm_buckets():
+                for bb in self.settings.warm_buckets if self.graphs is not None else self.settings.buckets:
                     self.runner.decode_step(bb)
             finally:
                 self._codec_warmed(codec_done)
@@ -182,16 +180,6 @@ class Device:
             if self.graphs is not None:
                 self.graphs = self._step_graphs()
                 self._capture()
-
-    def _warm_buckets(self) -> tuple[int, ...]:
-        """The buckets whose step runs (compiles) before ready: all without graphs; with graphs the settings' warm
-        buckets and, where the small buckets run layer_gemv's kernels, the first bucket above them, whose compiled
-        units would otherwise compile when admission first grows past them (seconds, tens of seconds cold)."""
-        s = self.settings
-        if self.graphs is None:
-            return s.buckets
-        above = [bb for bb in s.buckets if bb > self.runner.gemv_rows] if self.runner.compiled else []
-        return tuple(dict.fromkeys(s.warm_buckets + tuple(above[:1])))
 
     def _codec_warmed(self, wait) -> None:
         """Waits for the codec's warm-up; a compiled codec that fails falls back to the eager one alone (the
@@ -214,15 +202,11 @@ class Device:
         the prefill's, one per padded shape (runner.prefill_key), captured at first use or while idle."""
         graphs = GraphSet("decode-step", self._lock, lambda bb: self.runner.decode_step(bb), gate=self._gate)
         graphs.plan(list(self.settings.buckets))
-        # TTS_READY=first: a step or prefill never waits behind the codec's capture on its thread (Device.grow)
-        lazy = self.settings.lazy_graphs and not self.settings.ready_all
-        graphs.first_use_waits = not lazy
         if self.settings.prefill_graphs:
             r = self.runner
             prefill = GraphSet("prefill", self._lock, lambda key, *inputs: r.prefill_layers(*inputs),
                                r.prefill_scratch_inputs, gate=self._gate)
             prefill.plan(r.prefill_graph_keys())
-            prefill.first_use_waits = not lazy
             r.prefill_graphs = prefill
         return graphs
 
@@ -230,79 +214,10 @@ class Device:
         """The codec's graphs (on its thread), then the decode step's (lazy: the smallest bucket of each
         before ready, the rest while idle)."""
         if self.graphs is not None:
-            lazy = self.settings.lazy_graphs and not self.settings.ready_all
             self.vocoder.plan_graphs(VOCODER_GRAPH_ROWS)
-            # the codec captures no graph at first use while lazy: a call of rows not captured yet runs as pieces
-            # of captured rows (a first-use capture tunes cuDNN: seconds, with every stream's audio waiting)
-            self.vocoder.pieces_while_pending = lazy
-            rows = self.vocoder.pending_rows[:1] if lazy else None
+            rows = self.vocoder.pending_rows[:1] if self.settings.lazy_graphs else None
             self.vocoder.call(lambda: self.vocoder.capture(rows))
-            self.graphs.capture(self.settings.buckets[:1] if lazy else None)
-            prefill = self.runner.prefill_graphs
-            if self.settings.ready_all and prefill is not None:  # TTS_READY=all: every prefill shape too
-                prefill.capture_next(prefill.pending)
-
-    # ---- readiness ----------------------------------------------------------------------------------
-    def admit_rows(self) -> int:
-        """The running batch admission may grow to now: the largest bucket that, with every smaller one, has its decode
-        graph and the codec graphs of its rows (up to the codec's largest) captured or given up (a failed capture runs
-        uncaptured for good: waiting gains nothing). Every slot without graphs, or once all are in."""
-        s = self.settings
-        if self.graphs is None:
-            return s.max_slots
-        step, codec = set(self.graphs.pending), self.vocoder.pending_rows
-        cap = s.buckets[0]  # captured before ready (or failed): never below it, so admission always moves
-        for bb in s.buckets:
-            if bb in step or (codec and codec[0] <= bb):
-                break
-            cap = bb
-        return cap
-
-    def grow(self) -> int:
-        """Admission waits at admit_rows while streams run (the engine is not idle, so nothing is captured the idle
-        way): the next bucket's graphs, one at a time. Its codec rows first, on the codec's thread (scratch rows: no
-        stream's state; that thread's audio waits meanwhile, the decode steps do not); then its decode graph, which
-        needs the step's rows idle, so it is captured at its first use: -> that bucket, for the caller to run the next
-        decode step at (the running rows' real step is the shape's warm-up, then the graph is recorded; the rows
-        above them compute as idle). 0: nothing to do now."""
-        if self.graphs is None or (self._gate is not None and not self._gate.is_set()):
-            return 0
-        cap = self.admit_rows()
-        nxt = next((bb for bb in self.settings.buckets if bb > cap), None)
-        if nxt is None:
-            return 0
-        codec = [r for r in self.vocoder.pending_rows if r <= nxt]
-        if codec:
-            if self._codec_growing is None or self._codec_growing.is_set():
-                done = self._codec_growing = threading.Event()
-
-                def capture() -> None:
-                    try:
-                        self.vocoder.capture_next()  # the smallest pending rows (codec[0]); a failure is logged
-                    finally:
-                        done.set()
-
-                self.vocoder.call_async(capture)
-            return 0
-        return nxt if nxt in self.graphs.pending else 0
-
-    def graph_status(self) -> GraphStatus:
-        """What is captured and what is pending (/ready, /health), and the admission cap."""
-        s = self.settings
-        mode = "all" if s.ready_all else "first"
-        if self.graphs is None:
-            return GraphStatus(ready=mode, admit_streams=s.max_slots)
-        codec = self.vocoder.graphs
-        prefill = self.runner.prefill_graphs
-        pending_rows = set(self.vocoder.pending_rows)
-        return GraphStatus(
-            # list(): a snapshot of keys the loop and codec threads may be adding (this runs on a request's thread)
-            ready=mode, decode_captured=tuple(sorted(list(self.graphs.graphs))),
-            decode_pending=tuple(self.graphs.pending),
-            codec_captured=tuple(sorted({r for r, _ in list(codec.graphs)} - pending_rows)),
-            codec_pending=tuple(sorted(pending_rows)),
-            prefill_captured=len(list(prefill.graphs)) if prefill is not None else 0,
-            prefill_pending=len(prefill.pending) if prefill is not None else 0, admit_streams=self.admit_rows())
+            self.graphs.capture(self.settings.buckets[:1] if self.settings.lazy_graphs else None)
 
     # ---- while idle -------------------------------------------------------------------------------
     def graphs_pending(self) -> bool:

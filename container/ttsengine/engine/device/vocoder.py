@@ -106,9 +106,6 @@ class Vocoder:
                                capture_on_current_stream=True, gate=gate)
         self._capture_lock = capture_lock
         self._graph_rows = 0  # the planned graphs' largest batch
-        # TTS_READY=first (device.py): a call whose rows' graph is not captured yet runs as pieces of captured rows
-        # instead of capturing it at first use (a capture tunes cuDNN: seconds, with every stream's audio waiting)
-        self.pieces_while_pending = False
         self.merge_rows = merge_rows
         self.on_decoded, self.on_finished = on_decoded, on_finished
         self._q: queue.SimpleQueue = queue.SimpleQueue()
@@ -274,7 +271,7 @@ class Vocoder:
         """slots: distinct stream slots; codes: int64 [b, n, K] with K <= max(chunk_sizes)
         -> audio [b, K * frame_length]."""
         b, _, K = codes.shape
-        cap = self._piece_rows(b, K)
+        cap = self._graph_rows
         if cap and b > cap:  # larger than the largest planned graph: graphed pieces
             # each piece is a view of its graph's static output, which the next replay of the same key overwrites:
             # copied out before that replay (a cat of the views after them gave every piece the last one's audio)
@@ -295,18 +292,6 @@ class Vocoder:
         with self._dilated_tuned((rows, size)):
             audio = self.graphs.run((rows, size), index, codes)
         return audio[:b, : K * self.frame_length]
-
-    def _piece_rows(self, b: int, K: int) -> int:
-        """Rows a call of b rows and K frames runs in pieces of (0 or >= b: one call): the largest planned graph's;
-        with pieces_while_pending, while the graph of b's rows is pending, the largest captured one's of that size."""
-        cap = self._graph_rows
-        if not (self.pieces_while_pending and cap and b <= cap):
-            return cap
-        size = self._chunk_size(K)
-        rows = next((x for x in self.buckets if x >= b), b)
-        if (rows, size) not in self.graphs.pending:
-            return cap
-        return max((r for r, s in list(self.graphs.graphs) if s == size and r < rows), default=cap)
 
     def _graph_body(self, key: tuple[int, int], index: Tensor, codes: Tensor) -> Tensor:
         return self._decode(index, codes)
