@@ -18,7 +18,7 @@ from pathlib import Path
 from ..config import DownloadConfig, EngineConfig
 from ..engine.fleet import Fleet
 from ..engine.stats import FleetStats
-from ..errors import ShuttingDown
+from ..errors import EngineDown, ShuttingDown
 from ..synthesis.request import SynthesisRequest
 from ..synthesis.stream import Stream
 from .download import ensure_model
@@ -133,7 +133,10 @@ class Service:
             return {"status": "failed", "error": self.error}
         if self.fleet is None:
             return {"status": "loading"}
-        stats = self.fleet.stats()
+        try:
+            stats = self.fleet.stats()
+        except EngineDown as e:  # the engine process died while we asked (serving/engine_process)
+            return {"status": "failed", "error": str(e)}
         state = "draining" if self.draining else stats.total.state
         engines = [{"index": i, "device": e.device, "codec_device": e.codec_device, "state": e.state, "error": e.error,
                     "running": e.running, "waiting": e.waiting, "max_streams": e.max_streams}

@@ -19,6 +19,7 @@ from concurrent.futures import ThreadPoolExecutor
 from multiprocessing.connection import Connection
 
 from ...engine.fleet import Fleet
+from ...errors import TTSError
 from ...synthesis.stream import Stream, is_end
 from ..service import setup_logging
 from .wire import (
@@ -110,20 +111,23 @@ class Host:
             early = sid in self.early
             self.early.discard(sid)
         self.outbox.put((ACCEPTED, sid, list(stream.plan.texts), stream.seed, stream.device))
-        stream.relay(functools.partial(self._forward, sid, stream))  # after ACCEPTED: the front knows the sid
+        stream.relay(functools.partial(self._forward, sid, stream, [0]))  # after ACCEPTED: the front knows the sid
         if early:
             stream.cancel()
 
-    def _forward(self, sid: int, stream: Stream, item) -> None:
-        """In the engine's thread that pushed it: one AudioChunk, or the end."""
+    def _forward(self, sid: int, stream: Stream, sent: list[int], item) -> None:
+        """In the engine's thread that pushed it: one AudioChunk, or the end. The text chunks' reports that came
+        since the last message travel with it (progress: RunPod reports text chunks done while streaming)."""
+        reports = stream.plan.reports
+        new, sent[0] = reports[sent[0]:], len(reports)
         if not is_end(item):
-            self.outbox.put((AUDIO, sid, item.text_index, item.audio, stream.started_at))
+            self.outbox.put((AUDIO, sid, item.text_index, item.audio, stream.started_at, new))
             return
         with self.lock:
             self.streams.pop(sid, None)
         plan = stream.plan
-        self.outbox.put((END, sid, pack_error(stream.error), list(plan.reports),
-                         list(plan.codes) if plan.keep_codes else None, stream.started_at))
+        self.outbox.put((END, sid, pack_error(stream.error), new, list(plan.codes) if plan.keep_codes else None,
+                         stream.started_at))
 
     def _call(self, rid: int, name: str, args: tuple) -> None:
         try:
@@ -183,7 +187,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         fleet = Fleet.load(config)
     except Exception as e:  # noqa: BLE001 - the front reports it (health: failed) as if it had loaded itself
-        log.exception("the engine failed to load")
+        if not isinstance(e, TTSError):  # a bug: its traceback to the log (a bad model dir is one line, up there)
+            log.exception("the engine failed to load")
         conn.send([(FAILED, pack_error(e))])
         return 1
     Host(fleet, conn).serve()

@@ -157,9 +157,10 @@ class RemoteFleet:
     def _dispatch(self, msg: tuple) -> None:
         tag = msg[0]
         if tag == AUDIO:
-            _, sid, text_index, audio, started_at = msg
+            _, sid, text_index, audio, started_at, reports = msg
             stream = self.streams.get(sid)
             if stream is not None:
+                stream.plan.reports.extend(reports)
                 if stream.started_at is None:
                     stream.started_at = started_at
                 stream.emit(audio, text_index)

@@ -1,0 +1,88 @@
+"""The HTTP server with the engines in their own process (TTS_ENGINE_PROCESS=on, the GPU default), for real: the
+same tests the one-process server passes, for what crosses the process boundary (every format, a stream as it is
+made, disconnect frees the engine, no-audio errors, voices encoded in the engine process, metrics and health, the
+drain on SIGTERM, a broken model dir), plus what only this mode has (the engine process dies: health says so)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+import test_drain
+import test_http
+from test_http import start_server, stop, wait_ready
+
+ON = {"TTS_ENGINE_PROCESS": "on"}
+
+
+@pytest.fixture(autouse=True)
+def engine_process(monkeypatch):
+    for name, value in ON.items():  # start_server passes os.environ on to the server
+        monkeypatch.setenv(name, value)
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    proc, url = start_server(tmp_path_factory.mktemp("http-ep"), TTS_MAX_UPLOAD_BYTES="300000",
+                             TTS_MAX_BODY_BYTES="2000000", **ON)
+    wait_ready(url, proc)
+    yield url
+    stop(proc)
+
+
+@pytest.mark.parametrize("fmt", ["wav", "pcm", "mp3", "opus", "flac", "aac"])
+def test_every_format(server, fmt):
+    test_http.test_every_format_decodes_to_the_expected_duration(server, fmt)
+
+
+@pytest.mark.parametrize("name", ["test_audio_streams_as_it_is_made", "test_sse", "test_same_seed_same_audio",
+                                  "test_no_audio_is_a_422_in_every_mode", "test_voices_round_trip",
+                                  "test_disconnect_mid_stream_frees_the_engine", "test_metrics_and_health",
+                                  "test_fish_tts_json_and_msgpack", "test_captioned_speech"])
+def test_as_in_one_process(server, name):
+    getattr(test_http, name)(server)
+
+
+def test_drain_lets_a_stream_finish(tmp_path):
+    test_drain.test_sigterm_lets_a_20_second_stream_finish_and_refuses_new_work(tmp_path)
+
+
+def test_a_broken_model_dir_reports_on_ready_and_health(tmp_path):
+    test_http.test_broken_model_dir_reports_on_ready_and_health(tmp_path)
+
+
+def test_the_engine_process_gone_is_a_failed_health_and_503s(tmp_path):
+    proc, url = start_server(tmp_path)
+    try:
+        wait_ready(url, proc)
+        engine = _child(proc.pid)
+        os.kill(engine, signal.SIGKILL)
+        end = time.monotonic() + 30
+        while httpx.get(url + "/health", timeout=5).json().get("status") != "failed" and time.monotonic() < end:
+            time.sleep(0.1)
+        health = httpx.get(url + "/health", timeout=5).json()
+        assert health["status"] == "failed" and "engine process exited" in health["error"], health
+        r = httpx.post(url + "/v1/audio/speech", json={"input": "Hello."}, timeout=10)
+        assert r.status_code == 503 and "engine process exited" in r.json()["error"]["message"], r.text
+        assert httpx.get(url + "/ready", timeout=5).status_code == 503
+    finally:
+        stop(proc)
+    assert "Traceback" not in test_http.server_log(proc)
+
+
+def _child(pid: int) -> int:
+    """The engine process: the server's child running engine_process.host."""
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                stat = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()
+                cmd = Path(f"/proc/{entry}/cmdline").read_bytes()
+            except OSError:
+                continue
+            if int(stat[1]) == pid and b"engine_process.host" in cmd:
+                return int(entry)
+    raise AssertionError("no engine process under the server")
