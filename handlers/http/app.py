@@ -17,6 +17,7 @@ from ttsengine.serving import chunk_trace
 from ttsengine.serving.api_key import ApiKey
 from ttsengine.serving.audio_store import AudioStore
 from ttsengine.serving.body_limit import BodyLimit
+from ttsengine.serving.delivery import close_encoders, start_encoders
 from ttsengine.serving.listen import HeadAsGet
 from ttsengine.serving.protocol import FishTTSRequest, OpenAISpeechRequest, ReferenceUpdate
 from ttsengine.serving.service import Service, engine_loader
@@ -39,8 +40,10 @@ def create_app(server: ServerConfig, engine_config: EngineConfig,
 
     async def lifespan(app: FastAPI):
         service.start()
+        await run_in_threadpool(start_encoders)  # the mp3/opus workers now, not in the first streams' time
         yield
         await run_in_threadpool(service.close)
+        await run_in_threadpool(close_encoders)  # after the drain: the last streams have ended
 
     app = FastAPI(title="fish-tts-server", version="0.1.0", lifespan=lifespan, docs_url=None, redoc_url=None,
                   description="Fish-Speech / OpenAudio S1-mini text to speech.")
