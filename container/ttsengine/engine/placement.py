@@ -62,3 +62,29 @@ def engine_configs(config: EngineConfig, cuda_count: int) -> list[EngineConfig]:
         out.append(config.with_(device=p.device, codec_device=p.codec_device, kv_share=left[p.device]))
         left[p.device] -= 1
     return out
+
+
+def process_configs(config: EngineConfig, cuda_count: int) -> list[EngineConfig]:
+    """One config per engine process (TTS_ENGINE_PROCESS=on): the engines that share a GPU stay in one process (they
+    size their KV cache together), a split pair too; every other GPU, and every CPU engine, gets a process of its own.
+    In TTS_DEVICES order; each config's `devices` lists its engines' devices as engine_configs reads them, and the
+    fail_engine test hook is renumbered to the engine's place in its process."""
+    found = placements(config, cuda_count)
+    groups: list[list[int]] = []  # engine indices per process
+    home: dict[str, int] = {}  # a GPU -> its process
+    for i, p in enumerate(found):
+        gpus = [d for d in (p.device, p.codec_device) if d != "cpu"]
+        g = next((home[d] for d in gpus if d in home), None)
+        if g is None:
+            g = len(groups)
+            groups.append([])
+        groups[g].append(i)
+        home.update({d: g for d in gpus})
+    failing, _, at = config.fail_engine.partition("@")
+    out = []
+    for members in groups:
+        names = [d for i in members for d in ((found[i].device,) if config.topology == "replicas"
+                                               else (found[i].device, found[i].codec_device))]
+        fail = f"{members.index(int(failing))}@{at}" if failing.isdigit() and int(failing) in members else ""
+        out.append(config.with_(devices=",".join(names), device="auto", fail_engine=fail))
+    return out

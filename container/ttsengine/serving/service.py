@@ -43,9 +43,7 @@ def engine_loader(config: EngineConfig, download: DownloadConfig | None = None) 
         if download is not None and download.model_source:
             ensure_model(config.model_dir, download.model_source, download.hf_token)
         if own_process(config):
-            from .engine_process.remote_fleet import RemoteFleet
-
-            return RemoteFleet.spawn(config)
+            return spawn_engine_processes(config)
         return Fleet.load(config)
 
     return load
@@ -62,6 +60,19 @@ def own_process(config: EngineConfig) -> bool:
     import torch
 
     return torch.cuda.is_available()
+
+
+def spawn_engine_processes(config: EngineConfig):
+    """The engines in processes of their own: one per GPU (engine/placement.py's process_configs), behind a
+    ProcessFleet when there are several, else one RemoteFleet."""
+    import torch
+
+    from ..engine.placement import process_configs
+    from .engine_process.process_fleet import ProcessFleet
+    from .engine_process.remote_fleet import RemoteFleet
+
+    configs = process_configs(config, torch.cuda.device_count() if torch.cuda.is_available() else 0)
+    return RemoteFleet.spawn(config) if len(configs) == 1 else ProcessFleet.spawn(configs)
 
 
 class Service:
