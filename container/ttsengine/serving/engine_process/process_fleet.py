@@ -1,6 +1,6 @@
 """Several engine processes behind one front (issue 49): one per GPU (engine/placement.py's process_configs: the
-engines sharing a GPU, or a split pair, stay together). One Python process no longer keeps two fast GPUs fed (its
-GIL: 1.58x one GPU on two H200s); a process each does.
+engines sharing a GPU, or a split pair, stay together). One Python process no longer keeps two fast GPUs fed (one GIL
+for every engine loop: docs/configuration.md, TTS_ENGINE_PROCESS); a process each does.
 
 The front routes like Fleet.route: most free slots first (free = a process's stream slots less the streams the
 front has open there: exact, not a stale report), a voice's home process first while it has room, ties in turn;
