@@ -1,7 +1,7 @@
 """The HTTP server with the engines in their own process (TTS_ENGINE_PROCESS=on, the GPU default), for real: the
 same tests the one-process server passes, for what crosses the process boundary (every format, a stream as it is
 made, disconnect frees the engine, no-audio errors, voices encoded in the engine process, metrics and health, the
-drain on SIGTERM, a broken model dir), plus what only this mode has (the engine process dies: health says so)."""
+drain on SIGTERM, a broken model dir, RunPod's worker loop), plus what only this mode has (the engine process dies: health says so)."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ import httpx
 import pytest
 import test_drain
 import test_http
+import test_runpod
 from test_http import start_server, stop, wait_ready
 
 ON = {"TTS_ENGINE_PROCESS": "on"}
@@ -49,6 +50,11 @@ def test_as_in_one_process(server, name):
 
 def test_drain_lets_a_stream_finish(tmp_path):
     test_drain.test_sigterm_lets_a_20_second_stream_finish_and_refuses_new_work(tmp_path)
+
+
+def test_the_runpod_worker_streams_batches_reports_progress_and_drains(tmp_path):
+    # progress counts text chunks while streaming: their reports cross with the audio
+    test_runpod.test_worker_loop_streams_batches_reports_progress_and_drains(tmp_path)
 
 
 def test_a_broken_model_dir_reports_on_ready_and_health(tmp_path):
