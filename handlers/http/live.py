@@ -4,7 +4,10 @@ livekit-plugins-fishaudio speak. Binary msgpack maps, each with an `event`:
 client: `start` {request: a /v1/tts body; its text may be empty}, `text` {text}, `flush` (speak what is
 pending now), `stop` (no more text: the rest is spoken, then `finish`); and `cancel` (ours: barge-in without
 closing the socket). server: `audio` {audio: bytes of the requested format}, `finish` {reason: stop | cancelled |
-error, message when error}. After `finish` the connection takes a new `start`.
+error, message when error}. After `finish` the connection takes a new `start`. Fish's protocol has no timing
+message; a `start` whose request says `segment_events: true` (ours) also gets `segment` {text, start_sample,
+end_sample} after each segment's audio: the samples of the session's audio it made, at the output rate (clients that
+do not ask never see it; fish-audio-sdk ignores events it does not know).
 
 Closing the socket is barge-in: the queued and running segments are cancelled. Every error is a `finish` with
 reason "error" and a one-line message, then a close with a code: 1007 a message that is not a msgpack map of a
