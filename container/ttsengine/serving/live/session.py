@@ -86,7 +86,7 @@ class LiveSession:
         self._context: Reference | None = None
         self._last: Stream | None = None  # the latest segment's stream (stopped() waits for its end)
         self._native = 0  # samples the engine made in this session, at the model's rate
-        self._native_rate = 0  # the model's rate, known with the first segment's stream
+        self.native_rate = 0  # the model's rate (its audio's), known once the first segment is submitted
         self.current: Segment | None = None  # the segment whose audio audio() yields now
         self.ended = False  # stop came: no more text
         self.cancelled = False
@@ -148,7 +148,7 @@ class LiveSession:
                     break
                 if enc is None:
                     enc = encoder_for(self.job, stream.sample_rate)
-                    self._native_rate = stream.sample_rate
+                    self.native_rate = stream.sample_rate
                 try:
                     async for chunk in stream:
                         if self.cancelled:
@@ -189,7 +189,7 @@ class LiveSession:
         """The engine's samples so far, in output samples (the encoder's rate, the job's speed)."""
         if enc is None or not self._native:
             return 0
-        return round(self._native * enc.rate / (self._native_rate * self.job.speed))
+        return round(self._native * enc.rate / (self.native_rate * self.job.speed))
 
     async def stopped(self, timeout: float = 10.0) -> None:
         """Until the engine has ended the latest segment (after cancel: its slot is free), at most `timeout` s."""
