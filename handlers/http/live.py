@@ -4,7 +4,10 @@ livekit-plugins-fishaudio speak. Binary msgpack maps, each with an `event`:
 client: `start` {request: a /v1/tts body; its text may be empty}, `text` {text}, `flush` (speak what is
 pending now), `stop` (no more text: the rest is spoken, then `finish`); and `cancel` (ours: barge-in without
 closing the socket). server: `audio` {audio: bytes of the requested format}, `finish` {reason: stop | cancelled |
-error, message when error}. After `finish` the connection takes a new `start`.
+error, message when error}. After `finish` the connection takes a new `start`. Fish's protocol has no timing
+message; a `start` whose request says `segment_events: true` (ours) also gets `segment` {text, start_sample,
+end_sample} after each segment's audio: the samples of the session's audio it made, at the output rate (clients that
+do not ask never see it; fish-audio-sdk ignores events it does not know).
 
 Closing the socket is barge-in: the queued and running segments are cancelled. Every error is a `finish` with
 reason "error" and a one-line message, then a close with a code: 1007 a message that is not a msgpack map of a
@@ -27,7 +30,9 @@ from starlette.websockets import WebSocketState
 from ttsengine import InputError
 from ttsengine.serving.failure import failure
 from ttsengine.serving.live.outbox import Outbox, Overflow
-from ttsengine.serving.live.session import LiveSession, live_job
+from ttsengine.serving.live.session import LiveSession, Segment, live_job
+
+from .live_metrics import speaking
 
 log = logging.getLogger("handlers.http")
 router = APIRouter()
@@ -69,17 +74,22 @@ class Connection:
         self.ws = ws
         self.service, self.server = ws.app.state.service, ws.app.state.server
         self.session: LiveSession | None = None
+        self.live = ws.app.state.metrics.live
+        self.watch = None  # the session's metrics (live_metrics.SessionWatch)
+        self.segment_events = False  # the session's start asked for `segment` events
         self.producer: asyncio.Task | None = None
         self.last_active = time.monotonic()  # a message in or audio out
         self.send_lock = asyncio.Lock()
         self.outbox = Outbox(self.ws.send_bytes, self.server.live_send_buffer)  # bounded: a client may stop reading
         self.writer: asyncio.Task | None = None
         self.closed = False
+        self.tasks: set[asyncio.Task] = set()
         self.failing = False  # an error is being reported: the session sends nothing more
 
     async def run(self) -> None:
         receiving: asyncio.Task | None = None
         self.writer = asyncio.ensure_future(self.outbox.run())
+        self.live.connections.labels("fish").inc()
         try:
             while not self.closed:
                 receiving = receiving or asyncio.ensure_future(self.ws.receive())
@@ -113,10 +123,14 @@ class Connection:
             if receiving is not None:
                 receiving.cancel()
             if self.session is not None:
+                barge_in = speaking(self.session) and time.perf_counter()
                 self.session.cancel()  # the socket is gone or closing: barge-in
+                if barge_in:
+                    await self.watch.barge_in(barge_in, self.session, self.producer)
             if self.producer is not None:
                 await asyncio.gather(self.producer, return_exceptions=True)
             self.writer.cancel()
+            self.live.connections.labels("fish").dec()
 
     @property
     def busy(self) -> bool:
@@ -146,7 +160,10 @@ class Connection:
             elif name == "stop":
                 session.end()
             else:
+                at = speaking(session) and time.perf_counter()
                 session.cancel()
+                if at:
+                    self.background(self.watch.barge_in(at, session, self.producer))
         except InputError as e:
             raise ProtocolError(str(e), 1008) from None
 
@@ -156,16 +173,28 @@ class Connection:
         try:
             self.service.require()  # loading: 1013 (stored voices are known once loaded)
             job, req = live_job(event.get("request"), self.service.voices, strict=self.server.strict_fields)
-            self.session = LiveSession(self.service.submit, job, max_chars=self.server.live_max_chars,
+            watch = self.live.watch("fish", self.service.submit)
+            self.session = LiveSession(watch.submit, job, max_chars=self.server.live_max_chars,
                                        chain=req.condition_on_previous_chunks, first_text=req.text)
         except InputError as e:
             raise ProtocolError(f"start: {e}", 1008) from None
-        self.producer = asyncio.create_task(self.produce(self.session))
+        self.watch, self.segment_events = watch, req.segment_events
+        self.producer = asyncio.create_task(self.produce(self.session, watch))
 
-    async def produce(self, session: LiveSession) -> None:
+    def background(self, coro) -> None:
+        task = asyncio.ensure_future(coro)
+        self.tasks.add(task)  # held until done (the loop keeps only weak references)
+        task.add_done_callback(self.tasks.discard)
+
+    async def produce(self, session: LiveSession, watch) -> None:
         try:
-            async for data in session.audio():
-                await self.send({"event": "audio", "audio": data})
+            async for item in session.audio():
+                if isinstance(item, Segment):
+                    if self.segment_events:
+                        await self.send({"event": "segment", "text": item.text, "start_sample": item.start_sample,
+                                         "end_sample": item.end_sample})
+                    continue
+                await self.send({"event": "audio", "audio": item}, on_sent=watch.first_audio(session))
                 self.last_active = time.monotonic()
             await self.send({"event": "finish", "reason": "cancelled" if session.cancelled else "stop"})
             self.last_active = time.monotonic()
@@ -176,13 +205,15 @@ class Connection:
         except Exception as e:  # noqa: BLE001 - the engine's error as a protocol message
             if not self.closed:
                 await self.fail_with(e)
+        finally:
+            watch.closed()
 
-    async def send(self, message: dict, final: bool = False) -> None:
+    async def send(self, message: dict, final: bool = False, on_sent=None) -> None:
         async with self.send_lock:
             if self.closed or (self.failing and not final) or self.writer.done():
                 raise Gone  # the client left (a send failed): barge-in
             data = msgpack.packb(message, use_bin_type=True)
-            self.outbox.put(data, 0 if final else len(data))  # Overflow: the client does not read
+            self.outbox.put(data, 0 if final else len(data), on_sent)  # Overflow: the client does not read
 
     async def fail_with(self, error: BaseException) -> None:
         f = failure(error)

@@ -41,9 +41,10 @@ from ttsengine.serving.live.elevenlabs import (
     ulaw,
 )
 from ttsengine.serving.live.outbox import Outbox, Overflow
-from ttsengine.serving.live.session import LiveSession
+from ttsengine.serving.live.session import LiveSession, Segment
 
 from .live import origin_allowed
+from .live_metrics import speaking
 
 log = logging.getLogger("handlers.http")
 router = APIRouter()
@@ -72,6 +73,7 @@ async def serve(ws: WebSocket, voice_id: str, multi: bool) -> None:
 class Context:
     id: str | None  # None on stream-input: its messages carry no contextId
     session: LiveSession
+    watch: object = None  # its metrics (live_metrics.SessionWatch)
     producer: asyncio.Task | None = None
     flushed: bool = False  # all its text so far was flushed: close_context lets the flushed audio finish
     done: bool = False  # isFinal is out (or the socket is failing): nothing more is sent for it
@@ -88,10 +90,13 @@ class Connection:
         self.closing = False  # close_socket (or stream-input's end) came: further messages are ignored
         self.closed = False
         self.last_active = time.monotonic()
+        self.live = ws.app.state.metrics.live
+        self.tasks: set[asyncio.Task] = set()  # barge-ins being measured
 
     async def run(self) -> None:
         self.writer = writer = asyncio.ensure_future(self.outbox.run())
         receiving = None
+        self.live.connections.labels("elevenlabs").inc()
         try:
             self.settings = parse_settings(self.ws.query_params, self.server.live_idle_timeout)
             self.service.require()  # loading: 1013 (stored voices are known once loaded)
@@ -136,11 +141,16 @@ class Connection:
         finally:
             if receiving is not None:
                 receiving.cancel()
+            barge_ins = []
             for ctx in list(self.contexts.values()):
                 ctx.done = True
+                if speaking(ctx.session):
+                    barge_ins.append(ctx.watch.barge_in(time.perf_counter(), ctx.session, ctx.producer))
                 ctx.session.cancel()  # the socket is gone or closing: barge-in
             await asyncio.gather(*(c.producer for c in self.contexts.values() if c.producer), return_exceptions=True)
+            await asyncio.gather(*barge_ins)
             writer.cancel()
+            self.live.connections.labels("elevenlabs").dec()
 
     @property
     def busy(self) -> bool:
@@ -192,7 +202,8 @@ class Connection:
             job = context_job(self.voice_id, self.service.voices, self.aliases, self.settings, msg.voice_settings)
         except InputError as e:
             raise ProtocolError(str(e), "invalid_request") from None
-        ctx = Context(cid, LiveSession(self.service.submit, job, max_chars=self.server.live_max_chars))
+        watch = self.live.watch("elevenlabs", self.service.submit)
+        ctx = Context(cid, LiveSession(watch.submit, job, max_chars=self.server.live_max_chars), watch)
         ctx.producer = asyncio.create_task(self.produce(ctx))
         self.contexts[cid] = ctx
         return ctx
@@ -201,7 +212,12 @@ class Connection:
         if ctx.flushed and not ctx.session.cancelled:
             ctx.session.end()  # the flushed audio is finished; produce() sends isFinal after it
         else:
+            at = speaking(ctx.session) and time.perf_counter()
             ctx.session.cancel()  # barge-in
+            if at:
+                task = asyncio.ensure_future(ctx.watch.barge_in(at, ctx.session, ctx.producer))
+                self.tasks.add(task)  # held until done (the loop keeps only weak references)
+                task.add_done_callback(self.tasks.discard)
             self.finish(ctx)
 
     def finish(self, ctx: Context) -> None:
@@ -224,19 +240,23 @@ class Connection:
             async for data in ctx.session.audio():
                 if ctx.done:
                     break
+                if isinstance(data, Segment):  # ElevenLabs' protocol has no such message (alignment aside)
+                    continue
                 if self.settings.output.ulaw:
                     data = ulaw(data)
-                self.put(audio_message(base64.b64encode(data).decode(), ctx.id))
+                self.put(audio_message(base64.b64encode(data).decode(), ctx.id), ctx.watch.first_audio(ctx.session))
                 self.last_active = time.monotonic()
             self.finish(ctx)
         except Exception as e:  # noqa: BLE001 - the run loop reports it (Overflow, an engine error)
             ctx.session.cancel()
             if not self.ended.done():
                 self.ended.set_exception(e)
+        finally:
+            ctx.watch.closed()
 
-    def put(self, message: dict) -> None:
+    def put(self, message: dict, on_sent=None) -> None:
         data = json.dumps(message)
-        self.outbox.put(data, len(data))
+        self.outbox.put(data, len(data), on_sent)
 
     async def close(self, code: int, reason: str) -> None:
         """What was put goes out first (for as long as the client takes it), then the close frame."""

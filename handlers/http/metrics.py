@@ -7,7 +7,8 @@
 - GpuCollector: utilisation, memory and power from NVML where nvidia-ml-py and a GPU are present;
 - with TTS_TRACE_CHUNKS=on only (ttsengine.serving.chunk_trace): each audio piece's stages from the engine to the
   transport (tts_trace_chunk_seconds by stage) and the process's CPU seconds per thread role
-  (tts_trace_thread_cpu_seconds_total), for finding where the time goes under load.
+  (tts_trace_thread_cpu_seconds_total), for finding where the time goes under load;
+- LiveMetrics (live_metrics.py): the live WebSockets' sessions, segments, per-segment first audio and barge-in.
 Labels are bounded: route templates (never a raw path), voice kinds (never a voice id).
 """
 
@@ -34,6 +35,7 @@ from ttsengine.serving.delivery import Tally
 from ttsengine.serving.protocol import SpeechJob
 from ttsengine.serving.service import Service
 
+from .live_metrics import LiveMetrics
 from .thread_cpu import thread_cpu
 
 log = logging.getLogger("handlers.http")
@@ -128,6 +130,7 @@ class HttpMetrics:
                                     SPEECH_LABELS, buckets=LATENCY_BUCKETS, registry=r)
         self.audio_seconds = Counter("tts_speech_audio_seconds_total", "Seconds of audio delivered.",
                                      SPEECH_LABELS, registry=r)
+        self.live = LiveMetrics(r)
         self.chunk = None
         if chunk_trace.enabled():
             self.chunk = Histogram("tts_trace_chunk_seconds", "Per audio piece (TTS_TRACE_CHUNKS=on): wake = engine "

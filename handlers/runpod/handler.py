@@ -10,6 +10,7 @@ or of OpenAI's speech API (`input`, `voice`, `response_format`, `speed`, ...), p
 Without `stream` the job yields one item: {"audio" | "url", "format", "content_type", "sample_rate",
 "seconds", "seed", "frames", "bytes"}. A file over RUNPOD_MAX_INLINE_BYTES is uploaded when a bucket
 is configured, and is an error saying what to do otherwise (never a silently dropped result).
+A live session (`{"live": [events of /v1/tts/live]}`, live.py) streams its audio and segments the same way.
 Errors are items {"error": "<json>"} with error_type, error_message and an HTTP-like status; the worker
 turns them into a FAILED job.
 """
@@ -37,6 +38,7 @@ from ttsengine.serving.failure import failure
 from ttsengine.serving.protocol import SpeechJob, job_from_body
 from ttsengine.serving.service import Service
 
+from .live import live_items, parse_live
 from .upload import upload
 
 log = logging.getLogger("handlers.runpod")
@@ -112,6 +114,11 @@ class JobHandler:
         return self.cfg.concurrency or self.engine.max_streams
 
     async def run(self, job: dict):
+        raw = job.get("input")
+        if isinstance(raw, dict) and "live" in raw:
+            async for item in self._live(raw):
+                yield item
+            return
         try:
             speech, opts = parse_input(job.get("input"), self.voices, self.cfg)
             stream = await asyncio.to_thread(self.engine.submit, speech.request)
@@ -131,6 +138,16 @@ class JobHandler:
                 stream.cancel()  # stopped by RunPod (task cancelled) or failed: free the slot now
             if watcher:
                 watcher.cancel()
+
+    async def _live(self, raw: dict):
+        try:
+            if set(raw) != {"live"}:
+                raise InputError("a live job's input holds only `live` (the start event's request has the rest)")
+            live = parse_live(raw["live"], self.voices, self.cfg.strict_fields)
+            async for item in live_items(live, self.engine.submit, PIECE_BYTES):
+                yield item
+        except TTSError as e:
+            yield error_item(e)
 
     async def _streamed(self, stream, speech: SpeechJob):
         fmt, index, total = speech.format, 0, 0

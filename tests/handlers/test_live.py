@@ -272,3 +272,47 @@ def test_a_browser_page_on_another_origin_is_refused(server):
     with connect(ws_url(server), additional_headers={**auth, "Origin": server}) as ws:
         send(ws, event="stop")  # this server's own page is same-origin
         assert receive(ws) == {"event": "finish", "reason": "stop"}
+
+
+# ---- segment events (ours, opt-in) ------------------------------------------------------------------------------
+def events_until_finish(ws) -> list[dict]:
+    events = []
+    while not events or events[-1]["event"] != "finish":
+        events.append(receive(ws))
+    return events
+
+
+@pytest.mark.parametrize("rate", [44100, 24000])
+def test_segment_events_give_each_segments_text_and_sample_range(server, rate):
+    with open_live(server) as ws:
+        start(ws, sample_rate=rate, segment_events=True)
+        send(ws, event="text", text="First part. Second part")
+        send(ws, event="stop")
+        events = events_until_finish(ws)
+    assert events[-1] == {"event": "finish", "reason": "stop"}
+    segments = [e for e in events if e["event"] == "segment"]
+    assert [s["text"] for s in segments] == ["First part.", "Second part"]
+    assert all(set(s) == {"event", "text", "start_sample", "end_sample"} for s in segments)
+    assert segments[0]["start_sample"] == 0 and segments[0]["end_sample"] == segments[1]["start_sample"]
+    sent, total = [], 0  # pcm samples sent before each segment event
+    for e in events:
+        if e["event"] == "audio":
+            total += len(e["audio"]) // 2
+        elif e["event"] == "segment":
+            sent.append(total)
+    per_segment = (FRAMES - 1) * 2048 * rate / 44100  # the engine's frames of one segment at this rate
+    for s in segments:
+        assert abs(s["end_sample"] - s["start_sample"] - per_segment) <= 1
+    if rate == 44100:  # the model's rate: the ranges are the bytes themselves
+        assert sent == [s["end_sample"] for s in segments] and total == segments[-1]["end_sample"]
+    else:  # resampled: the resampler holds some samples back (here ~10-20 ms) until the next audio or the end
+        assert all(0 <= s["end_sample"] - n < 0.05 * rate for s, n in zip(segments, sent))
+        assert abs(total - segments[-1]["end_sample"]) <= 1
+
+
+def test_no_segment_events_unless_asked(server):
+    with open_live(server) as ws:
+        start(ws)
+        send(ws, event="text", text="First part. Second part.")
+        send(ws, event="stop")
+        assert {e["event"] for e in events_until_finish(ws)} == {"audio", "finish"}

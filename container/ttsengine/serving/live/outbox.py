@@ -10,6 +10,8 @@ import asyncio
 from collections import deque
 from collections.abc import Awaitable, Callable
 
+Sent = Callable[[], None] | None  # called once the socket took the message (a metric's moment)
+
 
 class Overflow(Exception):
     pass
@@ -18,16 +20,16 @@ class Overflow(Exception):
 class Outbox:
     def __init__(self, send: Callable[[object], Awaitable[None]], cap: int):
         self._send, self.cap = send, cap
-        self._items: deque[tuple[object, int]] = deque()
+        self._items: deque[tuple[object, int, Sent]] = deque()
         self._ready, self._empty = asyncio.Event(), asyncio.Event()
         self._empty.set()
         self.pending = 0  # bytes put and not yet taken by the socket
         self.sent_at: float | None = None  # loop time the socket last took a message
 
-    def put(self, item: object, size: int) -> None:
+    def put(self, item: object, size: int, on_sent: Sent = None) -> None:
         if self.pending + size > self.cap and self.pending:
             raise Overflow(f"the client is not reading: over {self.cap} bytes wait to be sent")
-        self._items.append((item, size))
+        self._items.append((item, size, on_sent))
         self.pending += size
         self._ready.set()
         self._empty.clear()
@@ -49,8 +51,10 @@ class Outbox:
             while not self._items:
                 self._ready.clear()
                 await self._ready.wait()
-            item, size = self._items[0]
+            item, size, on_sent = self._items[0]
             await self._send(item)
+            if on_sent is not None:
+                on_sent()
             if self._items and self._items[0][0] is item:
                 self._items.popleft()
                 self.pending -= size

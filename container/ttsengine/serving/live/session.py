@@ -8,15 +8,21 @@ stops the running one; the engine frees its slot within a step.
 Segments are separate engine requests: the previous segment's context goes in as a reference (its transcript
 and kept codes), which is the prompt the engine builds for a chained chunk (Planner.chunk_prompt). Without a
 seed in the request the session draws one and uses it for every segment.
+
+audio() yields the encoded bytes and, after each segment's audio, that Segment (its text and the samples it made),
+so an adapter can time segments and tell clients about them from the one stream it sends.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import logging
 import secrets
+import time
 from collections.abc import AsyncIterator, Callable, Mapping
+from dataclasses import dataclass
 
 from pydantic import Field
 
@@ -40,6 +46,21 @@ class LiveRequest(FishTTSRequest):
     min_chunk_length: int | None = None  # accepted and ignored: segments are cut at sentence ends
     condition_on_previous_chunks: bool = Field(True, description="false: each segment without the one before")
     early_stop_threshold: float | None = None  # accepted and ignored
+    segment_events: bool = Field(False, description="ours: a `segment` event (text, start_sample, end_sample) "
+                                 "after each segment's audio")
+
+
+@dataclass
+class Segment:
+    """One segment as spoken. [start_sample, end_sample): the samples of the session's audio it made, at the
+    output rate, from the engine's own sample counts scaled by the rate change and the speed (as captions are
+    timed: exact at the model's rate and speed 1.0). ready_at: time.perf_counter() when it was taken to be
+    submitted (its text complete and the segment before it done)."""
+
+    text: str
+    ready_at: float
+    start_sample: int
+    end_sample: int | None = None  # None while it is spoken
 
 
 def live_job(body: Mapping, voices: VoiceStore | None, strict: bool = True) -> tuple[SpeechJob, LiveRequest]:
@@ -63,6 +84,10 @@ class LiveSession:
         self._chars = 0
         self._stream: Stream | None = None
         self._context: Reference | None = None
+        self._last: Stream | None = None  # the latest segment's stream (stopped() waits for its end)
+        self._native = 0  # samples the engine made in this session, at the model's rate
+        self.native_rate = 0  # the model's rate (its audio's), known once the first segment is submitted
+        self.current: Segment | None = None  # the segment whose audio audio() yields now
         self.ended = False  # stop came: no more text
         self.cancelled = False
         self.segments = 0  # submitted so far
@@ -106,7 +131,7 @@ class LiveSession:
                 self._queue.put_nowait(segment)
 
     # ---- the audio --------------------------------------------------------------------------------------
-    async def audio(self) -> AsyncIterator[bytes]:
+    async def audio(self) -> AsyncIterator[bytes | Segment]:
         """Encoded audio, segment after segment, until stop's segments are spoken (or cancel). An engine error
         (a segment's bad text, a full engine) is raised; a segment the model ended at once (NoAudio, HTTP's 422)
         is skipped: in a conversation one silent sentence should not end the session."""
@@ -116,16 +141,19 @@ class LiveSession:
                 segment = await self._queue.get()
                 if segment is _DONE or self.cancelled:
                     break
+                self.current = Segment(segment, time.perf_counter(), self._out(enc))
                 stream = await asyncio.to_thread(self._start, segment)
                 self._stream = stream
                 if self.cancelled:
                     break
                 if enc is None:
                     enc = encoder_for(self.job, stream.sample_rate)
+                    self.native_rate = stream.sample_rate
                 try:
                     async for chunk in stream:
                         if self.cancelled:
                             break
+                        self._native += len(chunk.audio)
                         data = await enc.encode(scaled(chunk.audio, self.job.volume))
                         if data and not self.cancelled:
                             yield data
@@ -135,6 +163,9 @@ class LiveSession:
                     log.warning("live segment %d made no audio; the session goes on", self.segments)
                     self._context = None
                 self._stream = None
+                if not self.cancelled:
+                    self.current.end_sample = self._out(enc)
+                    yield self.current
             if enc is not None and not self.cancelled:
                 tail = await enc.finish()
                 if tail:
@@ -151,7 +182,28 @@ class LiveSession:
         stream = self._submit(dataclasses.replace(self.job.request, text=segment, references=refs,
                                                   keep_codes=self.chain))
         self.segments += 1
+        self._last = stream
         return stream
+
+    def _out(self, enc) -> int:
+        """The engine's samples so far, in output samples (the encoder's rate, the job's speed)."""
+        if enc is None or not self._native:
+            return 0
+        return round(self._native * enc.rate / (self.native_rate * self.job.speed))
+
+    async def stopped(self, timeout: float = 10.0) -> None:
+        """Until the engine has ended the latest segment (after cancel: its slot is free), at most `timeout` s."""
+        stream = self._last
+        if stream is None or stream.done:
+            return
+
+        async def drain():
+            with contextlib.suppress(Exception):  # its end may be an error: it ended all the same
+                async for _ in stream:
+                    pass
+
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(drain(), timeout)
 
     def _next_context(self, stream: Stream) -> Reference | None:
         plan = stream.plan

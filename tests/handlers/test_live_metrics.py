@@ -1,0 +1,142 @@
+"""The live sockets' metrics, read from /metrics of the real server (tiny model on CPU) after real sessions: Fish's
+/v1/tts/live and ElevenLabs' multi-stream-input, spoken to the end and barged in on (cancel, close_context, the
+socket closed). Each session's segments are counted, each segment's first audio is timed (never longer than the
+client saw it take), a barge-in is timed until the engine let go, and the open gauges go back to 0."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+from test_http import scrape, start_server, stop, wait_ready
+from test_live import engines_idle, receive, send, speaking, start, until_finish
+from websockets.sync.client import connect
+
+FIRST_AUDIO = "tts_live_segment_first_audio_seconds"
+BARGE_IN = "tts_live_barge_in_seconds"
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    proc, url = start_server(tmp_path_factory.mktemp("livemetrics"), TTS_HOST="127.0.0.1")
+    wait_ready(url, proc)
+    yield url
+    stop(proc)
+
+
+def read(url: str, protocol: str) -> dict[str, float]:
+    """This protocol's live series: name -> value (histograms: _count and _sum)."""
+    return {s.name: s.value for s in scrape(url) if s.name.startswith("tts_live_") and
+            s.labels.get("protocol") == protocol and "le" not in s.labels}
+
+
+def delta(after: dict, before: dict, name: str) -> float:
+    return after[name] - before[name]
+
+
+def settled(url: str, protocol: str, want: dict[str, float], timeout: float = 10) -> dict[str, float]:
+    """The series once each name in `want` has that value (a socket's handler ends just after the client's close)."""
+    end = time.time() + timeout
+    while True:
+        now = read(url, protocol)
+        if all(now[k] == v for k, v in want.items()) or time.time() > end:
+            return now
+        time.sleep(0.05)
+
+
+def open_fish(url: str):
+    return connect(url.replace("http://", "ws://") + "/v1/tts/live", open_timeout=10)
+
+
+def open_eleven(url: str):
+    return connect(url.replace("http://", "ws://") + "/v1/text-to-speech/default/multi-stream-input?"
+                   "output_format=pcm_24000&seed=3", open_timeout=10)
+
+
+def test_every_series_is_there_from_the_start(server):
+    for protocol in ("fish", "elevenlabs"):
+        names = set(read(server, protocol))
+        assert {"tts_live_connections_open", "tts_live_sessions_open", "tts_live_sessions_total",
+                "tts_live_segments_total", FIRST_AUDIO + "_count", BARGE_IN + "_count"} <= names
+
+
+def test_a_fish_session_counts_segments_and_times_each_first_audio(server):
+    before = read(server, "fish")
+    with open_fish(server) as ws:
+        start(ws)
+        t0 = time.perf_counter()
+        send(ws, event="text", text="The first sentence is complete. ")
+        assert receive(ws)["event"] == "audio"
+        client_saw = time.perf_counter() - t0  # the text sent to its first audio received
+        during = read(server, "fish")
+        send(ws, event="text", text="And a second one")
+        send(ws, event="stop")
+        until_finish(ws)
+        after_finish = read(server, "fish")
+    after = settled(server, "fish", {"tts_live_connections_open": before["tts_live_connections_open"]})
+    assert during["tts_live_sessions_open"] == before["tts_live_sessions_open"] + 1
+    assert during["tts_live_connections_open"] == before["tts_live_connections_open"] + 1
+    assert during[FIRST_AUDIO + "_count"] == before[FIRST_AUDIO + "_count"] + 1
+    first = delta(during, before, FIRST_AUDIO + "_sum")
+    assert 0 < first <= client_saw  # the server's part of what the client waited
+    assert after_finish["tts_live_sessions_open"] == before["tts_live_sessions_open"]  # finish: closed
+    assert delta(after, before, "tts_live_sessions_total") == 1
+    assert delta(after, before, "tts_live_segments_total") == 2
+    assert delta(after, before, FIRST_AUDIO + "_count") == 2
+    assert delta(after, before, BARGE_IN + "_count") == 0  # spoken to the end: no barge-in
+
+
+@pytest.mark.parametrize("how", ["cancel", "close"])
+def test_a_fish_barge_in_is_timed_until_the_engine_let_go(server, how):
+    before = read(server, "fish")
+    with open_fish(server) as ws:
+        speaking(ws)
+        if how == "cancel":
+            send(ws, event="cancel")
+            assert until_finish(ws)[1]["reason"] == "cancelled"
+    after = settled(server, "fish", {BARGE_IN + "_count": before[BARGE_IN + "_count"] + 1,
+                                     "tts_live_connections_open": before["tts_live_connections_open"]})
+    assert engines_idle(server)
+    assert delta(after, before, BARGE_IN + "_count") == 1
+    assert 0 < delta(after, before, BARGE_IN + "_sum") < 5
+    assert after["tts_live_sessions_open"] == before["tts_live_sessions_open"]
+    assert delta(after, before, "tts_live_segments_total") >= 1
+
+
+def test_elevenlabs_contexts_spoken_and_barged_in(server):
+    before = read(server, "elevenlabs")
+    with open_eleven(server) as ws:
+        ws.send(json.dumps({"text": "One sentence. Another one.", "context_id": "a", "flush": True}))
+        ws.send(json.dumps({"context_id": "a", "close_context": True}))  # flushed: spoken to the end
+        while "isFinal" not in (msg := json.loads(ws.recv(timeout=60))):
+            assert msg["contextId"] == "a"
+        spoken = read(server, "elevenlabs")
+        ws.send(json.dumps({"text": " ".join(f"Sentence number {i} is here." for i in range(30)),
+                            "context_id": "b"}))
+        assert json.loads(ws.recv(timeout=60))["contextId"] == "b"  # audio: a segment is being made
+        ws.send(json.dumps({"context_id": "b", "close_context": True}))  # not flushed: barge-in
+        while "isFinal" not in json.loads(ws.recv(timeout=60)):
+            pass
+    after = settled(server, "elevenlabs", {BARGE_IN + "_count": before[BARGE_IN + "_count"] + 1,
+                                           "tts_live_connections_open": before["tts_live_connections_open"]})
+    assert delta(spoken, before, "tts_live_sessions_total") == 1
+    assert delta(spoken, before, "tts_live_segments_total") == 2
+    assert delta(spoken, before, FIRST_AUDIO + "_count") == 2 and delta(spoken, before, FIRST_AUDIO + "_sum") > 0
+    assert delta(after, before, "tts_live_sessions_total") == 2
+    assert delta(after, before, BARGE_IN + "_count") == 1 and 0 < delta(after, before, BARGE_IN + "_sum") < 5
+    assert after["tts_live_sessions_open"] == before["tts_live_sessions_open"]
+    assert engines_idle(server)
+
+
+def test_closing_an_elevenlabs_socket_mid_speech_is_a_barge_in(server):
+    before = read(server, "elevenlabs")
+    with open_eleven(server) as ws:
+        ws.send(json.dumps({"text": " ".join(f"Sentence number {i} is here." for i in range(30)),
+                            "context_id": "x"}))
+        assert json.loads(ws.recv(timeout=60))["contextId"] == "x"
+    after = settled(server, "elevenlabs", {BARGE_IN + "_count": before[BARGE_IN + "_count"] + 1,
+                                           "tts_live_connections_open": before["tts_live_connections_open"]})
+    assert delta(after, before, BARGE_IN + "_count") == 1
+    assert after["tts_live_sessions_open"] == before["tts_live_sessions_open"]
+    assert engines_idle(server)
