@@ -1,7 +1,8 @@
 """The HTTP server with the engines in their own process (TTS_ENGINE_PROCESS=on, the GPU default), for real: the
 same tests the one-process server passes, for what crosses the process boundary (every format, a stream as it is
 made, disconnect frees the engine, no-audio errors, voices encoded in the engine process, metrics and health, the
-drain on SIGTERM, a broken model dir, RunPod's worker loop), plus what only this mode has (the engine process dies: health says so)."""
+drain on SIGTERM, a broken model dir, RunPod's worker loop), plus what only this mode has (the engine process
+dies: health says so)."""
 
 from __future__ import annotations
 
