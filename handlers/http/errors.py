@@ -7,8 +7,9 @@ import logging
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException
+from starlette.requests import ClientDisconnect
 
 from ttsengine import TTSError
 from ttsengine.serving.api_key import ApiKey
@@ -16,6 +17,9 @@ from ttsengine.serving.failure import Failure, failure
 
 log = logging.getLogger("handlers.http")
 TYPES = {"input": "invalid_request_error", "busy": "server_busy", "server": "server_error"}
+# nginx's "client closed request": the client hung up before its body was read whole. Nobody receives it; the
+# metrics count it (code="499"), apart from the server's errors, and the log says so in one line.
+CLIENT_CLOSED = 499
 
 
 class ApiError(HTTPException):
@@ -34,7 +38,16 @@ def failure_response(f: Failure) -> JSONResponse:
     return JSONResponse(error_body(f.message, kind, f.status), status_code=f.status, headers=headers)
 
 
+def client_closed(request: Request) -> Response:
+    log.info("%s %s: the client closed the connection before its body was read", request.method, request.url.path)
+    return Response(status_code=CLIENT_CLOSED)
+
+
 def add_error_handlers(app: FastAPI) -> None:
+    @app.exception_handler(ClientDisconnect)
+    async def _client_gone(request: Request, e: ClientDisconnect):
+        return client_closed(request)
+
     @app.exception_handler(TTSError)
     async def _tts_error(request: Request, e: TTSError):
         f = failure(e)
@@ -54,6 +67,8 @@ def add_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(HTTPException)
     async def _http(request: Request, e: HTTPException):
+        if isinstance(e.__cause__, ClientDisconnect):  # FastAPI's form parsing: "error parsing the body" (400)
+            return client_closed(request)
         kind = getattr(e, "kind", "invalid_request_error" if e.status_code < 500 else "server_error")
         return JSONResponse(error_body(str(e.detail), kind, e.status_code), status_code=e.status_code,
                             headers=getattr(e, "headers", None))
