@@ -374,6 +374,7 @@ class ServerConfig:
     cors_origins: tuple[str, ...] = ()  # () = no CORS headers: browsers keep other origins out
     download_ttl: int = 3600  # seconds a finished file behind a download link is kept
     download_max_bytes: int = 512 << 20  # all kept download files together; the oldest go first
+    download_max_files: int = 10_000  # kept download files (and those being written) at most; the oldest go first
     drain_seconds: int = 30
     read_timeout: float = 30.0
     trace_chunks: bool = False  # per-chunk stage timings and per-thread CPU in /metrics (serving/chunk_trace.py)
@@ -462,7 +463,11 @@ SERVER_VARS = (
         "origins a browser app may call the API from: * or a comma-separated list (default: none)"),
     Var("TTS_DOWNLOAD_TTL", "download_ttl", integer(1), "seconds a file behind a download link is kept (default 3600)"),
     Var("TTS_DOWNLOAD_MAX_BYTES", "download_max_bytes", integer(0),
-        "total size of the files kept for download links; the oldest go first (default 512 MB; 0: no links)"),
+        "total size of the files kept for download links, those being written included; the oldest go first "
+        "(default 512 MB; 0: no links)"),
+    Var("TTS_DOWNLOAD_MAX_FILES", "download_max_files", integer(1),
+        "number of files kept for download links, those being written included; the oldest go first "
+        "(default 10000)"),
     DRAIN_SECONDS,
     Var("TTS_READ_TIMEOUT", "read_timeout", positive_number(),
         "seconds a client may pause while sending its request body before it gets 408 (default 30)"),

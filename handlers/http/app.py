@@ -46,7 +46,8 @@ def create_app(server: ServerConfig, engine_config: EngineConfig,
                   description="Fish-Speech / OpenAudio S1-mini text to speech.")
     chunk_trace.enable(server.trace_chunks)  # before the metrics: they add the trace series only when on
     app.state.service, app.state.server, app.state.metrics = service, server, HttpMetrics(service)
-    app.state.downloads = AudioStore(server.data_dir / "downloads", server.download_ttl, server.download_max_bytes)
+    app.state.downloads = AudioStore(server.data_dir / "downloads", server.download_ttl, server.download_max_bytes,
+                                     server.download_max_files)
     # innermost first: the key is checked before anything reads the body; the metrics see every answer, the
     # 401s and the body limit's 413/408 included
     app.add_middleware(ApiKey, key=server.api_key, reply=lambda m: error_body(m, "authentication_error", 401))

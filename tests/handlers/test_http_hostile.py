@@ -4,6 +4,7 @@ and the smaller hardening items. Each test failed before its fix."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import subprocess
@@ -87,3 +88,79 @@ def _ping(url: str) -> int | None:
         return httpx.get(url + "/ping", timeout=2).status_code
     except httpx.HTTPError:
         return None
+
+
+# ---- items 3 and 4: kept downloads, bounded in files and in bytes (those being written too) ----------------
+CAP = 300_000
+
+
+@pytest.fixture(scope="module")
+def bounded(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("bounded")
+    proc, url = start_server(tmp, TTS_DOWNLOAD_MAX_BYTES=str(CAP), TTS_DOWNLOAD_MAX_FILES="4")
+    wait_ready(url, proc)
+    yield url, tmp / "data" / "downloads"
+    stop(proc)
+
+
+def kept_link(url: str, seed: int) -> str:
+    r = httpx.post(url + "/v1/audio/speech", timeout=120, json={
+        "input": "Hello.", "response_format": "pcm", "stream": False, "return_download_link": True, "seed": seed})
+    assert r.status_code == 200, r.text
+    return r.headers["x-download-url"]
+
+
+def test_kept_files_are_bounded_in_number(bounded):
+    url, downloads = bounded
+    links = [kept_link(url, seed) for seed in range(6)]
+    assert [httpx.get(url + link).status_code for link in links] == [404, 404, 200, 200, 200, 200]
+    assert len(list(downloads.glob("*.pcm"))) == 4
+
+
+def test_lookups_never_read_the_directory(bounded):
+    url, downloads = bounded
+    link = kept_link(url, 7)
+    loop = downloads / "loop"  # a scan that stats every entry fails on it (ELOOP); an index never sees it
+    loop.symlink_to(loop)
+    try:
+        assert httpx.get(url + link).status_code == 200
+        for name in ("0" * 32 + ".mp3", "x" * 5000, "A" * 32 + ".wav"):
+            r = httpx.get(url + "/v1/download/" + name)
+            assert r.status_code == 404 and "no download" in r.json()["error"]["message"], name
+    finally:
+        loop.unlink()
+
+
+def test_streams_being_kept_count_against_the_byte_cap(bounded):
+    url, downloads = bounded
+    streams, links, got = [], [], []
+    with contextlib.ExitStack() as stack:
+        for seed in range(4):  # long streams (the tiny model rarely ends early), read together
+            r = stack.enter_context(httpx.stream("POST", url + "/v1/audio/speech", timeout=120, json={
+                "input": "Long.", "response_format": "pcm", "max_new_tokens": 3000, "seed": seed,
+                "return_download_link": True}))
+            streams.append(r.iter_raw())
+            links.append(r.headers["x-download-url"])
+            got.append(0)
+        while min(got) < CAP // 3:  # 4 x CAP/3 sent: over the cap together, each alone under it
+            for i, chunks in enumerate(streams):
+                if got[i] < CAP // 3:
+                    got[i] += len(next(chunks))
+        on_disk = sum(p.stat().st_size for p in downloads.iterdir() if p.is_file())
+        assert on_disk <= CAP
+    dropped = [httpx.get(url + link).json()["error"]["message"] for link in links]
+    assert any("grew past TTS_DOWNLOAD_MAX_BYTES" in m for m in dropped), dropped
+
+
+def test_a_stream_over_the_cap_says_so_behind_its_link(bounded):
+    url, _ = bounded
+    with httpx.stream("POST", url + "/v1/audio/speech", timeout=120, json={
+            "input": "Long.", "response_format": "pcm", "max_new_tokens": 3000, "seed": 9,
+            "return_download_link": True}) as r:
+        link, got = r.headers["x-download-url"], 0
+        for chunk in r.iter_raw():
+            got += len(chunk)
+            if got > CAP:
+                break
+    r = httpx.get(url + link)
+    assert r.status_code == 404 and "grew past TTS_DOWNLOAD_MAX_BYTES" in r.json()["error"]["message"]
