@@ -9,6 +9,7 @@ import os
 import socket
 import subprocess
 import sys
+import threading
 import time
 from urllib.parse import urlparse
 
@@ -164,3 +165,56 @@ def test_a_stream_over_the_cap_says_so_behind_its_link(bounded):
                 break
     r = httpx.get(url + link)
     assert r.status_code == 404 and "grew past TTS_DOWNLOAD_MAX_BYTES" in r.json()["error"]["message"]
+
+
+# ---- item 7: a replace racing a delete or a rename --------------------------------------------------------
+def _race(url: str, other) -> tuple[int, int]:
+    """A replace of `alice` (a long clip: seconds of encoding) with `other` sent while it encodes; -> statuses."""
+    from test_http import wav_bytes
+
+    result = {}
+
+    def replace():
+        result["replace"] = httpx.post(url + "/v1/references/update", timeout=120, data={
+            "id": "alice", "text": "replaced"}, files={"audio": ("a.wav", wav_bytes(40, seed=2), "audio/wav")})
+
+    thread = threading.Thread(target=replace)
+    thread.start()
+    time.sleep(0.5)  # into the replace's encode (most often; either order must end consistent)
+    status = other().status_code
+    thread.join()
+    return result["replace"].status_code, status
+
+
+def _add_alice(url: str) -> None:
+    from test_http import wav_bytes
+
+    r = httpx.post(url + "/v1/references/add", data={"id": "alice", "text": "original"},
+                   files={"audio": ("a.wav", wav_bytes(seed=1), "audio/wav")}, timeout=60)
+    assert r.status_code == 201, r.text
+
+
+def test_a_replace_never_revives_a_deleted_voice(hostile):
+    url, _ = hostile
+    for _ in range(2):
+        _add_alice(url)
+        replaced, deleted = _race(url, lambda: httpx.request(
+            "DELETE", url + "/v1/references/delete?reference_id=alice"))
+        ids = httpx.get(url + "/v1/references/list").json()["reference_ids"]
+        assert deleted == 200 and replaced in (200, 404)
+        assert "alice" not in ids, (replaced, deleted)  # either order: the delete is the last word
+        if replaced == 404:
+            break
+
+
+def test_a_replace_racing_a_rename_leaves_one_voice(hostile):
+    url, _ = hostile
+    for _ in range(2):
+        _add_alice(url)
+        replaced, renamed = _race(url, lambda: httpx.post(url + "/v1/references/update", json={
+            "old_reference_id": "alice", "new_reference_id": "bob"}))
+        ids = httpx.get(url + "/v1/references/list").json()["reference_ids"]
+        assert renamed == 200 and ids.count("alice") + ids.count("bob") == 1, (replaced, renamed, ids)
+        assert httpx.request("DELETE", url + "/v1/references/delete?reference_id=bob").status_code == 200
+        if replaced == 404:
+            break
