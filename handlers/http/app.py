@@ -14,7 +14,7 @@ from starlette.concurrency import run_in_threadpool
 
 from ttsengine import EngineConfig, Fleet, ServerConfig
 from ttsengine.serving import chunk_trace
-from ttsengine.serving.api_key import ApiKey
+from ttsengine.serving.api_key import ApiKey, CrossSite
 from ttsengine.serving.audio_store import AudioStore
 from ttsengine.serving.body_limit import BodyLimit
 from ttsengine.serving.listen import HeadAsGet
@@ -51,6 +51,9 @@ def create_app(server: ServerConfig, engine_config: EngineConfig,
     # innermost first: the key is checked before anything reads the body; the metrics see every answer, the
     # 401s and the body limit's 413/408 included
     app.add_middleware(ApiKey, key=server.api_key, reply=lambda m: error_body(m, "authentication_error", 401))
+    if not server.api_key:  # a key needs a preflight to send cross-site; without one, other sites' forms would work
+        app.add_middleware(CrossSite, allowed=server.cors_origins,
+                           reply=lambda m: error_body(m, "permission_error", 403))
     app.add_middleware(BodyLimit, limit=server.max_body_bytes, read_timeout=server.read_timeout,
                        reply=lambda e: error_body(str(e), body_error_kind(e.status), e.status))
     app.add_middleware(Instrument, metrics=app.state.metrics)

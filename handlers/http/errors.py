@@ -12,7 +12,7 @@ from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect
 
 from ttsengine import TTSError
-from ttsengine.serving.api_key import ApiKey
+from ttsengine.serving.api_key import SAFE_METHODS, ApiKey
 from ttsengine.serving.failure import Failure, failure
 
 log = logging.getLogger("handlers.http")
@@ -83,12 +83,14 @@ def add_error_handlers(app: FastAPI) -> None:
 ERROR_SCHEMA = {"type": "object", "required": ["error"], "properties": {"error": {
     "type": "object", "required": ["message", "type", "code"], "properties": {
         "message": {"type": "string", "description": "one line that says what is wrong and where"},
-        "type": {"type": "string", "description": "invalid_request_error | authentication_error | too_large | "
-                                                  "server_busy | server_error"},
+        "type": {"type": "string", "description": "invalid_request_error | authentication_error | "
+                                                  "permission_error | too_large | server_busy | server_error"},
         "code": {"type": "integer", "description": "the HTTP status"}}}}}
 MEANING = {
     400: "invalid request: the message names the field and why",
     401: "missing or wrong API key (Authorization: Bearer KEY, or X-API-Key: KEY)",
+    403: "a browser request from another site (Origin not this server's nor in TTS_CORS_ORIGINS) while no API "
+         "key is set",
     404: "not found",
     500: "failed: no engine can serve (health)",
     408: "the request body stalled for TTS_READ_TIMEOUT seconds",
@@ -131,6 +133,8 @@ def document_errors(schema: dict, keyed: bool = False) -> None:
                 codes.add(404)
             if keyed and not ApiKey.is_open({"path": path, "method": method.upper()}):
                 codes.add(401)
+            if not keyed and method.upper() not in SAFE_METHODS:
+                codes.add(403)
             for code in sorted(codes):
                 responses.setdefault(str(code), {"description": MEANING[code], "content": {
                     "application/json": {"schema": {"$ref": "#/components/schemas/Error"}}}})

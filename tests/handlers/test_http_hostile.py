@@ -16,7 +16,7 @@ from urllib.parse import urlparse
 import httpx
 import pytest
 from conftest import MODEL_DIR, ROOT, free_port
-from test_http import scrape, server_log, start_server, stop, wait_ready
+from test_http import scrape, served, server_log, start_server, stop, wait_ready
 
 
 @pytest.fixture(scope="module")
@@ -218,3 +218,31 @@ def test_a_replace_racing_a_rename_leaves_one_voice(hostile):
         assert httpx.request("DELETE", url + "/v1/references/delete?reference_id=bob").status_code == 200
         if replaced == 404:
             break
+
+
+# ---- item 9: other sites' forms, with no API key set ------------------------------------------------------
+def test_cross_site_writes_are_refused_without_a_key(hostile):
+    from test_http import wav_bytes
+
+    url, _ = hostile
+    form = {"data": {"id": "mallory", "text": "pwned"}, "files": {"audio": ("a.wav", wav_bytes(seed=4), "audio/wav")}}
+    for headers in ({"Origin": "https://evil.example"}, {"Sec-Fetch-Site": "cross-site"}, {"Origin": "null"}):
+        r = httpx.post(url + "/v1/references/add", headers=headers, **form)
+        assert r.status_code == 403 and "cross-site request refused" in r.json()["error"]["message"], headers
+        r = httpx.request("DELETE", url + "/v1/references/delete?reference_id=mallory", headers=headers)
+        assert r.status_code == 403
+    assert "mallory" not in httpx.get(url + "/v1/references/list").json()["reference_ids"]
+    assert httpx.get(url + "/health", headers={"Origin": "https://evil.example"}).status_code == 200  # reads: as before
+    r = httpx.post(url + "/v1/references/add", headers={"Origin": url, "Sec-Fetch-Site": "same-origin"}, **form)
+    assert r.status_code == 201, r.text  # the server's own page
+    assert httpx.request("DELETE", url + "/v1/references/delete?reference_id=mallory").status_code == 200  # curl
+
+
+def test_allowed_origins_may_write(tmp_path):
+    with served(tmp_path, TTS_CORS_ORIGINS="https://app.example") as url:
+        r = httpx.post(url + "/v1/audio/speech", headers={"Origin": "https://app.example"}, timeout=120,
+                       json={"input": "Hi.", "response_format": "pcm"})
+        assert r.status_code == 200
+        r = httpx.post(url + "/v1/audio/speech", headers={"Origin": "https://evil.example"}, timeout=120,
+                       json={"input": "Hi.", "response_format": "pcm"})
+        assert r.status_code == 403
