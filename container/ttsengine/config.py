@@ -12,6 +12,7 @@ to `read` as `defaults`, below the environment.
 from __future__ import annotations
 
 import logging
+import math
 import os
 import re
 from collections.abc import Callable, Mapping
@@ -56,7 +57,21 @@ def integer_of(*allowed: int) -> Kind:
 
 
 def positive_number() -> Kind:
-    return Kind(float, "a number", lambda value: None if value > 0 else "must be > 0")
+    """A finite number > 0: `inf` would read as "no limit" and break what the limit sizes (a reference's sample
+    count, a timeout's deadline); `nan` compares false with everything."""
+    def check(value) -> str | None:
+        if not math.isfinite(value):
+            return f"{value} is not a finite number (give seconds, e.g. 30)"
+        return None if value > 0 else "must be > 0"
+
+    return Kind(float, "a number", check)
+
+
+def _api_key(value) -> str | None:
+    """Printable ASCII only: HTTP headers carry bytes, and clients encode other characters differently (Latin-1
+    or UTF-8), so a key with them would match for some clients and lock the others out of every route."""
+    bad = next((c for c in value if not (c.isascii() and c.isprintable())), None)
+    return None if bad is None else f"contains {bad!r}: use printable ASCII characters only"
 
 
 # the memory presets' names (engine/presets.py NAMES; a test keeps the two lists equal)
@@ -451,7 +466,7 @@ ENCODER_PROCESSES = Var(
 SERVER_VARS = (
     Var("TTS_HOST", "host", TEXT, "address the HTTP server binds (default 0.0.0.0)"),
     Var("TTS_PORT", "port", PORT, "port of the HTTP server (default 8080)"),
-    Var("TTS_API_KEY", "api_key", TEXT,
+    Var("TTS_API_KEY", "api_key", Kind(str, "printable ASCII text", _api_key),
         "if set, every API route needs `Authorization: Bearer <key>` (health, ready, metrics and / do not); "
         "whitespace only is a start-up error", secret=True),
     DATA_DIR,

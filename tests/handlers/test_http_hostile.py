@@ -246,3 +246,17 @@ def test_allowed_origins_may_write(tmp_path):
         r = httpx.post(url + "/v1/audio/speech", headers={"Origin": "https://evil.example"}, timeout=120,
                        json={"input": "Hi.", "response_format": "pcm"})
         assert r.status_code == 403
+
+
+# ---- item 10: settings that would break or lock the server are start-up errors ------------------------------
+@pytest.mark.parametrize("env,words", [
+    ({"TTS_MAX_REFERENCE_SECONDS": "inf"}, "TTS_MAX_REFERENCE_SECONDS: inf is not a finite number (give seconds, "
+                                           "e.g. 30)"),
+    ({"TTS_READ_TIMEOUT": "inf"}, "TTS_READ_TIMEOUT: inf is not a finite number (give seconds, e.g. 30)"),
+    ({"TTS_API_KEY": "sécret"}, "TTS_API_KEY: contains 'é': use printable ASCII characters only"),
+])
+def test_settings_that_break_the_server_are_one_line_start_up_errors(env, words):
+    proc = subprocess.run([sys.executable, "-m", "handlers", "http"], cwd=ROOT, capture_output=True, text=True,
+                          env={**os.environ, "TTS_MODEL_DIR": str(MODEL_DIR), "TTS_DEVICE": "cpu", **env}, timeout=60)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert proc.stderr.strip() == f"handlers http: {words}"
