@@ -12,6 +12,7 @@ to `read` as `defaults`, below the environment.
 from __future__ import annotations
 
 import logging
+import math
 import os
 import re
 from collections.abc import Callable, Mapping
@@ -56,7 +57,21 @@ def integer_of(*allowed: int) -> Kind:
 
 
 def positive_number() -> Kind:
-    return Kind(float, "a number", lambda value: None if value > 0 else "must be > 0")
+    """A finite number > 0: `inf` would read as "no limit" and break what the limit sizes (a reference's sample
+    count, a timeout's deadline); `nan` compares false with everything."""
+    def check(value) -> str | None:
+        if not math.isfinite(value):
+            return f"{value} is not a finite number (give seconds, e.g. 30)"
+        return None if value > 0 else "must be > 0"
+
+    return Kind(float, "a number", check)
+
+
+def _api_key(value) -> str | None:
+    """Printable ASCII only: HTTP headers carry bytes, and clients encode other characters differently (Latin-1
+    or UTF-8), so a key with them would match for some clients and lock the others out of every route."""
+    bad = next((c for c in value if not (c.isascii() and c.isprintable())), None)
+    return None if bad is None else f"contains {bad!r}: use printable ASCII characters only"
 
 
 # the memory presets' names (engine/presets.py NAMES; a test keeps the two lists equal)
@@ -374,6 +389,7 @@ class ServerConfig:
     cors_origins: tuple[str, ...] = ()  # () = no CORS headers: browsers keep other origins out
     download_ttl: int = 3600  # seconds a finished file behind a download link is kept
     download_max_bytes: int = 512 << 20  # all kept download files together; the oldest go first
+    download_max_files: int = 10_000  # kept download files (and those being written) at most; the oldest go first
     drain_seconds: int = 30
     read_timeout: float = 30.0
     trace_chunks: bool = False  # per-chunk stage timings and per-thread CPU in /metrics (serving/chunk_trace.py)
@@ -450,7 +466,7 @@ ENCODER_PROCESSES = Var(
 SERVER_VARS = (
     Var("TTS_HOST", "host", TEXT, "address the HTTP server binds (default 0.0.0.0)"),
     Var("TTS_PORT", "port", PORT, "port of the HTTP server (default 8080)"),
-    Var("TTS_API_KEY", "api_key", TEXT,
+    Var("TTS_API_KEY", "api_key", Kind(str, "printable ASCII text", _api_key),
         "if set, every API route needs `Authorization: Bearer <key>` (health, ready, metrics and / do not); "
         "whitespace only is a start-up error", secret=True),
     DATA_DIR,
@@ -462,7 +478,11 @@ SERVER_VARS = (
         "origins a browser app may call the API from: * or a comma-separated list (default: none)"),
     Var("TTS_DOWNLOAD_TTL", "download_ttl", integer(1), "seconds a file behind a download link is kept (default 3600)"),
     Var("TTS_DOWNLOAD_MAX_BYTES", "download_max_bytes", integer(0),
-        "total size of the files kept for download links; the oldest go first (default 512 MB; 0: no links)"),
+        "total size of the files kept for download links, those being written included; the oldest go first "
+        "(default 512 MB; 0: no links)"),
+    Var("TTS_DOWNLOAD_MAX_FILES", "download_max_files", integer(1),
+        "number of files kept for download links, those being written included; the oldest go first "
+        "(default 10000)"),
     DRAIN_SECONDS,
     Var("TTS_READ_TIMEOUT", "read_timeout", positive_number(),
         "seconds a client may pause while sending its request body before it gets 408 (default 30)"),

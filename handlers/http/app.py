@@ -14,7 +14,7 @@ from starlette.concurrency import run_in_threadpool
 
 from ttsengine import EngineConfig, Fleet, ServerConfig
 from ttsengine.serving import chunk_trace
-from ttsengine.serving.api_key import ApiKey
+from ttsengine.serving.api_key import ApiKey, CrossSite
 from ttsengine.serving.audio_store import AudioStore
 from ttsengine.serving.body_limit import BodyLimit
 from ttsengine.serving.delivery import close_encoders, start_encoders
@@ -49,10 +49,14 @@ def create_app(server: ServerConfig, engine_config: EngineConfig,
                   description="Fish-Speech / OpenAudio S1-mini text to speech.")
     chunk_trace.enable(server.trace_chunks)  # before the metrics: they add the trace series only when on
     app.state.service, app.state.server, app.state.metrics = service, server, HttpMetrics(service)
-    app.state.downloads = AudioStore(server.data_dir / "downloads", server.download_ttl, server.download_max_bytes)
+    app.state.downloads = AudioStore(server.data_dir / "downloads", server.download_ttl, server.download_max_bytes,
+                                     server.download_max_files)
     # innermost first: the key is checked before anything reads the body; the metrics see every answer, the
     # 401s and the body limit's 413/408 included
     app.add_middleware(ApiKey, key=server.api_key, reply=lambda m: error_body(m, "authentication_error", 401))
+    if not server.api_key:  # a key needs a preflight to send cross-site; without one, other sites' forms would work
+        app.add_middleware(CrossSite, allowed=server.cors_origins,
+                           reply=lambda m: error_body(m, "permission_error", 403))
     app.add_middleware(BodyLimit, limit=server.max_body_bytes, read_timeout=server.read_timeout,
                        reply=lambda e: error_body(str(e), body_error_kind(e.status), e.status))
     app.add_middleware(Instrument, metrics=app.state.metrics)

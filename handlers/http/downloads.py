@@ -9,6 +9,7 @@ answers 404 until the stream has ended whole (a stream that fails or is abandone
 from __future__ import annotations
 
 import asyncio
+import os
 from collections.abc import AsyncIterator
 
 from fastapi import APIRouter, Request
@@ -30,10 +31,10 @@ def link_headers(name: str) -> dict:
 
 def keep_stream(downloads: AudioStore, fmt: str, chunks: AsyncIterator[bytes], headers: dict) -> AsyncIterator[bytes]:
     """Passes `chunks` on while writing them to a new kept file; adds its link to `headers` (sent first)."""
-    if downloads.max_bytes == 0:
+    pending = downloads.start(fmt) if downloads.enabled else None
+    if pending is None:
         headers.update(UNAVAILABLE)
         return chunks
-    pending = downloads.start(fmt)
     headers.update(link_headers(pending.name))
 
     async def tee() -> AsyncIterator[bytes]:
@@ -54,25 +55,36 @@ def keep_stream(downloads: AudioStore, fmt: str, chunks: AsyncIterator[bytes], h
 
 async def keep_whole(downloads: AudioStore, fmt: str, data: bytes) -> dict:
     """Keeps a finished file; -> the headers that link it (or say it could not be kept: over the size bound)."""
-    if downloads.max_bytes == 0 or len(data) > downloads.max_bytes:
+    if not downloads.enabled or len(data) > downloads.max_bytes:
         return UNAVAILABLE
 
-    def write() -> str:
+    def write() -> str | None:
         pending = downloads.start(fmt)
+        if pending is None:
+            return None
         pending.write(data)
         pending.finish()
-        return pending.name
+        return pending.name if pending.kept else None
 
-    return link_headers(await run_in_threadpool(write))
+    name = await run_in_threadpool(write)
+    return UNAVAILABLE if name is None else link_headers(name)
 
 
 @router.get("/v1/download/{name}", tags=["speech"], responses={200: {"content": {"audio/mpeg": {}}}})
 async def download(name: str, request: Request):
     """A file kept by `return_download_link`; open (the random name is the credential), for TTS_DOWNLOAD_TTL s."""
-    path = await run_in_threadpool(request.app.state.downloads.path, name)
-    if path is None:
-        raise ApiError(404, f"no download {name[:80]!r}: unknown, expired (links last TTS_DOWNLOAD_TTL seconds) "
-                            "or not finished yet")
+    downloads = request.app.state.downloads
+    path = downloads.path(name)  # the store's index: no disk access, no thread
+    stat = None
+    if path is not None:
+        try:
+            stat = await run_in_threadpool(os.stat, path)
+        except FileNotFoundError:  # deleted behind the server's back
+            downloads.forget(name)
+    if stat is None:
+        why = downloads.why_missing(name) or ("unknown, expired (links last TTS_DOWNLOAD_TTL seconds) or not "
+                                              "finished yet")
+        raise ApiError(404, f"no download {name[:80]!r}: {why}")
     fmt = path.suffix[1:]
-    return FileResponse(path, media_type=CONTENT_TYPES[fmt], filename=f"speech.{fmt}",
+    return FileResponse(path, media_type=CONTENT_TYPES[fmt], filename=f"speech.{fmt}", stat_result=stat,
                         headers={"Cache-Control": "no-store"})

@@ -7,15 +7,19 @@ import logging
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException
+from starlette.requests import ClientDisconnect
 
 from ttsengine import TTSError
-from ttsengine.serving.api_key import ApiKey
+from ttsengine.serving.api_key import SAFE_METHODS, ApiKey
 from ttsengine.serving.failure import Failure, failure
 
 log = logging.getLogger("handlers.http")
 TYPES = {"input": "invalid_request_error", "busy": "server_busy", "server": "server_error"}
+# nginx's "client closed request": the client hung up before its body was read whole. Nobody receives it; the
+# metrics count it (code="499"), apart from the server's errors, and the log says so in one line.
+CLIENT_CLOSED = 499
 
 
 class ApiError(HTTPException):
@@ -34,7 +38,16 @@ def failure_response(f: Failure) -> JSONResponse:
     return JSONResponse(error_body(f.message, kind, f.status), status_code=f.status, headers=headers)
 
 
+def client_closed(request: Request) -> Response:
+    log.info("%s %s: the client closed the connection before its body was read", request.method, request.url.path)
+    return Response(status_code=CLIENT_CLOSED)
+
+
 def add_error_handlers(app: FastAPI) -> None:
+    @app.exception_handler(ClientDisconnect)
+    async def _client_gone(request: Request, e: ClientDisconnect):
+        return client_closed(request)
+
     @app.exception_handler(TTSError)
     async def _tts_error(request: Request, e: TTSError):
         f = failure(e)
@@ -54,6 +67,8 @@ def add_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(HTTPException)
     async def _http(request: Request, e: HTTPException):
+        if isinstance(e.__cause__, ClientDisconnect):  # FastAPI's form parsing: "error parsing the body" (400)
+            return client_closed(request)
         kind = getattr(e, "kind", "invalid_request_error" if e.status_code < 500 else "server_error")
         return JSONResponse(error_body(str(e.detail), kind, e.status_code), status_code=e.status_code,
                             headers=getattr(e, "headers", None))
@@ -68,12 +83,14 @@ def add_error_handlers(app: FastAPI) -> None:
 ERROR_SCHEMA = {"type": "object", "required": ["error"], "properties": {"error": {
     "type": "object", "required": ["message", "type", "code"], "properties": {
         "message": {"type": "string", "description": "one line that says what is wrong and where"},
-        "type": {"type": "string", "description": "invalid_request_error | authentication_error | too_large | "
-                                                  "server_busy | server_error"},
+        "type": {"type": "string", "description": "invalid_request_error | authentication_error | "
+                                                  "permission_error | too_large | server_busy | server_error"},
         "code": {"type": "integer", "description": "the HTTP status"}}}}}
 MEANING = {
     400: "invalid request: the message names the field and why",
     401: "missing or wrong API key (Authorization: Bearer KEY, or X-API-Key: KEY)",
+    403: "a browser request from another site (Origin not this server's nor in TTS_CORS_ORIGINS) while no API "
+         "key is set",
     404: "not found",
     500: "failed: no engine can serve (health)",
     408: "the request body stalled for TTS_READ_TIMEOUT seconds",
@@ -116,6 +133,8 @@ def document_errors(schema: dict, keyed: bool = False) -> None:
                 codes.add(404)
             if keyed and not ApiKey.is_open({"path": path, "method": method.upper()}):
                 codes.add(401)
+            if not keyed and method.upper() not in SAFE_METHODS:
+                codes.add(403)
             for code in sorted(codes):
                 responses.setdefault(str(code), {"description": MEANING[code], "content": {
                     "application/json": {"schema": {"$ref": "#/components/schemas/Error"}}}})

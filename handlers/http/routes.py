@@ -250,6 +250,6 @@ async def replace_reference(request: Request, svc: Service, server: ServerConfig
     data = await audio.read(server.max_upload_bytes + 1)
     if len(data) > server.max_upload_bytes:
         raise ApiError(413, f"audio over {server.max_upload_bytes} bytes", "too_large")
-    voice = await run_in_threadpool(voices.add, voice_id, data, text, audio.filename or "audio.wav", True)
+    voice = await run_in_threadpool(voices.replace, voice_id, data, text, audio.filename or "audio.wav")
     return {"success": True, "reference_id": voice.id, "seconds": round(voice.seconds, 2),
             "message": f"voice {voice.id!r} replaced"}

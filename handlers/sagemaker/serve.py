@@ -19,6 +19,7 @@ import sys
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.concurrency import run_in_threadpool
+from starlette.requests import ClientDisconnect
 
 from ttsengine import SageMakerConfig, ServerConfig, TTSError, audio_bytes, audio_record, from_env, output_rate
 from ttsengine.serving.body_limit import BodyLimit
@@ -122,6 +123,9 @@ def create_app(server: ServerConfig, service: Service) -> FastAPI:
                                                          request.headers.get("accept"))
             return Response(data, media_type=content_type,
                             headers={"X-Seed": str(prediction.result.seed), **ignored_header(prediction.job.ignored)})
+        except ClientDisconnect:  # gone before its body was read: not a server error, and nobody to answer
+            log.info("invocation: the client closed the connection before its body was read")
+            return Response(status_code=499)
         except Exception as e:  # noqa: BLE001 - a JSON error with a status, never a stack trace
             status = inference.http_status(e)
             known = isinstance(e, TTSError) or hasattr(e, "status_code")

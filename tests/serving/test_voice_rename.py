@@ -69,3 +69,42 @@ def test_deleting_or_replacing_a_voice_tells_who_cached_its_prompt(store):
     assert store.delete("robert") and told[-1] == ("hello bob", (4, 2))
     store.forget = lambda text, codes: 1 / 0  # a failing listener never fails the store's own work
     assert store.delete("alice") and store.ids() == []
+
+
+@pytest.mark.parametrize("meanwhile", [
+    lambda s: s.delete("alice"),
+    lambda s: s.rename("alice", "carol"),
+    lambda s: (s.delete("alice"), s.add("alice", b"zz", "a new alice")),  # another voice under the same id
+])
+def test_a_replace_loses_to_a_delete_or_rename_committed_while_it_encoded(tmp_path, meanwhile):
+    from ttsengine.serving.voices import VoiceNotFound
+
+    during = []
+
+    def encode_then(audio: bytes) -> np.ndarray:
+        if during:
+            during.pop()(store)  # another request commits while this one encodes
+        return encode(audio)
+
+    store = VoiceStore(tmp_path, encode_then, "test", 21.5)
+    store.add("alice", b"aaaa", "hello alice")
+    during.append(meanwhile)
+    with pytest.raises(VoiceNotFound, match="deleted or renamed while"):
+        store.replace("alice", b"new audio", "new words")
+    after = store.ids()
+    assert len(after) <= 1 and all(store.get(v).text != "new words" for v in after)  # never two, never revived
+
+
+def test_of_two_replaces_the_later_to_commit_wins(tmp_path):
+    during = []
+
+    def encode_then(audio: bytes) -> np.ndarray:
+        if during:
+            during.pop()(store)
+        return encode(audio)
+
+    store = VoiceStore(tmp_path, encode_then, "test", 21.5)
+    store.add("alice", b"aaaa", "hello alice")
+    during.append(lambda s: s.replace("alice", b"first", "first words"))
+    store.replace("alice", b"second!", "second words")  # started first, commits last
+    assert store.get("alice").text == "second words" and store.ids() == ["alice"]

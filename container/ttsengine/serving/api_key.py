@@ -8,6 +8,14 @@ and its assets, the API's description (/docs, /openapi.json: they hold no data a
 audio behind a download link (/v1/download/NAME: the 128-bit random name is the credential, like a presigned
 URL, so a browser's plain link works), and CORS preflights (browsers never send credentials on them). A WebSocket
 handshake (/v1/tts/live) needs the key too.
+
+With no key set, CrossSite refuses cross-site requests instead. A page on any site can make a visitor's browser
+send a multipart form or a simple POST to this server without a CORS preflight: with no key, such a form could
+replace or add a stored voice, or spend the GPU. Browsers say where a request comes from (`Origin`, and
+`Sec-Fetch-Site`); a request that changes something (any method but GET, HEAD and OPTIONS) from an origin that is
+neither this server's own nor one of TTS_CORS_ORIGINS is a 403 before its body is read. Clients that are not
+browsers send neither header and are not affected; nor is this server's own web page. Behind a proxy that
+rewrites `Host`, list the public origin in TTS_CORS_ORIGINS.
 """
 
 from __future__ import annotations
@@ -15,6 +23,7 @@ from __future__ import annotations
 import hmac
 import json
 from collections.abc import Callable
+from urllib.parse import urlsplit
 
 OPEN_PATHS = frozenset({"/", "/health", "/v1/health", "/ready", "/metrics", "/docs", "/docs/oauth2-redirect",
                         "/openapi.json", "/favicon.ico"})
@@ -63,3 +72,42 @@ class ApiKey:
     def is_open(scope) -> bool:
         path = scope.get("path", "")
         return scope.get("method") == "OPTIONS" or path in OPEN_PATHS or path.startswith(OPEN_PREFIXES)
+
+
+# ---- no key: other sites' browser requests -----------------------------------------------------------------
+SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
+
+
+def cross_site_origin(headers: dict[bytes, bytes], allowed: tuple[str, ...]) -> str | None:
+    """The foreign origin a browser says the request comes from; None when it is this server's own, allowed, or
+    no browser's (no Origin, no Sec-Fetch-Site)."""
+    origin = headers.get(b"origin", b"").decode("latin-1").strip()
+    if not origin:
+        site = headers.get(b"sec-fetch-site", b"").decode("latin-1").strip().lower()
+        return "a cross-site page" if site == "cross-site" else None
+    if "*" in allowed or origin in allowed:
+        return None
+    host = headers.get(b"host", b"").decode("latin-1").strip().lower()
+    if origin != "null" and host and urlsplit(origin).netloc.lower() == host:
+        return None
+    return origin
+
+
+class CrossSite:
+    """ASGI middleware. reply(message) -> the JSON body of the 403 in the adapter's own error layout."""
+
+    def __init__(self, app, allowed: tuple[str, ...], reply: Callable[[str], dict]):
+        self.app, self.allowed, self.reply = app, tuple(allowed), reply
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http" or scope.get("method") in SAFE_METHODS:
+            return await self.app(scope, receive, send)
+        origin = cross_site_origin(dict(scope.get("headers") or []), self.allowed)
+        if origin is None:
+            return await self.app(scope, receive, send)
+        data = json.dumps(self.reply(
+            f"cross-site request refused: {origin[:100]!r} is not an allowed origin (no API key is set, so only "
+            "this server's own pages and the origins in TTS_CORS_ORIGINS may send it)")).encode()
+        await send({"type": "http.response.start", "status": 403,
+                    "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(data)).encode())]})
+        await send({"type": "http.response.body", "body": data})

@@ -9,6 +9,7 @@ stored audio when the model changes.
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 import re
@@ -47,6 +48,12 @@ class VoiceExists(InputError):
     status = 409
 
 
+class VoiceNotFound(InputError):
+    """No stored voice of that id (HTTP 404): never added, or deleted or renamed while a replace encoded."""
+
+    status = 404
+
+
 def check_id(voice_id: object) -> str:
     if not isinstance(voice_id, str):
         raise InputError(f"a voice id is a string, not {type(voice_id).__name__}")
@@ -68,6 +75,16 @@ class VoiceStore:
         self.encode, self.codec_tag, self.frame_rate = encode, codec_tag, frame_rate
         self.forget = forget
         self._lock = threading.Lock()
+        # which voice an id names: a new number whenever a voice comes to the id (add, rename to it) or leaves it
+        # (delete, rename away), not when its audio is replaced. A replace encodes outside the lock and commits
+        # only if the id still names the voice it started with, so it never brings back a deleted voice or
+        # leaves a renamed one behind twice; of two replaces, the later to commit wins.
+        self._generation: dict[str, int] = {}
+        self._numbers = itertools.count(1)
+
+    def _new_generation(self, *voice_ids: str) -> None:
+        for voice_id in voice_ids:
+            self._generation[voice_id] = next(self._numbers)
 
     def _dir(self, voice_id: str) -> Path:
         path = (self.root / check_id(voice_id)).resolve()
@@ -76,7 +93,37 @@ class VoiceStore:
         return path
 
     def add(self, voice_id: str, audio: bytes, text: str, filename: str = "audio.wav", replace: bool = False) -> Voice:
+        """A new voice (VoiceExists when the id is taken); replace=True: see replace()."""
+        if replace:
+            return self.replace(voice_id, audio, text, filename)
         target = self._dir(voice_id)
+        ext, codes = self._checked(audio, text, filename)  # the encode, outside the lock
+        with self._lock:
+            if target.exists():
+                raise VoiceExists(f"voice {voice_id!r} already exists (delete it first)")
+            self._write(target, audio, text, ext, codes)
+            self._new_generation(voice_id)
+        return Voice(voice_id, text, codes, codes.shape[1] / self.frame_rate)
+
+    def replace(self, voice_id: str, audio: bytes, text: str, filename: str = "audio.wav") -> Voice:
+        """New audio and transcript for a stored voice; VoiceNotFound when there is none, or when it was deleted
+        or renamed while the new audio was encoded."""
+        target = self._dir(voice_id)
+        with self._lock:
+            if not (target / "text.txt").is_file():
+                raise VoiceNotFound(f"voice {voice_id!r} not found (add it with /v1/references/add)")
+            generation = self._generation.setdefault(voice_id, next(self._numbers))
+        ext, codes = self._checked(audio, text, filename)
+        with self._lock:
+            if self._generation.get(voice_id) != generation or not (target / "text.txt").is_file():
+                raise VoiceNotFound(f"voice {voice_id!r} was deleted or renamed while its new audio was encoded")
+            old = self._stored(target)
+            self._write(target, audio, text, ext, codes)
+        self._forget(old)
+        return Voice(voice_id, text, codes, codes.shape[1] / self.frame_rate)
+
+    def _checked(self, audio: bytes, text: str, filename: str) -> tuple[str, np.ndarray]:
+        """(the audio's file extension, its codes [n, F]); InputError for a bad transcript or unreadable audio."""
         if not isinstance(text, str):
             raise InputError("text must be a string")
         if len(text) > MAX_TRANSCRIPT_CHARS:  # before the encode: a voice no request could use is not stored
@@ -84,21 +131,18 @@ class VoiceStore:
                              f"{MAX_TRANSCRIPT_CHARS} (a 60 s clip's is about 1,000)")
         ext = Path(filename or "").suffix.lstrip(".").lower()
         ext = ext if ext in AUDIO_EXTENSIONS else "bin"
-        codes = np.asarray(self.encode(audio), dtype=np.int64)  # validates the audio before anything is written
-        with self._lock:
-            if target.exists() and not replace:
-                raise VoiceExists(f"voice {voice_id!r} already exists (delete it first)")
-            tmp = Path(tempfile.mkdtemp(prefix=".tmp-", dir=self.root))
-            (tmp / f"audio.{ext}").write_bytes(audio)
-            (tmp / "text.txt").write_text(text, encoding="utf-8")
-            np.save(tmp / "codes.npy", codes)
-            (tmp / "meta.json").write_text(json.dumps({"codec": self.codec_tag, "frames": int(codes.shape[1])}))
-            old = self._stored(target) if target.exists() else None
-            if target.exists():
-                shutil.rmtree(target)
-            tmp.rename(target)
-        self._forget(old)
-        return Voice(voice_id, text, codes, codes.shape[1] / self.frame_rate)
+        return ext, np.asarray(self.encode(audio), dtype=np.int64)  # validates the audio before anything is written
+
+    def _write(self, target: Path, audio: bytes, text: str, ext: str, codes: np.ndarray) -> None:
+        """Under the lock: the voice's files written aside, then renamed into place (over the old ones)."""
+        tmp = Path(tempfile.mkdtemp(prefix=".tmp-", dir=self.root))
+        (tmp / f"audio.{ext}").write_bytes(audio)
+        (tmp / "text.txt").write_text(text, encoding="utf-8")
+        np.save(tmp / "codes.npy", codes)
+        (tmp / "meta.json").write_text(json.dumps({"codec": self.codec_tag, "frames": int(codes.shape[1])}))
+        if target.exists():
+            shutil.rmtree(target)
+        tmp.rename(target)
 
     def _stored(self, path: Path) -> tuple[str, np.ndarray] | None:
         """The transcript and codes a voice's prompt prefix was made of (None: unreadable, nothing to drop)."""
@@ -151,6 +195,7 @@ class VoiceStore:
             if target.exists():
                 raise VoiceExists(f"voice {new_id!r} already exists (delete it first)")
             source.rename(target)
+            self._new_generation(old_id, new_id)
             return True
 
     def delete(self, voice_id: str) -> bool:
@@ -160,6 +205,7 @@ class VoiceStore:
                 return False
             old = self._stored(path)
             shutil.rmtree(path)
+            self._new_generation(voice_id)
         self._forget(old)
         return True
 
