@@ -1,10 +1,13 @@
-"""`python -m infra.runpod.deploy [--spec infra/runpod/endpoint.json] [--image IMAGE] [--volume ID] [--env K=V]`
+"""`python -m infra.runpod.deploy [--spec FILE] [--image IMAGE] [--volume ID] [--env K=V] [--dry-run]`
 
 Creates or updates a RunPod serverless endpoint with the runpod SDK's API functions (RUNPOD_API_KEY).
 Idempotent: the template's name carries a hash of image, start command, disk and env, so an unchanged spec
 reuses the template; a changed one gets a new template and the endpoint is switched to it
 (update_endpoint_template); scaling settings that differ are saved on the existing endpoint.
-With a network volume (--volume), the worker keeps the model and the kernel cache on it.
+The spec is checked before any call: request-count scaling must not count a worker for more jobs than the
+smallest GPU pool's worker takes (infra/runpod/pools.py), and a template that keeps its files on
+/runpod-volume needs a network volume (--volume). --dry-run prints the template and endpoint it would save
+and calls nothing (no key needed). Every field: docs/deploy-runpod.md.
 """
 
 from __future__ import annotations
@@ -16,9 +19,13 @@ import os
 import sys
 from pathlib import Path
 
+from .pools import POOL_STREAMS, worker_streams
+
 SPEC = Path(__file__).with_name("endpoint.json")
 SCALING = ("gpuIds", "gpuCount", "networkVolumeId", "workersMin", "workersMax", "idleTimeout", "scalerType",
            "scalerValue")
+VOLUME = "/runpod-volume"  # where RunPod mounts an endpoint's network volume
+SCALERS = ("QUEUE_DELAY", "REQUEST_COUNT")
 
 
 class DeployError(Exception):
@@ -45,7 +52,49 @@ def load_spec(path: Path, image: str | None, volume: str | None, env: list[str])
         spec["template"]["env"][key] = value
     if "YOUR_ORG" in spec["template"]["image"]:
         raise DeployError("set the image: --image REGISTRY/fish-tts-server:TAG (or edit endpoint.json)")
+    check(spec)
     return spec
+
+
+def check(spec: dict) -> None:
+    """The settings RunPod would accept but that would scale or store wrongly."""
+    t, e = spec["template"], spec["endpoint"]
+    if e["scalerType"] not in SCALERS:
+        raise DeployError(f"scalerType {e['scalerType']!r}: one of {', '.join(SCALERS)}")
+    unknown = [p for p in e["gpuIds"].split(",") if p.strip() not in POOL_STREAMS]
+    if unknown:
+        raise DeployError(f"gpuIds: unknown pool {', '.join(unknown)} (known: {', '.join(POOL_STREAMS)})")
+    if e["scalerType"] == "REQUEST_COUNT":
+        try:
+            streams = worker_streams(e["gpuIds"], t["env"])
+        except ValueError as err:
+            raise DeployError(f"env: {err}") from None
+        if not 1 <= e["scalerValue"] <= streams:
+            raise DeployError(f"scalerValue {e['scalerValue']}: REQUEST_COUNT counts one worker per scalerValue "
+                              f"jobs, and the smallest worker on {e['gpuIds']} takes {streams} at once: use 1 to "
+                              f"{streams}")
+    if not e["networkVolumeId"] and any(str(v).startswith(VOLUME) for v in t["env"].values()):
+        raise DeployError(f"the template keeps the model, kernel cache and voices on {VOLUME}: pass --volume ID "
+                          "(a network volume in the data center of the GPUs)")
+
+
+def endpoint_fields(e: dict, template_id: str) -> dict:
+    """The saveEndpoint input for an existing endpoint (the fields create_endpoint sends, by their API names)."""
+    fields = {"name": e["name"], "templateId": template_id, **{k: e[k] for k in SCALING}}
+    if e.get("allowedCudaVersions"):
+        fields["allowedCudaVersions"] = e["allowedCudaVersions"]
+    if e.get("flashboot"):
+        fields["flashBootType"] = "FLASHBOOT"
+    return fields
+
+
+def plan(spec: dict) -> dict:
+    """What deploy() would save, without calling RunPod (--dry-run)."""
+    t = spec["template"]
+    template = {"name": template_name(t), "imageName": t["image"], "dockerArgs": t.get("dockerArgs", ""),
+                "containerDiskInGb": t["containerDiskInGb"], "env": t["env"], "isServerless": True}
+    return {"template": template, "endpoint": endpoint_fields(spec["endpoint"], "(the template's id)"),
+            "worker_streams": worker_streams(spec["endpoint"]["gpuIds"], t["env"])}
 
 
 def template_name(t: dict) -> str:
@@ -56,6 +105,12 @@ def template_name(t: dict) -> str:
 
 def _gql_str(value) -> str:
     return json.dumps(str(value))  # a GraphQL string literal
+
+
+def _gql_value(key: str, value) -> str:
+    if key == "flashBootType":
+        return str(value)  # an enum: unquoted
+    return _gql_str(value) if isinstance(value, str) else str(value)
 
 
 def deploy(spec: dict) -> dict:
@@ -88,10 +143,10 @@ def deploy(spec: dict) -> dict:
     changed = {k: e[k] for k in SCALING if endpoint.get(k) != e[k] and not (k == "networkVolumeId"
                                                                              and not endpoint.get(k) and not e[k])}
     if changed:
-        fields = [f"id: {_gql_str(endpoint['id'])}", f"name: {_gql_str(e['name'])}",
-                  f"templateId: {_gql_str(template['id'])}"]
-        fields += [f"{k}: {_gql_str(v) if isinstance(v, str) else v}" for k, v in
-                   ((k, e[k]) for k in SCALING)]
+        # every setting goes with the save, FlashBoot and the CUDA versions too (the endpoint list the changes
+        # are read from does not return those two)
+        fields = [f"id: {_gql_str(endpoint['id'])}"]
+        fields += [f"{k}: {_gql_value(k, v)}" for k, v in endpoint_fields(e, template["id"]).items()]
         run_graphql_query("mutation { saveEndpoint(input: {" + ", ".join(fields) + "}) { id } }")
         actions.append("settings: " + ", ".join(f"{k}={v}" for k, v in changed.items()))
     print(f"deploy: endpoint {e['name']} ({endpoint['id']}): {'; '.join(actions) or 'up to date'}")
@@ -105,7 +160,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--image")
     ap.add_argument("--volume", help="network volume id (model + kernel cache live on it)")
     ap.add_argument("--env", action="append", default=[], metavar="KEY=VALUE")
+    ap.add_argument("--dry-run", action="store_true", help="print what would be saved; call nothing")
     args = ap.parse_args(argv)
+    if args.dry_run:
+        try:
+            print(json.dumps(plan(load_spec(args.spec, args.image, args.volume, args.env)), indent=2))
+        except DeployError as e:
+            print(f"deploy: {e}", file=sys.stderr)
+            return 1
+        return 0
     if not os.environ.get("RUNPOD_API_KEY"):
         print("deploy: set RUNPOD_API_KEY (https://www.runpod.io/console/user/settings)", file=sys.stderr)
         return 1

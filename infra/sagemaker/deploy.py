@@ -4,8 +4,10 @@ endpoint's life, with boto3.
 deploy  packages model.tar.gz (weights, optional kernel-cache blob, optional script-mode code/) or takes
         --model-data s3://..., uploads it, creates a model and a new endpoint config, then creates the
         endpoint or updates it in place to the new config (SageMaker swaps instances without downtime),
-        waits with a progress line, and (with --max-instances) registers target-tracking autoscaling on
-        invocations per instance. --async-output makes it an asynchronous-inference endpoint.
+        waits with a progress line, and (with --max-instances) registers target-tracking autoscaling on the
+        high-resolution concurrent requests per model (one model per instance), at TARGET_SHARE of the
+        instance's streams unless --target-concurrency says. --async-output makes it an asynchronous-inference
+        endpoint.
 delete  the endpoint, its configs and models (by the name prefix this tool gives them), the autoscaling.
 Idempotent: running deploy again with the same inputs reuses the uploaded archive and updates in place.
 """
@@ -39,6 +41,15 @@ INSTANCE_TYPES = {
     "ml.p4d.24xlarge": (8, "A100", 40, "a100-40gb", 128), "ml.p5.48xlarge": (8, "H100", 80, "h100", 256),
 }  # instance type -> (GPUs, GPU, GB per GPU, memory preset, streams per GPU at ~1.2x real time)
 NEEDS_GB = {"bf16": 2.53, "int8": 1.57}  # weights; plus the KV pool
+# Which presets' stream counts were measured (docs/performance.md, "Engine scheduling"); the rest are scaled.
+MEASURED_PRESETS = {"h100", "h200"}
+# Autoscaling tracks concurrent requests per instance (SageMaker's high-resolution ConcurrentRequestsPerModel:
+# one model per instance here) at this share of the instance's streams: the rest absorbs a burst while a new
+# instance starts (minutes), and past the streams requests queue instead of slowing every stream.
+TARGET_SHARE = 0.65
+CONCURRENCY_METRIC = "SageMakerVariantConcurrentRequestsPerModelHighResolution"
+SCALE_IN_COOLDOWN_S = 600  # streams last minutes and each instance drains; a removed instance costs a warm start
+SCALE_OUT_COOLDOWN_S = 60
 VARIANT = "AllTraffic"
 SCALABLE_DIMENSION = "sagemaker:variant:DesiredInstanceCount"
 
@@ -65,7 +76,7 @@ class DeploySpec:
     sns_topic: str | None = None
     min_instances: int = 1
     max_instances: int = 0  # 0: no autoscaling
-    target_invocations: float = 100.0  # per instance per minute
+    target_concurrency: float | None = None  # concurrent requests per instance; None: target_concurrency(type)
     scale_in: bool = True
     codec_cache: Path | None = None  # weights/codec-KEY.pt from the warm run that made cache_blob
 
@@ -186,20 +197,31 @@ def wait_in_service(sm, name: str, poll_s: float, timeout_s: float = 3600) -> st
         time.sleep(poll_s)
 
 
+def target_concurrency(instance_type: str) -> int:
+    """Concurrent requests per instance to track: TARGET_SHARE of its streams (GPUs x the preset's streams)."""
+    if instance_type not in INSTANCE_TYPES:
+        raise DeployError(f"{instance_type} is not in the instance table: pass --target-concurrency N "
+                          f"(about {TARGET_SHARE:.0%} of the streams it serves)")
+    gpus, _, _, _, streams = INSTANCE_TYPES[instance_type]
+    return max(1, round(gpus * streams * TARGET_SHARE))
+
+
 def autoscale(aas, spec: DeploySpec) -> None:
     resource = f"endpoint/{spec.name}/variant/{VARIANT}"
+    target = spec.target_concurrency or target_concurrency(spec.instance_type)
     aas.register_scalable_target(ServiceNamespace="sagemaker", ResourceId=resource,
                                  ScalableDimension=SCALABLE_DIMENSION, MinCapacity=spec.min_instances,
                                  MaxCapacity=spec.max_instances)
     aas.put_scaling_policy(
-        PolicyName=f"{spec.name}-invocations", ServiceNamespace="sagemaker", ResourceId=resource,
+        PolicyName=f"{spec.name}-concurrency", ServiceNamespace="sagemaker", ResourceId=resource,
         ScalableDimension=SCALABLE_DIMENSION, PolicyType="TargetTrackingScaling",
         TargetTrackingScalingPolicyConfiguration={
-            "TargetValue": spec.target_invocations,
-            "PredefinedMetricSpecification": {"PredefinedMetricType": "SageMakerVariantInvocationsPerInstance"},
-            "ScaleInCooldown": 600, "ScaleOutCooldown": 60, "DisableScaleIn": not spec.scale_in})
-    print(f"deploy: autoscaling {spec.min_instances}..{spec.max_instances} instances at "
-          f"{spec.target_invocations:g} invocations/instance/min{'' if spec.scale_in else ', scale-in disabled'}")
+            "TargetValue": float(target),
+            "PredefinedMetricSpecification": {"PredefinedMetricType": CONCURRENCY_METRIC},
+            "ScaleInCooldown": SCALE_IN_COOLDOWN_S, "ScaleOutCooldown": SCALE_OUT_COOLDOWN_S,
+            "DisableScaleIn": not spec.scale_in})
+    print(f"deploy: autoscaling {spec.min_instances}..{spec.max_instances} instances at {target:g} concurrent "
+          f"requests/instance{'' if spec.scale_in else ', scale-in disabled'}")
 
 
 def delete(name: str, region: str | None = None, session=None) -> list[str]:
@@ -248,7 +270,9 @@ def main(argv: list[str] | None = None) -> int:
     d.add_argument("--sns-topic", help="SNS topic ARN notified when async results land")
     d.add_argument("--min-instances", type=int, default=1)
     d.add_argument("--max-instances", type=int, default=0, help="> 0 enables autoscaling")
-    d.add_argument("--target-invocations", type=float, default=100.0)
+    d.add_argument("--target-concurrency", type=float,
+                   help=f"concurrent requests per instance to track (default: {TARGET_SHARE:.0%} of its streams)")
+    d.add_argument("--target-invocations", type=float, help=argparse.SUPPRESS)  # replaced: says so below
     d.add_argument("--no-scale-in", action="store_true", help="never remove instances automatically")
     d.add_argument("--no-wait", action="store_true")
     x = sub.add_parser("delete", help="delete the endpoint, its configs, models and autoscaling")
@@ -259,16 +283,23 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     try:
         if args.command == "instance-types":
-            print(f"{'instance':<18} {'GPUs':>4} {'GPU':<6} {'VRAM/GPU':>8}  {'preset':<10} {'streams':>7}  (one "
-                  f"engine per GPU; streams at ~1.2x real time; weights bf16 {NEEDS_GB['bf16']} GB, int8 "
+            print(f"{'instance':<18} {'GPUs':>4} {'GPU':<6} {'VRAM/GPU':>8}  {'preset':<10} {'streams':>7} "
+                  f"{'target':>6}  {'source':<8} (one engine per GPU; streams at ~1.2x real time; target: "
+                  f"{TARGET_SHARE:.0%} of them, concurrent requests; weights bf16 {NEEDS_GB['bf16']} GB, int8 "
                   f"{NEEDS_GB['int8']} GB)")
             for name, (gpus, gpu, gb, preset, streams) in INSTANCE_TYPES.items():
-                print(f"{name:<18} {gpus:>4} {gpu:<6} {gb:>5} GB  {preset:<10} {gpus * streams:>7}")
+                source = "measured" if preset in MEASURED_PRESETS else "preset"
+                print(f"{name:<18} {gpus:>4} {gpu:<6} {gb:>5} GB  {preset:<10} {gpus * streams:>7} "
+                      f"{target_concurrency(name):>6}  {source}")
             return 0
         if args.command == "delete":
             for item in delete(args.name, args.region) or ["nothing to delete"]:
                 print(f"delete: {item}")
             return 0
+        if args.target_invocations is not None:
+            raise DeployError("--target-invocations is gone: the endpoint scales on concurrent requests per "
+                              f"instance; --target-concurrency N (default {TARGET_SHARE:.0%} of the instance's "
+                              "streams, `instance-types` lists them)")
         env = {}
         for item in args.env:
             key, sep, value = item.partition("=")
@@ -278,7 +309,7 @@ def main(argv: list[str] | None = None) -> int:
         spec = DeploySpec(args.name, args.image, args.role, args.instance_type, args.instance_count, args.bucket,
                           args.model_dir, args.model_data, args.code, args.cache_blob, env, args.startup_timeout,
                           args.async_output, args.sns_topic, args.min_instances, args.max_instances,
-                          args.target_invocations, not args.no_scale_in, args.codec_cache)
+                          args.target_concurrency, not args.no_scale_in, args.codec_cache)
         result = deploy(spec, args.region, wait=not args.no_wait)
         print(f"deploy: {result['endpoint']} {result['status']}")
         return 0

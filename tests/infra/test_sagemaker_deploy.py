@@ -70,7 +70,7 @@ def test_deploy_creates_then_updates_in_place_and_deletes(aws, tmp_path, recorde
     _, role = aws
     session, calls = recorded
     sm = boto3.client("sagemaker")
-    first = dp.deploy(spec(tmp_path, role, max_instances=4, target_invocations=50), poll_s=0, session=session)
+    first = dp.deploy(spec(tmp_path, role, max_instances=4, target_concurrency=50), poll_s=0, session=session)
     assert first["status"] == "InService"
     model = sm.describe_model(ModelName=first["model"])
     assert model["PrimaryContainer"]["ModelDataUrl"] == first["model_data"]
@@ -83,7 +83,11 @@ def test_deploy_creates_then_updates_in_place_and_deletes(aws, tmp_path, recorde
     assert (target["ResourceId"], target["MinCapacity"], target["MaxCapacity"]) == \
         ("endpoint/tts-e/variant/AllTraffic", 1, 4)
     (policy,) = aas.describe_scaling_policies(ServiceNamespace="sagemaker")["ScalingPolicies"]
-    assert policy["TargetTrackingScalingPolicyConfiguration"]["TargetValue"] == 50
+    tracking = policy["TargetTrackingScalingPolicyConfiguration"]
+    assert tracking["TargetValue"] == 50
+    assert tracking["PredefinedMetricSpecification"]["PredefinedMetricType"] == dp.CONCURRENCY_METRIC == \
+        "SageMakerVariantConcurrentRequestsPerModelHighResolution"
+    assert tracking["ScaleInCooldown"] == dp.SCALE_IN_COOLDOWN_S >= 300 and tracking["DisableScaleIn"] is False
 
     import time
     time.sleep(1.1)  # a new timestamped config name
@@ -119,6 +123,9 @@ def test_cli_errors_are_one_line(aws, tmp_path):
     proc = run_cli("infra.sagemaker.deploy", "deploy", "--name", "x", "--image", "i", "--role", role,
                    "--model-dir", str(tmp_path), "--bucket", "tts-models", env=env)
     assert proc.returncode == 1 and "missing config.json" in proc.stderr and "Traceback" not in proc.stderr
+    proc = run_cli("infra.sagemaker.deploy", "deploy", "--name", "x", "--image", "i", "--role", role,
+                   "--model-data", "s3://b/m.tar.gz", "--target-invocations", "100", env=env)
+    assert proc.returncode == 1 and "--target-concurrency" in proc.stderr and proc.stderr.count("\n") == 1
     noregion = {k: v for k, v in env.items()}
     noregion["AWS_DEFAULT_REGION"] = ""
     proc = run_cli("infra.sagemaker.deploy", "delete", "--name", "x", env=noregion)
@@ -150,7 +157,11 @@ def test_template_and_tool_create_the_same_resources():
     assert t["Parameters"]["StartupTimeoutSeconds"]["Default"] == dp.DeploySpec.startup_timeout_s
     assert set(t["Parameters"]["InstanceType"]["AllowedValues"]) == set(dp.INSTANCE_TYPES)
     policy = t["Resources"]["ScalingPolicy"]["Properties"]["TargetTrackingScalingPolicyConfiguration"]
-    assert policy["PredefinedMetricSpecification"]["PredefinedMetricType"] == "SageMakerVariantInvocationsPerInstance"
+    assert policy["PredefinedMetricSpecification"]["PredefinedMetricType"] == dp.CONCURRENCY_METRIC
+    assert policy["ScaleInCooldown"] == dp.SCALE_IN_COOLDOWN_S and policy["ScaleOutCooldown"] == dp.SCALE_OUT_COOLDOWN_S
+    # the template's per-type targets are the tool's
+    assert {k: v["Target"] for k, v in t["Mappings"]["StreamTargets"].items()} == \
+        {name: dp.target_concurrency(name) for name in dp.INSTANCE_TYPES}
     assert t["Resources"]["ScalableTarget"]["Properties"]["ScalableDimension"] == dp.SCALABLE_DIMENSION
 
 
@@ -181,5 +192,10 @@ def test_the_instance_table_follows_the_memory_presets():
         assert by_name(preset).max_batch == streams and gpus >= 1, name
     out = subprocess.run([sys.executable, "-m", "infra.sagemaker.deploy", "instance-types"], cwd=ROOT,
                          capture_output=True, text=True, check=True).stdout
-    assert "ml.g5.12xlarge        4 A10G      24 GB  a10g           256" in out
-    assert "ml.p5.48xlarge        8 H100      80 GB  h100          2048" in out
+    assert "ml.g5.12xlarge        4 A10G      24 GB  a10g           256    166  preset" in out
+    assert "ml.p5.48xlarge        8 H100      80 GB  h100          2048   1331  measured" in out
+    # the target: 60-70% of the streams an instance serves
+    for name, (gpus, *_, streams) in dp.INSTANCE_TYPES.items():
+        assert 0.6 <= dp.target_concurrency(name) / (gpus * streams) <= 0.7, name
+    with pytest.raises(dp.DeployError, match="--target-concurrency"):
+        dp.target_concurrency("ml.x1.unknown")
