@@ -555,8 +555,8 @@ class DownloadConfig:
 DOWNLOAD_VARS = (
     Var("HF_TOKEN", "hf_token", TEXT, "Hugging Face token for `ttsengine download --hf` (the S1-mini repo is gated)"),
     Var("TTS_MODEL_SOURCE", "model_source", TEXT,
-        "where `runpod` (and the compose model service) fetch the model when TTS_MODEL_DIR is empty: "
-        "hf://fishaudio/openaudio-s1-mini, s3://bucket/prefix or a directory"),
+        "where `runpod` (and the compose model service) fetch the model when TTS_MODEL_DIR is empty or holds "
+        "another source's: hf://fishaudio/openaudio-s1-mini, s3://bucket/prefix, a directory or `tiny`"),
 )
 
 TABLES = (ENGINE_VARS, SERVER_VARS, SAGEMAKER_VARS, RUNPOD_VARS, DOWNLOAD_VARS)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import shutil
 import tarfile
 
 import pytest
@@ -99,7 +100,10 @@ def test_ensure_model_fetches_once_and_keeps_it(s3_env, tmp_path, monkeypatch):
     verify_model_dir(target)
     assert not (tmp_path / "vol" / "models" / "s1.partial").exists()
     stamp = (target / "model.pth").stat().st_mtime_ns
-    assert ensure_model(target, "s3://models/no-such-prefix") == target  # complete: not fetched again
+    assert ensure_model(target, "s3://models/s1/tiny") == target  # complete, from this source: not fetched again
+    assert (target / "model.pth").stat().st_mtime_ns == stamp
+    with pytest.raises(DownloadError, match="no objects"):  # another source is fetched (and this one fails)
+        ensure_model(target, "s3://models/no-such-prefix")
     assert (target / "model.pth").stat().st_mtime_ns == stamp
 
     local = ensure_model(tmp_path / "copy", str(complete_model(tmp_path / "src")))
@@ -118,7 +122,103 @@ def test_download_cli_if_missing_uses_the_source_once(tmp_path):
     dest = tmp_path / "vol" / "current"
     proc = run_cli("ttsengine", "download", "--to", str(dest), "--if-missing", env={"TTS_MODEL_SOURCE": str(src)})
     assert proc.returncode == 0 and "model ready" in proc.stdout, proc.stderr
-    again = run_cli("ttsengine", "download", "--to", str(dest), "--if-missing", "--source", str(tmp_path / "gone"))
-    assert again.returncode == 0  # complete already: the (missing) source is not touched
+    shutil.rmtree(src)
+    again = run_cli("ttsengine", "download", "--to", str(dest), "--if-missing", env={"TTS_MODEL_SOURCE": str(src)})
+    assert again.returncode == 0, again.stderr  # complete from this source already: the source is not read again
+    gone = run_cli("ttsengine", "download", "--to", str(dest), "--if-missing", "--source", str(tmp_path / "gone"))
+    assert gone.returncode == 2 and "Traceback" not in gone.stderr and "not hf://" in gone.stderr
+    verify_model_dir(dest)  # the failed switch left the model in place
     bad = run_cli("ttsengine", "download", "--to", str(tmp_path / "x"), "--if-missing", env={"TTS_MODEL_SOURCE": ""})
     assert bad.returncode != 0 and "missing: config.json" in bad.stderr and "Traceback" not in bad.stderr
+
+
+# ---- provenance: which source filled a model dir (issue 47) -----------------------------------------------------
+def _marked_model(dest, marker):
+    complete_model(dest)
+    (dest / "marker.txt").write_text(marker)
+    return dest
+
+
+def test_changed_source_is_fetched_fresh_and_switched(tmp_path, caplog):
+    from ttsengine.serving.download import PROVENANCE, ensure_model, read_provenance
+
+    a, b = _marked_model(tmp_path / "a", "A"), _marked_model(tmp_path / "b", "B")
+    current = tmp_path / "vol" / "current"
+    ensure_model(current, str(a))
+    assert current.is_symlink() and (current / "marker.txt").read_text() == "A"
+    assert read_provenance(current)["source"] == str(a)
+    first = current.resolve()
+    stamp = (current / "model.pth").stat().st_mtime_ns
+    ensure_model(current, str(a) + "/")  # the same source (spelt differently): kept
+    assert current.resolve() == first and (current / "model.pth").stat().st_mtime_ns == stamp
+
+    ensure_model(current, str(b))
+    assert (current / "marker.txt").read_text() == "B" and read_provenance(current)["source"] == str(b)
+    assert current.resolve() != first and not first.exists(), "the old model's directory is removed"
+    left = sorted(p.name for p in current.parent.iterdir())
+    assert left == ["current", current.resolve().name], left  # no .partial, no stale link
+    assert PROVENANCE.startswith(".")  # hidden: `ls` of a model dir shows the model's files
+
+    with pytest.raises(DownloadError, match="not hf://"):  # a failed fetch leaves the served model as it was
+        ensure_model(current, str(tmp_path / "nowhere"))
+    assert (current / "marker.txt").read_text() == "B"
+
+
+def test_a_dir_without_a_record_is_served_with_a_warning(tmp_path, caplog):
+    from ttsengine.serving.download import ensure_model, read_provenance
+
+    legacy = _marked_model(tmp_path / "vol" / "current", "old")  # filled by hand or by an older version
+    with caplog.at_level("WARNING"):
+        assert ensure_model(legacy, str(complete_model(tmp_path / "src"))) == legacy
+    assert (legacy / "marker.txt").read_text() == "old" and read_provenance(legacy) is None
+    assert "no record of its source" in caplog.text and "docker volume rm" in caplog.text
+
+
+def test_a_recorded_real_dir_is_replaced_by_a_link(tmp_path):
+    """A real directory with a record (a copied volume) and a new source: set aside, then the link replaces it."""
+    from ttsengine.serving.download import ensure_model, read_provenance
+
+    current = tmp_path / "vol" / "current"
+    ensure_model(current, str(_marked_model(tmp_path / "a", "A")))
+    real = current.resolve()
+    current.unlink()
+    real.rename(current)
+    ensure_model(current, str(_marked_model(tmp_path / "b", "B")))
+    assert current.is_symlink() and (current / "marker.txt").read_text() == "B"
+    assert read_provenance(current)["source"] == str(tmp_path / "b")
+    assert sorted(p.name for p in current.parent.iterdir()) == ["current", current.resolve().name]
+
+
+def test_tiny_source_installs_a_complete_model(tmp_path):
+    from ttsengine.serving.download import ensure_model, read_provenance
+
+    current = ensure_model(tmp_path / "current", "tiny")
+    verify_model_dir(current)
+    assert (current / "codec_config.json").is_file() and read_provenance(current)["source"] == "tiny"
+    out = tmp_path / "a.wav"
+    proc = run_cli("ttsengine", "synth", "--model", str(current), "--text", "Hi.", "--max-new-tokens", "5",
+                   "--out", str(out))
+    assert proc.returncode == 0, proc.stderr
+
+
+def test_s3_tarball_records_its_etag(s3_env, tmp_path, monkeypatch):
+    from ttsengine.serving.download import ensure_model, read_provenance
+
+    for k, v in s3_env.items():
+        monkeypatch.setenv(k, v)
+    current = ensure_model(tmp_path / "current", "s3://models/packed/model.tar.gz")
+    record = read_provenance(current)
+    etag = s3_client(s3_env).head_object(Bucket="models", Key="packed/model.tar.gz")["ETag"].strip('"')
+    assert record["source"] == "s3://models/packed/model.tar.gz" and record["etag"] == etag
+    assert not (current / ".s3-etag").exists()
+
+
+def test_download_cli_switches_when_the_source_changes(tmp_path):
+    """The issue's first-hour path: the compose model service with the tiny model, then another source."""
+    dest = tmp_path / "vol" / "current"
+    first = run_cli("ttsengine", "download", "--to", str(dest), "--if-missing", env={"TTS_MODEL_SOURCE": "tiny"})
+    assert first.returncode == 0 and "model ready" in first.stdout, first.stderr
+    other = _marked_model(tmp_path / "real", "real")
+    second = run_cli("ttsengine", "download", "--to", str(dest), "--if-missing", env={"TTS_MODEL_SOURCE": str(other)})
+    assert second.returncode == 0, second.stderr
+    assert (dest / "marker.txt").read_text() == "real"
