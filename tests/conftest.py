@@ -72,11 +72,10 @@ def s3_client(env: dict):
 
 
 def complete_model(dest: Path) -> Path:
-    """The tiny checkpoint with its codec_config.json inside, as a real model dir has it."""
+    """A copy of the tiny checkpoint, a complete model dir (its codec_config.json inside, as a real one has it)."""
     import shutil
 
     shutil.copytree(MODEL_DIR, dest)
-    shutil.copy(MODEL_DIR.parent / "codec_config.json", dest / "codec_config.json")
     return dest
 
 

@@ -363,7 +363,7 @@ def _names(text: str) -> list[str]:
 # ---- the network adapters (HTTP, SageMaker serve) ----------------------------------------------------------
 @dataclass(frozen=True)
 class ServerConfig:
-    host: str = "0.0.0.0"
+    host: str = "127.0.0.1"  # this machine only; the image sets TTS_HOST=0.0.0.0 (Dockerfile)
     port: int = 8080
     api_key: str | None = None
     data_dir: Path = Path("data")
@@ -448,7 +448,8 @@ ENCODER_PROCESSES = Var(
     "worker processes that encode mp3, opus, aac, flac (and wav/pcm with a speed change) outside the server "
     "process (default min(8, CPUs / 2); 0: threads of the server process); RunPod reads it too")
 SERVER_VARS = (
-    Var("TTS_HOST", "host", TEXT, "address the HTTP server binds (default 0.0.0.0)"),
+    Var("TTS_HOST", "host", TEXT,
+        "address the HTTP server binds (default 127.0.0.1: this machine only; 0.0.0.0 in the image)"),
     Var("TTS_PORT", "port", PORT, "port of the HTTP server (default 8080)"),
     Var("TTS_API_KEY", "api_key", TEXT,
         "if set, every API route needs `Authorization: Bearer <key>` (health, ready, metrics and / do not); "

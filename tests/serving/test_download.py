@@ -18,14 +18,12 @@ def s3_env(s3_server):
     env = s3_server
     s3 = s3_client(env)
     s3.create_bucket(Bucket="models")
-    for f in MODEL_DIR.iterdir():
+    for f in MODEL_DIR.iterdir():  # a complete model dir: its codec_config.json inside
         s3.upload_file(str(f), "models", f"s1/tiny/{f.name}")
-    s3.upload_file(str(MODEL_DIR.parent / "codec_config.json"), "models", "s1/tiny/codec_config.json")
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w:gz") as tar:
         for f in MODEL_DIR.iterdir():
             tar.add(f, arcname=f"model/{f.name}")  # one top-level folder: flattened on unpack
-        tar.add(MODEL_DIR.parent / "codec_config.json", arcname="model/codec_config.json")
     s3.put_object(Bucket="models", Key="packed/model.tar.gz", Body=buf.getvalue())
     evil = io.BytesIO()
     with tarfile.open(fileobj=evil, mode="w:gz") as tar:
@@ -42,8 +40,8 @@ def test_download_prefix_then_synthesize(s3_env, tmp_path):
     proc = run_cli("ttsengine", "download", "--to", str(dest), "--s3", "s3://models/s1/tiny", env=s3_env)
     assert proc.returncode == 0, proc.stderr
     assert "model ready in" in proc.stdout
-    expected = [p.name for p in MODEL_DIR.iterdir()] + ["codec_config.json"]
-    assert sorted(p.name for p in dest.iterdir()) == sorted(expected)
+    assert "codec_config.json" in {p.name for p in MODEL_DIR.iterdir()}
+    assert sorted(p.name for p in dest.iterdir()) == sorted(p.name for p in MODEL_DIR.iterdir())
     assert (dest / "model.pth").read_bytes() == (MODEL_DIR / "model.pth").read_bytes()
     out = tmp_path / "a.wav"
     proc = run_cli("ttsengine", "synth", "--model", str(dest), "--text", "Hi.", "--max-new-tokens", "5",
@@ -222,3 +220,16 @@ def test_download_cli_switches_when_the_source_changes(tmp_path):
     second = run_cli("ttsengine", "download", "--to", str(dest), "--if-missing", env={"TTS_MODEL_SOURCE": str(other)})
     assert second.returncode == 0, second.stderr
     assert (dest / "marker.txt").read_text() == "real"
+
+
+def test_the_tiny_model_gets_a_short_default_length(tmp_path):
+    from ttsengine.serving.download import TINY_MAX_NEW_TOKENS, default_max_new_tokens, ensure_model
+
+    installed = ensure_model(tmp_path / "installed", "tiny")
+    copied = complete_model(tmp_path / "models" / "tiny")  # the README's other way: a copy under ./models
+    for d in (installed, copied, MODEL_DIR):
+        assert default_max_new_tokens(d, 0) == TINY_MAX_NEW_TOKENS
+        assert default_max_new_tokens(d, 300) == 300  # a configured length wins
+    other = complete_model(tmp_path / "other")
+    (other / "config.json").write_text((other / "config.json").read_text().replace('"dim": 64', '"dim": 128'))
+    assert default_max_new_tokens(other, 0) == 0

@@ -30,6 +30,7 @@ HF_PATTERNS = [*REQUIRED, "model.pth", "model.safetensors", "codec.pth", "codec.
 PROVENANCE = ".tts-source.json"  # {"source", "revision" (Hub commit), "etag" (S3 tarball), "fetched_at"}
 TINY = "tiny"  # TTS_MODEL_SOURCE=tiny: the tiny random test model, for trying the server without the gated weights
 # where the tiny model is: the image's copy (Dockerfile), else the repository's (an editable install, no Docker)
+TINY_MAX_NEW_TOKENS = 64  # the tiny model never ends a sentence: 1024 frames of noise (~47 s) unless capped
 TINY_DIRS = (Path("/opt/tts/tiny-model"),
              Path(__file__).resolve().parents[3] / "tests" / "assets" / "golden" / "checkpoint")
 
@@ -40,7 +41,24 @@ def verify_model_dir(path: Path) -> None:
     missing = [name for name in REQUIRED if not (path / name).is_file()]
     missing += [" or ".join(names) for names in ONE_OF if not any((path / n).is_file() for n in names)]
     if missing:
-        raise CheckpointError(f"{path}: model directory is incomplete, missing: {', '.join(missing)}")
+        what = "model directory is incomplete" if path.is_dir() else "model directory not found"
+        raise CheckpointError(f"{path}: {what}, missing: {', '.join(missing)}")
+
+
+def is_tiny(model_dir: Path) -> bool:
+    """model_dir holds the tiny test model: installed by TTS_MODEL_SOURCE=tiny, or a copy of it (same config.json)."""
+    record = read_provenance(model_dir)
+    if record is not None:
+        return record["source"] == TINY
+    try:
+        return (Path(model_dir) / "config.json").read_bytes() == (tiny_model_dir() / "config.json").read_bytes()
+    except (OSError, DownloadError):
+        return False
+
+
+def default_max_new_tokens(model_dir: Path, configured: int) -> int:
+    """TTS_DEFAULT_MAX_NEW_TOKENS as configured, except 0 (auto) on the tiny test model: TINY_MAX_NEW_TOKENS."""
+    return TINY_MAX_NEW_TOKENS if configured == 0 and is_tiny(model_dir) else configured
 
 
 def download_hf(repo_id: str, dest: Path, token: str | None = None, revision: str | None = None) -> Path:
