@@ -1,6 +1,6 @@
 # fish-tts-server: one image for `docker compose up`, SageMaker (`serve`) and RunPod (`runpod`).
 #
-# BASE_IMAGE: an official CUDA + PyTorch runtime image with Python 3.11 (see README, "The image").
+# BASE_IMAGE: an official CUDA + PyTorch runtime image with Python 3.11 (see docs/deploy-compose.md, "The image").
 # CI builds FROM a local Debian bookworm + Python 3.11 + CPU torch stand-in (scripts/ci/base-image.sh).
 # Builds with the legacy builder (no BuildKit features). Optional build args:
 #   BAKE_MODEL=1      copy the model dir placed in docker/models/ into the image (/opt/ml/model), for
