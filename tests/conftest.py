@@ -115,7 +115,7 @@ def run_cli(*args: str, env: dict | None = None, timeout: float = 300) -> subpro
 # `python -m pytest -m quick` (README, "Run the tests"): a few minutes on 2 cores instead of ~13; the unit tests of
 # every layer plus one real server walk-through, for a first run or a tight loop. The full suite is what CI runs.
 QUICK = (
-    "test_config.py", "test_docs.py", "test_imports.py", "test_compat.py", "test_cli.py",
+    "test_config.py", "test_docs.py", "test_imports.py", "test_compat.py",
     "model/test_tokenizer.py", "model/test_families.py", "model/test_sampling_blocked.py",
     "synthesis/test_text_chunks.py", "synthesis/test_captions.py", "synthesis/test_plan.py",
     "engine/test_scheduler.py", "engine/test_prefill_budget.py", "engine/test_features.py", "engine/test_settings.py",
