@@ -1,6 +1,6 @@
 # fish-tts-server: one image for `docker compose up`, SageMaker (`serve`) and RunPod (`runpod`).
 #
-# BASE_IMAGE: an official CUDA + PyTorch runtime image with Python 3.11 (see README, "The image").
+# BASE_IMAGE: an official CUDA + PyTorch runtime image with Python 3.11 (see docs/deploy-compose.md, "The image").
 # CI builds FROM a local Debian bookworm + Python 3.11 + CPU torch stand-in (scripts/ci/base-image.sh).
 # Builds with the legacy builder (no BuildKit features). Optional build args:
 #   BAKE_MODEL=1      copy the model dir placed in docker/models/ into the image (/opt/ml/model), for
@@ -29,6 +29,7 @@ ENV PYTHONUNBUFFERED=1 \
     TTS_MODEL_DIR=/opt/ml/model \
     TTS_DATA_DIR=/data \
     TTS_CACHE_DIR=/cache \
+    TTS_HOST=0.0.0.0 \
     RUNPOD_DEBUG_LEVEL=INFO
 # a C compiler and Python.h: Triton builds its launcher with them, Inductor's CPU backend needs g++
 # hadolint ignore=DL3008
@@ -52,6 +53,8 @@ RUN python3 -m pip install --no-cache-dir --no-deps /tmp/wheels/*.whl \
     && { python3 -m compileall -q -j 0 "$(python3 -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')" \
          >/dev/null || true; } \
     && mkdir -p /opt/ml/model /data /cache
+# TTS_MODEL_SOURCE=tiny: the tiny random test model (1.7 MB), to try the server without the gated weights
+COPY tests/assets/golden/checkpoint/ /opt/tts/tiny-model/
 COPY docker/models/ /opt/ml/baked/
 RUN if [ "$BAKE_MODEL" = "1" ]; then \
         cp -r /opt/ml/baked/. /opt/ml/model/ && python3 -c "from ttsengine.serving.download import verify_model_dir; verify_model_dir('/opt/ml/model')"; \

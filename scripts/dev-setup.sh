@@ -61,5 +61,5 @@ if [ -n "${HF_TOKEN:-}" ]; then
   echo "       or the server: TTS_MODEL_DIR=models/openaudio-s1-mini python -m handlers http"
 else
   step "done. Set HF_TOKEN and run again to download the real model; the server on the tiny test model:"
-  echo "       . .venv/bin/activate && TTS_MODEL_DIR=tests/assets/golden/checkpoint python -m handlers http"
+  echo "       . .venv/bin/activate && TTS_MODEL_SOURCE=tiny TTS_MODEL_DIR=models/tiny python -m handlers http"
 fi

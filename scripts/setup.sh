@@ -5,9 +5,9 @@
 # Idempotent: each step keeps what an earlier run made. Settings come from the environment, from an
 # existing .env, or (interactive terminals only) from a short prompt:
 #   HF_TOKEN          token of a Hugging Face account that accepted the S1-mini licence
-#   TTS_MODEL_SOURCE  hf://fishaudio/openaudio-s1-mini (default), s3://bucket/prefix, or /host-models/NAME
+#   TTS_MODEL_SOURCE  hf://fishaudio/openaudio-s1-mini (default), s3://bucket/prefix, /host-models/NAME, or tiny
 #                     for a model dir you put under ./models
-#   TTS_PORT          host port (8080); BASE_IMAGE, TTS_IMAGE, TTS_FEATURES, TTS_MAX_BATCH, TTS_QUANT: see README
+#   TTS_PORT          host port (8080); BASE_IMAGE, TTS_IMAGE, TTS_FEATURES, TTS_MAX_BATCH, TTS_QUANT: docs/configuration.md
 #   TTS_CPU=1         force CPU mode
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -68,9 +68,9 @@ fi
 
 # ---- image, model, kernel cache ------------------------------------------------------------------------
 say "building the image (first time: several minutes)"
-docker compose build || die "the image build failed (see above). Behind a TLS-intercepting proxy, put its CA bundle at docker/extra-ca.crt"
+docker compose build || die "the image build failed (see above). Behind a TLS-intercepting proxy, put its CA bundle at docker/extra-ca.crt; if the base image cannot be pulled, set BASE_IMAGE in .env to one you can pull (Python 3.11 + torch; docs/configuration.md, \"Build and compose settings\")"
 say "fetching the model into the models volume (once)"
-docker compose run --rm model || die "fetching the model failed (see above): check HF_TOKEN and the licence at https://huggingface.co/fishaudio/openaudio-s1-mini, or TTS_MODEL_SOURCE"
+docker compose run --rm model || die "fetching the model failed (see above): check HF_TOKEN and the licence at https://huggingface.co/fishaudio/openaudio-s1-mini, or TTS_MODEL_SOURCE (TTS_MODEL_SOURCE=tiny tries the server on the tiny test model)"
 say "pre-compiling the kernel cache (first time: a few minutes on a GPU)"
 docker compose run --rm --no-deps --entrypoint python3 tts -m ttsengine warm \
   || die "the warm-up failed (see above); the server would fail the same way"

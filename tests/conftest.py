@@ -72,11 +72,10 @@ def s3_client(env: dict):
 
 
 def complete_model(dest: Path) -> Path:
-    """The tiny checkpoint with its codec_config.json inside, as a real model dir has it."""
+    """A copy of the tiny checkpoint, a complete model dir (its codec_config.json inside, as a real one has it)."""
     import shutil
 
     shutil.copytree(MODEL_DIR, dest)
-    shutil.copy(MODEL_DIR.parent / "codec_config.json", dest / "codec_config.json")
     return dest
 
 
@@ -113,10 +112,28 @@ def run_cli(*args: str, env: dict | None = None, timeout: float = 300) -> subpro
                           timeout=timeout, cwd=ROOT)
 
 
+# `python -m pytest -m quick` (README, "Run the tests"): a few minutes on 2 cores instead of ~13; the unit tests of
+# every layer plus one real server walk-through, for a first run or a tight loop. The full suite is what CI runs.
+QUICK = (
+    "test_config.py", "test_docs.py", "test_imports.py", "test_compat.py",
+    "model/test_tokenizer.py", "model/test_families.py", "model/test_sampling_blocked.py",
+    "synthesis/test_text_chunks.py", "synthesis/test_captions.py", "synthesis/test_plan.py",
+    "engine/test_scheduler.py", "engine/test_prefill_budget.py", "engine/test_features.py", "engine/test_settings.py",
+    "serving/test_protocol.py", "serving/test_protocol_dropin.py", "serving/test_download.py",
+    "handlers/test_runpod_input.py", "handlers/test_sagemaker_input.py", "handlers/test_walkthrough.py",
+)
+
+
 def pytest_collection_modifyitems(config, items):
-    """`gpu` tests run only where CUDA is available (the device machine); CI is CPU-only."""
+    """`quick` marks the QUICK files' tests; `gpu` tests run only where CUDA is available (the device machine); CI is
+    CPU-only."""
     import torch
 
+    tests = Path(__file__).resolve().parent
+    quick = {tests / name for name in QUICK}
+    for item in items:
+        if Path(str(item.fspath)).resolve() in quick:
+            item.add_marker(pytest.mark.quick)
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs a CUDA device")

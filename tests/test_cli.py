@@ -151,3 +151,23 @@ def test_bench_rejects_a_bad_arrival_spec():
     for spec in ("uniform:3", "poisson:", "poisson:-1"):
         proc = run_cli("ttsengine", "bench", "--model", str(MODEL_DIR), "--arrivals", spec)
         assert "--arrivals" in _one_line_error(proc)
+
+
+def test_every_tools_help_has_its_whole_description():
+    """`python -m ttsengine warm --help` (and every tool's) shows its module docstring whole, not its first line
+    cut mid-sentence (issue 47)."""
+    import contextlib
+    import importlib
+
+    import pytest
+
+    from ttsengine.__main__ import TOOLS
+
+    for tool in TOOLS:
+        module = importlib.import_module(f"ttsengine.tools.{tool}")
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out), pytest.raises(SystemExit):
+            module.main(["--help"])
+        text = " ".join(out.getvalue().split())
+        assert " ".join(module.__doc__.split()) in text, tool
+        assert module.__doc__.strip().endswith((".", ")", ":")), tool

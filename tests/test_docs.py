@@ -52,3 +52,40 @@ def test_performance_sections_named_in_code_exist():
                 for name in re.findall(r'docs/performance\.md,\s+"([^"]+)"', path.read_text()):
                     named.add(" ".join(w for w in name.split() if w != "#"))  # a name wrapped in a comment
     assert named and named <= headings, f"sections named but missing: {sorted(named - headings)}"
+
+
+# ---- the README stays short and in step with the code (issue 47) ------------------------------------------------
+README_MAX_LINES = 200
+
+
+def test_readme_is_short_and_its_links_exist():
+    readme = (ROOT / "README.md").read_text()
+    assert len(readme.splitlines()) <= README_MAX_LINES, "move the explanation to docs/ and link it"
+    for target in re.findall(r"\]\(([^)#]+)(?:#[^)]*)?\)", readme):
+        if not target.startswith("http"):
+            assert (ROOT / target).exists(), f"README links to {target}, which does not exist"
+    for target in set(re.findall(r"\bdocs/[\w.-]+\.md", readme)):
+        assert (ROOT / target).is_file(), target
+
+
+def test_readme_commands_match_the_code():
+    """The commands the README and the deploy guides tell a user to run exist as written: subcommands, handler
+    modes, the test command CI reads (.ci/run) and the quick marker beside it."""
+    from handlers.__main__ import MODES
+    from ttsengine.__main__ import TOOLS, build_parser
+
+    texts = {p: p.read_text() for p in (ROOT / "README.md", *sorted((ROOT / "docs").glob("deploy-*.md")))}
+    subcommands = set(TOOLS) | set(build_parser()._subparsers._group_actions[0].choices)
+    for path, text in texts.items():
+        for sub in re.findall(r"python -m ttsengine (\w+)", text):
+            assert sub in subcommands, f"{path.name}: python -m ttsengine {sub}"
+        for mode in re.findall(r"python -m handlers (\w+)", text):
+            assert mode in MODES, f"{path.name}: python -m handlers {mode}"
+        for script in re.findall(r"\b(scripts/[\w/.-]+\.sh)", text):
+            assert (ROOT / script).is_file(), f"{path.name}: {script}"
+    readme = texts[ROOT / "README.md"]
+    run_tests = readme.split("## Run the tests", 1)[1]
+    assert run_tests.split("```bash\n", 1)[1].splitlines()[0] == "python -m pytest"  # what .ci/run evals
+    assert "README.md" in (ROOT / ".ci" / "run").read_text()
+    assert "python -m pytest -m quick" in run_tests
+    assert "quick:" in (ROOT / "pyproject.toml").read_text()

@@ -109,3 +109,18 @@ def test_healthcheck_finds_a_server_on_tts_port(monkeypatch):
         assert healthcheck.main() == 0
     finally:
         srv.shutdown()
+
+
+def test_image_listens_on_every_address_and_carries_the_tiny_model():
+    """Outside the image the server binds 127.0.0.1 (a workstation's server is not on the network by default); the
+    image sets TTS_HOST=0.0.0.0 (a container's port is reached from outside it) and holds the tiny test model that
+    TTS_MODEL_SOURCE=tiny installs (issue 47)."""
+    from ttsengine import ServerConfig
+    from ttsengine.serving.download import TINY_DIRS
+
+    assert ServerConfig.from_env({}).host == "127.0.0.1"
+    dockerfile = (ROOT / "Dockerfile").read_text()
+    assert "TTS_HOST=0.0.0.0" in dockerfile
+    assert f"COPY tests/assets/golden/checkpoint/ {TINY_DIRS[0]}/" in dockerfile
+    assert "!tests/assets/golden/checkpoint/" in (ROOT / ".dockerignore").read_text().splitlines()
+    assert (ROOT / "tests/assets/golden/checkpoint/codec_config.json").is_file()  # a complete model dir

@@ -103,7 +103,7 @@ def _read_text(path: Path) -> str:
 
 
 def _download(args: argparse.Namespace) -> int:
-    from .serving.download import download_hf, download_s3, ensure_model, fetch
+    from .serving.download import download_hf, download_s3, ensure_model, fetch, read_provenance
 
     dl = DownloadConfig.from_env()
     if args.if_missing:  # compose's model service: fetch once into the volume, later starts keep it
@@ -117,7 +117,8 @@ def _download(args: argparse.Namespace) -> int:
         path = fetch(args.source, args.to, dl.hf_token)
     else:
         raise TTSError("download: give --hf, --s3 or --source (or --if-missing with TTS_MODEL_SOURCE)")
-    print(f"model ready in {path}")
+    record = read_provenance(path)
+    print(f"model ready in {path}" + (f" (from {record['source']})" if record else ""))
     return 0
 
 
@@ -157,9 +158,12 @@ def build_parser() -> argparse.ArgumentParser:
     src = d.add_mutually_exclusive_group()
     src.add_argument("--hf", metavar="REPO_ID", help="e.g. fishaudio/openaudio-s1-mini (uses HF_TOKEN)")
     src.add_argument("--s3", metavar="URI", help="s3://bucket/prefix/ or s3://bucket/path/model.tar.gz")
-    src.add_argument("--source", help="hf://owner/name[@rev], s3://... or a model dir (default $TTS_MODEL_SOURCE)")
+    src.add_argument("--source", help="hf://owner/name[@rev], s3://..., a model dir or tiny (the test model) "
+                   "(default $TTS_MODEL_SOURCE)")
     d.add_argument("--revision", help="HF branch, tag or commit")
-    d.add_argument("--if-missing", action="store_true", help="keep a complete --to as it is; fetch only when it is not")
+    d.add_argument("--if-missing", action="store_true",
+                   help="keep --to when it is complete and holds this source; otherwise fetch it into a fresh "
+                   "sibling dir and switch the --to link to it")
     d.set_defaults(func=_download)
     return ap
 

@@ -2,8 +2,8 @@
 variables that one function (`read`) parses.
 
 This is the only module of the core that reads the environment. Every variable is listed once, in the
-tables below (and in the README, which a test keeps in sync); `dev=True` marks the experiment knobs the
-README lists under "Developer settings". Every switch takes auto | on | off (1/0, true/false and yes/no
+tables below (and in docs/configuration.md, which a test keeps in sync); `dev=True` marks the experiment knobs
+the doc lists under "Developer settings". Every switch takes auto | on | off (1/0, true/false and yes/no
 too); the speed features are one list, TTS_FEATURES, over the defaults of their registry (engine/features.py).
 Platform defaults (RunPod's network volume, SageMaker's body limit) are not named here: the adapters pass them
 to `read` as `defaults`, below the environment.
@@ -153,7 +153,7 @@ class Var:
     field: str  # the dataclass field it sets
     kind: Kind
     meaning: str
-    dev: bool = False  # an experiment knob: the README's "Developer settings" table
+    dev: bool = False  # an experiment knob: docs/configuration.md's "Developer settings" table
     secret: bool = False  # a credential: set but blank is an error, not "unset" (a blank key must not mean auth off)
 
 
@@ -262,11 +262,11 @@ ENGINE_VARS = (
     Var("TTS_LOG_LEVEL", "log_level", choice("DEBUG", "INFO", "WARNING", "ERROR", case=str.upper),
         "DEBUG | INFO | WARNING | ERROR"),
     Var("TTS_MEMORY_PRESET", "memory_preset", choice(*_PRESET_WORDS),
-        "auto (from the GPU's name and memory) | a preset's name (README, 'Memory presets')"),
+        "auto (from the GPU's name and memory) | a preset's name (docs/configuration.md, 'Memory presets')"),
     # upper bounds: far above any GPU's preset, low enough that a typo (an extra zero or three) fails at start
     # with its name instead of as an allocation that takes the host or GPU down
     Var("TTS_MAX_BATCH", "max_batch", integer(0, 4096, note=" (0 = auto)"),
-        "concurrent streams per GPU; 0 = the memory preset's (README, 'Memory presets')"),
+        "concurrent streams per GPU; 0 = the memory preset's (docs/configuration.md, 'Memory presets')"),
     Var("TTS_MAX_QUEUE", "max_queue", integer(0, 100_000, note=" (0 = auto)"),
         "requests allowed to wait for a slot before new ones get 'busy'; 0 = 2 x max batch"),
     Var("TTS_KV_CACHE_TOKENS", "kv_cache_tokens", integer(0, 1 << 24, note=" (0 = auto)"),
@@ -294,7 +294,7 @@ ENGINE_VARS = (
         "auto (default: every speed feature that is on by default where it runs) | a comma-separated list over "
         "that: -NAME turns a feature off, +NAME (or NAME) on where it can run (a warning where it cannot), none / all "
         "every feature off / on, kernels the decode step's fused kernels as a group, later items win (e.g. "
-        "-cuda_graphs,-kernels,+merged_ffn); the features and their defaults: README, 'Speed features'", dev=True),
+        "-cuda_graphs,-kernels,+merged_ffn); the features: docs/configuration.md, 'Speed features'", dev=True),
     Var("TTS_LAYER_GEMV_ROWS", "layer_gemv_rows", integer(0, 64, note=" (0 = auto)"),
         "0 = auto (default: 64 where kernels launch with PDL and weights are 16-bit; else 16) | 1-64: decode steps "
         "whose bucket holds up to this many rows (buckets 1, 2, 4, ...) run layer_gemv's fused kernels; larger "
@@ -378,7 +378,7 @@ def _names(text: str) -> list[str]:
 # ---- the network adapters (HTTP, SageMaker serve) ----------------------------------------------------------
 @dataclass(frozen=True)
 class ServerConfig:
-    host: str = "0.0.0.0"
+    host: str = "127.0.0.1"  # this machine only; the image sets TTS_HOST=0.0.0.0 (Dockerfile)
     port: int = 8080
     api_key: str | None = None
     data_dir: Path = Path("data")
@@ -464,7 +464,8 @@ ENCODER_PROCESSES = Var(
     "worker processes that encode mp3, opus, aac, flac (and wav/pcm with a speed change) outside the server "
     "process (default min(8, CPUs / 2); 0: threads of the server process); RunPod reads it too")
 SERVER_VARS = (
-    Var("TTS_HOST", "host", TEXT, "address the HTTP server binds (default 0.0.0.0)"),
+    Var("TTS_HOST", "host", TEXT,
+        "address the HTTP server binds (default 127.0.0.1: this machine only; 0.0.0.0 in the image)"),
     Var("TTS_PORT", "port", PORT, "port of the HTTP server (default 8080)"),
     Var("TTS_API_KEY", "api_key", Kind(str, "printable ASCII text", _api_key),
         "if set, every API route needs `Authorization: Bearer <key>` (health, ready, metrics and / do not); "
@@ -575,10 +576,10 @@ class DownloadConfig:
 DOWNLOAD_VARS = (
     Var("HF_TOKEN", "hf_token", TEXT, "Hugging Face token for `ttsengine download --hf` (the S1-mini repo is gated)"),
     Var("TTS_MODEL_SOURCE", "model_source", TEXT,
-        "where `runpod` (and the compose model service) fetch the model when TTS_MODEL_DIR is empty: "
-        "hf://fishaudio/openaudio-s1-mini, s3://bucket/prefix or a directory"),
+        "where `runpod` (and the compose model service) fetch the model when TTS_MODEL_DIR is empty or holds "
+        "another source's: hf://fishaudio/openaudio-s1-mini, s3://bucket/prefix, a directory or `tiny`"),
 )
 
 TABLES = (ENGINE_VARS, SERVER_VARS, SAGEMAKER_VARS, RUNPOD_VARS, DOWNLOAD_VARS)
-# every variable once (TTS_DATA_DIR sets a field of two dataclasses through one Var); the README lists the same
+# every variable once (TTS_DATA_DIR sets a field of two dataclasses through one Var); docs/configuration.md too
 ENV_VARS: dict[str, Var] = {var.name: var for table in TABLES for var in table}

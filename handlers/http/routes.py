@@ -85,7 +85,7 @@ async def ready(svc: Svc):
 
 @router.get("/metrics", tags=["health"], response_class=PlainTextResponse)
 async def metrics(request: Request):
-    """Prometheus text (the names: README, "Metrics")."""
+    """Prometheus text (the names: docs/http-api.md, "Metrics")."""
     text = await run_in_threadpool(request.app.state.metrics.exposition)  # NVML reads can take milliseconds
     return Response(text, media_type=CONTENT_TYPE)
 

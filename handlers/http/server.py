@@ -3,11 +3,16 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import logging
 import sys
 
-from ttsengine import ServerConfig, TTSError, from_env
+from ttsengine import DownloadConfig, ServerConfig, TTSError, ensure_model, from_env
+from ttsengine.serving.download import default_max_new_tokens
 from ttsengine.serving.listen import port_problem
 from ttsengine.serving.service import setup_logging
+
+log = logging.getLogger("handlers.http")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -26,6 +31,18 @@ def main(argv: list[str] | None = None) -> int:
         print(f"handlers http: {problem}", file=sys.stderr)
         return 2
     setup_logging(engine_config.log_level)
+    try:  # before listening: a missing model is one line, not a server that answers 503 forever
+        download = DownloadConfig.from_env()
+        ensure_model(engine_config.model_dir, download.model_source, download.hf_token)
+    except TTSError as e:
+        print(f"handlers http: {e} (set TTS_MODEL_DIR to a model dir, or TTS_MODEL_SOURCE=tiny, hf://fishaudio/"
+              "openaudio-s1-mini with HF_TOKEN, s3://... or a dir to fetch one into it)", file=sys.stderr)
+        return 2
+    frames = default_max_new_tokens(engine_config.model_dir, engine_config.default_max_new_tokens)
+    if frames != engine_config.default_max_new_tokens:
+        log.info("the tiny test model: requests without max_new_tokens make %d frames (TTS_DEFAULT_MAX_NEW_TOKENS)",
+                 frames)
+        engine_config = dataclasses.replace(engine_config, default_max_new_tokens=frames)
     from ttsengine.serving.shutdown import serve
 
     from .app import create_app

@@ -8,6 +8,9 @@ The spec is checked before any call: request-count scaling must not count a work
 smallest GPU pool's worker takes (infra/runpod/pools.py), and a template that keeps its files on
 /runpod-volume needs a network volume (--volume). --dry-run prints the template and endpoint it would save
 and calls nothing (no key needed). Every field: docs/deploy-runpod.md.
+With a network volume (--volume), the worker keeps the model and the kernel cache on it. With an hf:// model
+source, HF_TOKEN is taken from the environment into the template's env (unless --env or the spec sets it: the
+shipped endpoint.json refers to a RunPod secret): the worker fetches the gated S1-mini with it.
 """
 
 from __future__ import annotations
@@ -32,7 +35,7 @@ class DeployError(Exception):
     pass
 
 
-def load_spec(path: Path, image: str | None, volume: str | None, env: list[str]) -> dict:
+def load_spec(path: Path, image: str | None, volume: str | None, env: list[str], hf_token: str | None = None) -> dict:
     try:
         spec = json.loads(Path(path).read_text())
     except (OSError, ValueError) as e:
@@ -50,6 +53,9 @@ def load_spec(path: Path, image: str | None, volume: str | None, env: list[str])
         if not sep or not key:
             raise DeployError(f"--env {item!r}: expected KEY=VALUE")
         spec["template"]["env"][key] = value
+    t_env = spec["template"]["env"]
+    if str(t_env.get("TTS_MODEL_SOURCE", "")).startswith("hf://") and hf_token and not t_env.get("HF_TOKEN"):
+        t_env["HF_TOKEN"] = hf_token
     if "YOUR_ORG" in spec["template"]["image"]:
         raise DeployError("set the image: --image REGISTRY/fish-tts-server:TAG (or edit endpoint.json)")
     check(spec)
@@ -177,7 +183,12 @@ def main(argv: list[str] | None = None) -> int:
 
     runpod.api_key = os.environ["RUNPOD_API_KEY"]
     try:
-        result = deploy(load_spec(args.spec, args.image, args.volume, args.env))
+        spec = load_spec(args.spec, args.image, args.volume, args.env, os.environ.get("HF_TOKEN"))
+        t_env = spec["template"]["env"]
+        if str(t_env.get("TTS_MODEL_SOURCE", "")).startswith("hf://") and not t_env.get("HF_TOKEN"):
+            print(f"deploy: warning: TTS_MODEL_SOURCE={t_env['TTS_MODEL_SOURCE']} and no HF_TOKEN (environment or "
+                  "--env HF_TOKEN=...): workers cannot fetch a gated repository such as S1-mini", file=sys.stderr)
+        result = deploy(spec)
     except DeployError as e:
         print(f"deploy: {e}", file=sys.stderr)
         return 1

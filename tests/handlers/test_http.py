@@ -22,7 +22,7 @@ import msgpack
 import numpy as np
 import pytest
 import soundfile as sf
-from conftest import MODEL_DIR, ROOT, free_port
+from conftest import MODEL_DIR, ROOT, complete_model, free_port
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
 
@@ -503,8 +503,21 @@ def test_api_key(tmp_path):
         stop(proc)
 
 
+def test_missing_model_dir_is_one_line_at_start(tmp_path):
+    """No model: `python -m handlers http` exits at once with one line naming what is missing (issue 47)."""
+    for model in (tmp_path / "nowhere", tmp_path):
+        proc, _ = start_server(tmp_path, TTS_MODEL_DIR=str(model))
+        assert proc.wait(timeout=60) == 2
+        text = server_log(proc).strip()
+        assert "Traceback" not in text and text.count("\n") == 0, text
+        assert "missing: config.json" in text and "TTS_MODEL_SOURCE=tiny" in text
+
+
 def test_broken_model_dir_reports_on_ready_and_health(tmp_path):
-    proc, url = start_server(tmp_path, TTS_MODEL_DIR=str(tmp_path / "nowhere"))
+    """A complete-looking dir whose weights cannot load: the server stays up and says why on /ready."""
+    model = complete_model(tmp_path / "model")
+    (model / "model.pth").write_bytes(b"not a checkpoint")
+    proc, url = start_server(tmp_path, TTS_MODEL_DIR=str(model))
     try:
         end = time.time() + 60
         while time.time() < end:
@@ -515,9 +528,30 @@ def test_broken_model_dir_reports_on_ready_and_health(tmp_path):
                 pass
             time.sleep(0.2)
         r = httpx.get(url + "/ready")
-        assert r.status_code == 503 and "model directory not found" in r.json()["error"]
+        assert r.status_code == 503 and "model.pth" in r.json()["error"], r.text
         assert httpx.get(url + "/health").status_code == 500
         assert speech(url).status_code == 503
+    finally:
+        stop(proc)
+
+
+def test_tiny_source_serves_short_answers_without_max_new_tokens(tmp_path):
+    """TTS_MODEL_SOURCE=tiny fetches the test model into TTS_MODEL_DIR; with TTS_DEFAULT_MAX_NEW_TOKENS unset a
+    request without max_new_tokens makes TINY_MAX_NEW_TOKENS frames, not 1024 frames of noise."""
+    from ttsengine.serving.download import TINY_MAX_NEW_TOKENS
+
+    proc, url = start_server(tmp_path, TTS_MODEL_DIR=str(tmp_path / "models" / "current"), TTS_MODEL_SOURCE="tiny",
+                             TTS_DEFAULT_MAX_NEW_TOKENS="0")  # 0: auto, as when unset
+    try:
+        wait_ready(url, proc)
+
+        def pcm(**extra):
+            r = httpx.post(url + "/v1/audio/speech", timeout=120,
+                           json={"input": "Hello.", "response_format": "pcm", "seed": 1, **extra})
+            assert r.status_code == 200, r.text
+            return len(r.content)
+
+        assert 0 < pcm() <= pcm(max_new_tokens=TINY_MAX_NEW_TOKENS) < pcm(max_new_tokens=4 * TINY_MAX_NEW_TOKENS)
     finally:
         stop(proc)
 

@@ -115,9 +115,15 @@ def test_volume_multiplier_scales_and_clips(server):
     assert speech(server, volume_multiplier=11).status_code == 400
 
 
-def test_lang_code_and_normalization_options_are_accepted(server):
+def test_accepted_fields_without_effect_are_named(server):
+    """Kokoro's lang_code and normalization_options and OpenAI's instructions are accepted (their clients send
+    them) and named in X-Ignored-Fields: S1 has no use for them (issue 47)."""
     r = speech(server, response_format="pcm", lang_code="a", max_new_tokens=4,
                normalization_options={"normalize": False, "unit_normalization": True})
+    assert r.status_code == 200 and r.headers["x-ignored-fields"] == "lang_code,normalization_options"
+    r = speech(server, response_format="pcm", instructions="Speak cheerfully.", max_new_tokens=4, bogus=1)
+    assert r.status_code == 200 and r.headers["x-ignored-fields"] == "instructions,bogus"
+    r = speech(server, response_format="pcm", instructions=None, max_new_tokens=4)  # no value: nothing ignored
     assert r.status_code == 200 and "x-ignored-fields" not in r.headers
 
 
@@ -303,10 +309,12 @@ def test_strict_fields(strict):
                 stream_format="audio", stream=True, lang_code="a", volume_multiplier=1.0, max_new_tokens=4,
                 normalization_options={"normalize": True})
     assert ok.status_code == 200, ok.text
+    assert ok.headers["x-ignored-fields"] == "instructions,lang_code,normalization_options"  # known, without effect
     fish = httpx.post(strict + "/v1/tts", timeout=60, json={
         "text": "hi", "mp3_bitrate": 128, "opus_bitrate": 32, "latency": "balanced", "normalize": True,
         "prosody": {"speed": 1.0, "volume": 0.0}, "max_new_tokens": 4})
     assert fish.status_code == 200, fish.text
+    assert fish.headers["x-ignored-fields"] == "mp3_bitrate,opus_bitrate,latency,normalize"
 
 
 def test_download_links_are_bounded_in_size_and_time(strict):

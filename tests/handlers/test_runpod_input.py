@@ -114,7 +114,7 @@ def test_a_volume_holds_what_the_environment_does_not_place(env, model_dir, cach
 def test_unknown_fields_and_voice_aliases_follow_the_servers_variables():
     # the same bodies work on every adapter: tolerant by default (what was dropped is named), strict on request
     job, _ = rp.parse_input({"text": "x", "bogus": 1, "latency": "normal"}, None, NO_BUCKET)
-    assert job.ignored == ("bogus",)
+    assert job.ignored == ("bogus", "latency")  # unknown, and accepted without effect
     cfg = RunPodConfig.from_env({"TTS_STRICT_FIELDS": "on", "TTS_VOICE_ALIASES": "Narrator=nobody"})
     assert cfg.strict_fields and cfg.voice_aliases == (("narrator", "nobody"),)
     with pytest.raises(InputError, match="bogus"):

@@ -178,6 +178,19 @@ def test_deploy_creates_then_is_idempotent_then_updates(cloud):
     assert ep["scalerType"] == "REQUEST_COUNT" and ep["scalerValue"] == spec["scalerValue"]
 
 
+def test_deploy_forwards_hf_token(cloud):
+    """The spec's hf:// source needs HF_TOKEN on the worker: taken from the deploying environment (issue 47)."""
+    warned = run_cli("infra.runpod.deploy", "--image", IMAGE, env={**cloud.env, "HF_TOKEN": ""})
+    assert warned.returncode == 0 and "no HF_TOKEN" in warned.stderr
+    assert "HF_TOKEN" not in cloud.templates[-1]["env"]
+    ok = run_cli("infra.runpod.deploy", "--image", IMAGE, env={**cloud.env, "HF_TOKEN": "hf_abc"})
+    assert ok.returncode == 0 and "no HF_TOKEN" not in ok.stderr, ok.stderr
+    assert cloud.templates[-1]["env"]["HF_TOKEN"] == "hf_abc"
+    given = run_cli("infra.runpod.deploy", "--image", IMAGE, "--env", "HF_TOKEN={{ RUNPOD_SECRET_hf }}",
+                    env={**cloud.env, "HF_TOKEN": "hf_abc"})
+    assert given.returncode == 0 and cloud.templates[-1]["env"]["HF_TOKEN"] == "{{ RUNPOD_SECRET_hf }}"
+
+
 def test_deploy_errors_are_one_line(cloud, tmp_path):
     bad_key = run_cli("infra.runpod.deploy", "--image", IMAGE, "--volume", "v",
                       env={**cloud.env, "RUNPOD_API_KEY": "wrong"})

@@ -5,7 +5,7 @@ paths and where it plugs in.
 TTS_FEATURES (config.py) reads a list over the defaults: `auto` (the defaults), `none`, `all`, `kernels` (the step's
 fused kernels as a group) and `+NAME` / `-NAME` (a bare NAME is `+NAME`), later items winning. `resolve` turns that
 list and a `Platform` (the device's facts, probed by engine/settings.py) into the features on; settings, the runner,
-the compile units, the vocoder, the kernel-cache key, the ready log and the README's table read the result. Code
+the compile units, the vocoder, the kernel-cache key, the ready log and the docs' table read the result. Code
 names a feature by its constant here (`features.LAYER_GEMV`), never by a string of its own.
 
 This module is plain data: it imports neither torch nor anything of ours, so config.py may read the names.
@@ -66,7 +66,7 @@ class Platform:
 
 @dataclass(frozen=True)
 class Condition:
-    text: str  # in the README's table and in warnings: "needs <text>"
+    text: str  # in the docs' table and in warnings: "needs <text>"
     holds: Callable[[Platform, frozenset[str]], bool]  # (platform, the features resolved on so far) -> holds?
 
 
@@ -288,7 +288,7 @@ def describe(on: frozenset[str]) -> str:
 
 
 def table() -> str:
-    """The README's table of the features (a test keeps the README's copy equal to this)."""
+    """The features table of docs/configuration.md (a test keeps the doc's copy equal to this)."""
     rows = ["| feature | kind | what it does | on by default | needs | when off | plugs in at |",
             "|---|---|---|---|---|---|---|"]
     for f in FEATURES:

@@ -1,14 +1,23 @@
-"""Fetching a model directory from the Hugging Face Hub or S3, then checking it is complete.
+"""Fetching a model directory from the Hugging Face Hub, S3, a local directory or the bundled tiny test model,
+then checking it is complete.
 
-huggingface_hub and boto3 are imported only when used (extra `download`).
+A directory this module fills records where it came from (PROVENANCE: the source, and the Hub commit or the S3
+ETag where known), so `ensure_model` can tell a model fetched from another source from the one asked for: a
+changed TTS_MODEL_SOURCE is fetched into a fresh sibling directory and TTS_MODEL_DIR, a symlink, is switched to it
+in one rename. huggingface_hub and boto3 are imported only when used (extra `download`).
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
+import os
+import re
 import shutil
 import tarfile
 import tempfile
+import time
 from pathlib import Path, PurePosixPath
 
 from ..errors import CheckpointError, DownloadError
@@ -18,6 +27,12 @@ log = logging.getLogger(__name__)
 REQUIRED = ("config.json", "tokenizer.tiktoken", "special_tokens.json")
 ONE_OF = (("model.pth", "model.safetensors"), ("codec.pth", "codec.safetensors"))
 HF_PATTERNS = [*REQUIRED, "model.pth", "model.safetensors", "codec.pth", "codec.safetensors", "codec_config.json"]
+PROVENANCE = ".tts-source.json"  # {"source", "revision" (Hub commit), "etag" (S3 tarball), "fetched_at"}
+TINY = "tiny"  # TTS_MODEL_SOURCE=tiny: the tiny random test model, for trying the server without the gated weights
+# where the tiny model is: the image's copy (Dockerfile), else the repository's (an editable install, no Docker)
+TINY_MAX_NEW_TOKENS = 64  # the tiny model never ends a sentence: 1024 frames of noise (~47 s) unless capped
+TINY_DIRS = (Path("/opt/tts/tiny-model"),
+             Path(__file__).resolve().parents[3] / "tests" / "assets" / "golden" / "checkpoint")
 
 
 def verify_model_dir(path: Path) -> None:
@@ -26,7 +41,24 @@ def verify_model_dir(path: Path) -> None:
     missing = [name for name in REQUIRED if not (path / name).is_file()]
     missing += [" or ".join(names) for names in ONE_OF if not any((path / n).is_file() for n in names)]
     if missing:
-        raise CheckpointError(f"{path}: model directory is incomplete, missing: {', '.join(missing)}")
+        what = "model directory is incomplete" if path.is_dir() else "model directory not found"
+        raise CheckpointError(f"{path}: {what}, missing: {', '.join(missing)}")
+
+
+def is_tiny(model_dir: Path) -> bool:
+    """model_dir holds the tiny test model: installed by TTS_MODEL_SOURCE=tiny, or a copy of it (same config.json)."""
+    record = read_provenance(model_dir)
+    if record is not None:
+        return record["source"] == TINY
+    try:
+        return (Path(model_dir) / "config.json").read_bytes() == (tiny_model_dir() / "config.json").read_bytes()
+    except (OSError, DownloadError):
+        return False
+
+
+def default_max_new_tokens(model_dir: Path, configured: int) -> int:
+    """TTS_DEFAULT_MAX_NEW_TOKENS as configured, except 0 (auto) on the tiny test model: TINY_MAX_NEW_TOKENS."""
+    return TINY_MAX_NEW_TOKENS if configured == 0 and is_tiny(model_dir) else configured
 
 
 def download_hf(repo_id: str, dest: Path, token: str | None = None, revision: str | None = None) -> Path:
@@ -48,6 +80,18 @@ def download_hf(repo_id: str, dest: Path, token: str | None = None, revision: st
         raise DownloadError(f"hf://{repo_id}: {e}") from None
     verify_model_dir(dest)
     return dest
+
+
+def _hf_commit(dest: Path) -> str | None:
+    """The Hub commit snapshot_download fetched, from the metadata it keeps beside a local_dir download."""
+    for meta in sorted((Path(dest) / ".cache" / "huggingface" / "download").glob("*.metadata")):
+        try:
+            first = meta.read_text().splitlines()[0].strip()
+        except (OSError, IndexError):
+            continue
+        if re.fullmatch(r"[0-9a-f]{40}", first):
+            return first
+    return None
 
 
 def _split_s3(uri: str) -> tuple[str, str]:
@@ -79,7 +123,8 @@ def _flatten_single_dir(dest: Path) -> None:
 
 
 def download_s3(uri: str, dest: Path) -> Path:
-    """s3://bucket/prefix (every object under it) or s3://bucket/path/model.tar.gz (unpacked)."""
+    """s3://bucket/prefix (every object under it) or s3://bucket/path/model.tar.gz (unpacked, its ETag kept in
+    dest/.s3-etag for the provenance record)."""
     import boto3
     from botocore.exceptions import BotoCoreError, ClientError, NoCredentialsError
     from tqdm import tqdm
@@ -90,12 +135,14 @@ def download_s3(uri: str, dest: Path) -> Path:
     s3 = boto3.client("s3")
     try:
         if key.endswith((".tar.gz", ".tgz")):
-            size = s3.head_object(Bucket=bucket, Key=key)["ContentLength"]
+            head = s3.head_object(Bucket=bucket, Key=key)
+            size = head["ContentLength"]
             with tempfile.TemporaryDirectory() as tmp, tqdm(total=size, unit="B", unit_scale=True, desc=key) as bar:
                 archive = Path(tmp) / "model.tar.gz"
                 s3.download_file(bucket, key, str(archive), Callback=bar.update)
                 _safe_extract(archive, dest)
             _flatten_single_dir(dest)
+            (dest / ".s3-etag").write_text(str(head.get("ETag", "")).strip('"'))
         else:
             prefix = key.rstrip("/") + "/" if key else ""
             objects = [o for page in s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix)
@@ -122,39 +169,125 @@ def download_s3(uri: str, dest: Path) -> Path:
     return dest
 
 
+def tiny_model_dir() -> Path:
+    for d in TINY_DIRS:
+        if (d / "config.json").is_file():
+            return d
+    raise DownloadError(f"TTS_MODEL_SOURCE=tiny: the tiny test model is not in {' or '.join(map(str, TINY_DIRS))}")
+
+
 def fetch(source: str, dest: Path, token: str | None = None) -> Path:
-    """source: hf://owner/name[@revision], s3://bucket/prefix-or-tarball, or a local model directory."""
+    """source: hf://owner/name[@revision], s3://bucket/prefix-or-tarball, a local model directory, or `tiny`."""
     if source.startswith("hf://"):
         repo, _, revision = source[5:].partition("@")
         return download_hf(repo, dest, token=token, revision=revision or None)
     if source.startswith("s3://"):
         return download_s3(source, dest)
-    local = Path(source)
+    local = tiny_model_dir() if source == TINY else Path(source)
     if not local.is_dir():
-        raise DownloadError(f"TTS_MODEL_SOURCE={source!r}: not hf://..., s3://... or an existing directory")
+        raise DownloadError(f"TTS_MODEL_SOURCE={source!r}: not hf://..., s3://..., tiny or an existing directory")
     verify_model_dir(local)
     dest.mkdir(parents=True, exist_ok=True)
     shutil.copytree(local, dest, dirs_exist_ok=True)
+    if not (dest / "codec_config.json").is_file() and (local.parent / "codec_config.json").is_file():
+        shutil.copy(local.parent / "codec_config.json", dest)  # a golden set's checkpoint/ (codec config one up)
     return dest
 
 
+def read_provenance(model_dir: Path) -> dict | None:
+    """What PROVENANCE says filled model_dir; None when it has no (readable) record."""
+    try:
+        record = json.loads((Path(model_dir) / PROVENANCE).read_text())
+    except (OSError, ValueError):
+        return None
+    return record if isinstance(record, dict) and isinstance(record.get("source"), str) else None
+
+
+def _same_source(a: str, b: str) -> bool:
+    def norm(s: str) -> str:
+        s = s.strip()
+        if "://" in s or s == TINY:
+            return s.rstrip("/")
+        return str(Path(s).expanduser().resolve())
+    return norm(a) == norm(b)
+
+
+def _write_provenance(dest: Path, source: str) -> None:
+    record: dict = {"source": source, "fetched_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    if source.startswith("hf://"):
+        record["revision"] = _hf_commit(dest)
+    etag = dest / ".s3-etag"
+    if etag.is_file():
+        record["etag"] = etag.read_text() or None
+        etag.unlink()
+    tmp = dest / (PROVENANCE + ".tmp")
+    tmp.write_text(json.dumps(record, indent=1) + "\n")
+    os.replace(tmp, dest / PROVENANCE)
+
+
+def _fresh_name(model_dir: Path, source: str) -> Path:
+    """A sibling of model_dir named after the source: current.hf-fishaudio-openaudio-s1-mini-1a2b3c4d."""
+    tail = re.sub(r"[^A-Za-z0-9._-]+", "-", source.split("://", 1)[-1]).strip("-.")[-40:]
+    scheme = source.split("://", 1)[0] + "-" if "://" in source else ""
+    digest = hashlib.sha256(source.encode()).hexdigest()[:8]
+    return model_dir.with_name(f"{model_dir.name}.{scheme}{tail}-{digest}")
+
+
+def _switch(model_dir: Path, fresh: Path) -> None:
+    """Point model_dir at fresh: model_dir becomes a relative symlink (it resolves wherever the volume is mounted),
+    replaced in one rename; the directory it pointed to before is removed afterwards."""
+    old_target = model_dir.resolve() if model_dir.is_symlink() else None
+    if model_dir.exists() and not model_dir.is_symlink():
+        aside = model_dir.with_name(f"{model_dir.name}.replaced")
+        shutil.rmtree(aside, ignore_errors=True)
+        model_dir.rename(aside)  # a real directory (an older version's fetch): set aside, removed below
+        old_target = aside
+    link = model_dir.with_name(f".{model_dir.name}.link")
+    if link.is_symlink() or link.exists():
+        link.unlink()
+    link.symlink_to(fresh.name)
+    os.replace(link, model_dir)
+    if old_target is not None and old_target != fresh.resolve() and old_target.parent == model_dir.parent.resolve():
+        shutil.rmtree(old_target, ignore_errors=True)
+
+
 def ensure_model(model_dir: Path, source: str | None, token: str | None = None) -> Path:
-    """A complete model_dir as it is; otherwise fetched once from `source` (a volume keeps it for the next
-    start). Fetches into a temporary sibling and renames, so an interrupted download is never mistaken
-    for a model."""
+    """model_dir as it is when it is complete and holds `source` (or no source is given); otherwise `source` is
+    fetched into a fresh sibling directory (via a .partial one, so an interrupted download is never mistaken for a
+    model), its provenance recorded, and model_dir switched to it. A complete model_dir with no record of its
+    source (put there by hand, by SageMaker, or by a version before the record) is served as it is, with a warning
+    saying how to replace it."""
     model_dir = Path(model_dir)
     try:
         verify_model_dir(model_dir)
-        return model_dir
+        complete = True
     except CheckpointError:
         if not source:
             raise
-    log.info("model not found in %s: fetching %s", model_dir, source)
+        complete = False
+    if complete:
+        if not source:
+            return model_dir
+        record = read_provenance(model_dir)
+        if record is None:
+            log.warning("%s holds a model with no record of its source; serving it, not %s. To fetch that "
+                        "instead, empty %s (compose: docker compose down && docker volume rm fish-tts_models)",
+                        model_dir, source, model_dir)
+            return model_dir
+        if _same_source(record["source"], source):
+            return model_dir
+        log.info("%s holds %s; fetching %s into a fresh directory", model_dir, record["source"], source)
+    else:
+        log.info("model not found in %s: fetching %s", model_dir, source)
     model_dir.parent.mkdir(parents=True, exist_ok=True)
-    partial = model_dir.with_name(model_dir.name + ".partial")
+    fresh = _fresh_name(model_dir, source)
+    if fresh.exists() and fresh.resolve() == model_dir.resolve():  # the same source, left incomplete: fetch anew
+        fresh = fresh.with_name(fresh.name + "-" + str(int(time.time())))
+    partial = fresh.with_name(fresh.name + ".partial")
+    shutil.rmtree(partial, ignore_errors=True)
     fetch(source, partial, token)
-    if model_dir.exists():
-        shutil.rmtree(model_dir)
-    partial.rename(model_dir)
+    _write_provenance(partial, source)
+    shutil.rmtree(fresh, ignore_errors=True)
+    partial.rename(fresh)
+    _switch(model_dir, fresh)
     return model_dir
-

@@ -50,7 +50,8 @@ class OpenAISpeechRequest(BaseModel):
     response_format: AudioFormat = "mp3"
     speed: float = Field(1.0, ge=0.25, le=4.0, description="tempo, pitch kept")
     stream_format: Literal["audio", "sse"] = "audio"
-    instructions: str | None = Field(None, description="accepted and ignored: S1 has no instruction input")
+    instructions: str | None = Field(None, description="accepted and ignored (named in X-Ignored-Fields): S1 "
+                                                        "has no instruction input")
     sample_rate: int | None = Field(None, ge=8000, le=48000, description="default: 24000 for pcm, 48000 for opus, "
                                                                           "else 44100")
     seed: int | None = None
@@ -184,9 +185,19 @@ def ignored_header(names: tuple[str, ...], limit: int = 1000) -> dict[str, str]:
     return {"X-Ignored-Fields": ",".join(quote(str(n), safe="") for n in names)[:limit]} if names else {}
 
 
+# fields clients send that are accepted (a strict reading would break those clients) but change nothing here: named
+# beside the unknown ones, so a caller asking for `instructions` learns it had no effect
+NO_EFFECT: dict[str, tuple[str, ...]] = {
+    "OpenAISpeechRequest": ("instructions", "lang_code", "normalization_options"),
+    "FishTTSRequest": ("normalize", "latency", "mp3_bitrate", "opus_bitrate"),
+}
+
+
 def unknown_fields(model: type[BaseModel], body: dict) -> tuple[str, ...]:
-    """The body's top-level keys the model does not know, in body order."""
-    return tuple(str(k) for k in body if k not in model.model_fields)
+    """The body's top-level keys that have no effect, in body order: the ones the model does not know (dropped by a
+    tolerant reading) and the known ones in NO_EFFECT given a value (X-Ignored-Fields, RunPod's ignored_fields)."""
+    no_effect = NO_EFFECT.get(model.__name__, ())
+    return tuple(str(k) for k in body if k not in model.model_fields or (k in no_effect and body[k] is not None))
 
 
 def validate(model: type[BaseModel], body: dict, strict: bool = True) -> BaseModel:
@@ -295,7 +306,7 @@ def job_from_body(body: dict, voices: VoiceStore | None, check_only: bool = Fals
         job, model = fish_job(body, voices, strict=strict), FishTTSRequest
     else:
         raise InputError("the body needs `text` (fish-speech /v1/tts fields) or `input` (OpenAI speech fields)")
-    return job if strict else dataclasses.replace(job, ignored=unknown_fields(model, body))
+    return dataclasses.replace(job, ignored=unknown_fields(model, body))
 
 
 __all__ = ["FORMATS", "OPENAI_VOICES", "FishTTSRequest", "OpenAISpeechRequest", "ReferenceUpdate", "SpeechJob",

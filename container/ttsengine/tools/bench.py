@@ -278,7 +278,8 @@ def timeline_rows(t: Timeline) -> list[dict]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m ttsengine bench", description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="python -m ttsengine bench", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     src = ap.add_mutually_exclusive_group()
     src.add_argument("--model", type=Path, help="model dir (default: $TTS_MODEL_DIR)")
     src.add_argument("--random-weights", metavar="NAME", help="random weights with real shapes: s1-mini")

@@ -271,7 +271,8 @@ def human(r: dict) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m ttsengine info", description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="python -m ttsengine info", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     src = ap.add_mutually_exclusive_group(required=True)
     src.add_argument("--model", type=Path, help="model dir (config.json, tokenizer, model and codec files)")
     src.add_argument("--random-weights", metavar="NAME", help="a built-in config with random weights: s1-mini")

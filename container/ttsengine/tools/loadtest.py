@@ -89,7 +89,8 @@ def print_table(levels: list[dict]) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m ttsengine loadtest", description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="python -m ttsengine loadtest", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("url", help="server base URL, e.g. http://127.0.0.1:8080")
     ap.add_argument("--concurrency", default="1,4,16,64", help="closed loop: clients per level; open loop: the "
                     "level's size (its requests default to 2 x this)")

@@ -213,7 +213,8 @@ def run(root: Path, device: str = "cpu") -> list[Result]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m ttsengine parity", description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="python -m ttsengine parity", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("dir", type=Path, help="golden folder (checkpoint/, meta.json, *.safetensors)")
     ap.add_argument("--device", default="cpu")
     args = ap.parse_args(argv)

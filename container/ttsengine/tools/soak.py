@@ -262,7 +262,8 @@ def pct(xs: list[float], p: float) -> float:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m ttsengine soak", description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="python -m ttsengine soak", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("url", help="server base URL, e.g. http://127.0.0.1:8080")
     ap.add_argument("--clients", type=int, default=256, help="concurrent clients (default 256)")
     ap.add_argument("--minutes", type=float, default=8.0)

@@ -38,7 +38,8 @@ _IMPORTED = time.perf_counter()
 
 def main(argv: list[str] | None = None) -> int:
     imports_s = process_age()  # interpreter start and the imports up to here: the part of a start before the load
-    ap = argparse.ArgumentParser(prog="python -m ttsengine warm", description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="python -m ttsengine warm", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     src = ap.add_mutually_exclusive_group()
     src.add_argument("--model", type=Path, help="model dir (default: $TTS_MODEL_DIR)")
     src.add_argument("--random-weights", metavar="NAME", help="random weights with real shapes: s1-mini")
