@@ -17,6 +17,7 @@ import httpx
 import pytest
 from conftest import MODEL_DIR, ROOT, free_port
 from test_http import scrape, served, server_log, start_server, stop, wait_ready
+from test_sagemaker import model_copy
 
 
 @pytest.fixture(scope="module")
@@ -69,7 +70,9 @@ def test_a_client_gone_mid_body_is_a_499_without_a_traceback(hostile, path, ctyp
 def test_sagemaker_invocations_cut_mid_body_log_one_line(tmp_path):
     port = free_port()
     log = tmp_path / "serve.log"
-    env = {**os.environ, "TTS_MODEL_DIR": str(MODEL_DIR), "TTS_DEVICE": "cpu", "SAGEMAKER_BIND_TO_PORT": str(port),
+    # a copy: serve keeps stored voices in its model directory, which must not be the repository's
+    env = {**os.environ, "TTS_MODEL_DIR": str(model_copy(tmp_path)), "TTS_DEVICE": "cpu",
+           "SAGEMAKER_BIND_TO_PORT": str(port),
            "TTS_MAX_BATCH": "2", "TTS_LOG_LEVEL": "INFO"}
     with open(log, "w") as out:
         proc = subprocess.Popen([sys.executable, "-m", "handlers", "serve"], cwd=ROOT, env=env, stdout=out,
