@@ -1,0 +1,62 @@
+"""Issue 50 through the real server (`python -m handlers http`, the tiny model on CPU), with the engines in the
+server's process and in their own (TTS_ENGINE_PROCESS): a burst onto idle slots is taken whole."""
+
+from __future__ import annotations
+
+import json
+import socket
+import time
+
+import httpx
+import pytest
+from test_http import _metric, served
+
+LONG = {"input": "Long.", "response_format": "pcm", "max_new_tokens": 3000, "seed": 1}  # ~1000 frames, 25 s+
+
+
+def until(condition, timeout: float = 60, what: str = "condition") -> None:
+    end = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < end, f"timed out waiting for {what}"
+        time.sleep(0.05)
+
+
+def raw_post(url: str, body: dict, path: str = "/v1/audio/speech") -> socket.socket:
+    """A request on a raw socket whose answer is read only by answer(); closing the socket leaves."""
+    data = json.dumps(body).encode()
+    host, port = url.removeprefix("http://").split(":")
+    sock = socket.create_connection((host, int(port)))
+    sock.sendall(b"POST %s HTTP/1.1\r\nHost: test\r\nContent-Type: application/json\r\n"
+                 b"Content-Length: %d\r\n\r\n" % (path.encode(), len(data)) + data)
+    return sock
+
+
+def status_line(sock: socket.socket) -> bytes:
+    """What the server sent so far, up to the status line (b"" while nothing came)."""
+    sock.setblocking(False)
+    try:
+        return sock.recv(64, socket.MSG_PEEK).split(b"\r\n")[0]
+    except BlockingIOError:
+        return b""
+    finally:
+        sock.setblocking(True)
+
+
+@pytest.mark.parametrize("process", ["off", "on"])
+def test_a_burst_onto_idle_slots_is_taken_whole(tmp_path, process):
+    # 16 requests at once onto 8 idle slots and 8 queue places: every one taken in (8 running, 8 waiting), none
+    # refused; the 17th is the first 503
+    with served(tmp_path, TTS_ENGINE_PROCESS=process, TTS_MAX_BATCH="8", TTS_MAX_QUEUE="8") as url:
+        rejected = _metric(url, "tts_requests_rejected_total")
+        socks = [raw_post(url, LONG) for _ in range(16)]
+        try:
+            until(lambda: _metric(url, "tts_active_streams") + _metric(url, "tts_queue_depth") == 16
+                  or any(status_line(s).startswith(b"HTTP/1.1 503") for s in socks), what="16 taken in")
+            assert [status_line(s) for s in socks if status_line(s).startswith(b"HTTP/1.1 5")] == []
+            assert _metric(url, "tts_requests_rejected_total") == rejected
+            r = httpx.post(url + "/v1/audio/speech", json=LONG, timeout=60)
+            assert r.status_code == 503 and r.json()["error"]["type"] == "server_busy", r.text
+        finally:
+            for s in socks:
+                s.close()
+        until(lambda: _metric(url, "tts_active_streams") + _metric(url, "tts_queue_depth") == 0, what="all gone")
