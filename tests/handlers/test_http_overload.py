@@ -1,15 +1,20 @@
 """Issue 50 through the real server (`python -m handlers http`, the tiny model on CPU), with the engines in the
-server's process and in their own (TTS_ENGINE_PROCESS): a burst onto idle slots is taken whole."""
+server's process and in their own (TTS_ENGINE_PROCESS): a burst onto idle slots is taken whole; references whose
+header hides their length, and too many references, are a 400 before any is encoded."""
 
 from __future__ import annotations
 
+import base64
+import io
 import json
 import socket
 import time
 
 import httpx
+import numpy as np
 import pytest
-from test_http import _metric, served
+import soundfile as sf
+from test_http import _metric, served, silence_flac
 
 LONG = {"input": "Long.", "response_format": "pcm", "max_new_tokens": 3000, "seed": 1}  # ~1000 frames, 25 s+
 
@@ -43,7 +48,7 @@ def status_line(sock: socket.socket) -> bytes:
 
 
 @pytest.mark.parametrize("process", ["off", "on"])
-def test_a_burst_onto_idle_slots_is_taken_whole(tmp_path, process):
+def test_a_burst_onto_idle_slots_is_taken_whole(tmp_path, process):  # a server of its own: 8 slots, 8 places
     # 16 requests at once onto 8 idle slots and 8 queue places: every one taken in (8 running, 8 waiting), none
     # refused; the 17th is the first 503
     with served(tmp_path, TTS_ENGINE_PROCESS=process, TTS_MAX_BATCH="8", TTS_MAX_QUEUE="8") as url:
@@ -60,3 +65,41 @@ def test_a_burst_onto_idle_slots_is_taken_whole(tmp_path, process):
             for s in socks:
                 s.close()
         until(lambda: _metric(url, "tts_active_streams") + _metric(url, "tts_queue_depth") == 0, what="all gone")
+
+
+def click_flac(seconds: float, seed: int, rate: int = 16000) -> bytes:
+    """A distinct reference per seed (the encoded-reference cache never serves one for another): quiet but for a
+    click at a place of its own, so a long one is a few kB of FLAC and as slow to encode as any audio."""
+    samples = np.zeros(int(seconds * rate), np.float32)
+    samples[seed % len(samples)] = 0.5
+    buf = io.BytesIO()
+    sf.write(buf, samples, rate, format="FLAC")
+    return buf.getvalue()
+
+
+def with_references(*audio: bytes) -> dict:
+    return {"text": "Hi.", "format": "pcm", "max_new_tokens": 8, "seed": 1,
+            "references": [{"audio": base64.b64encode(a).decode(), "text": "ref"} for a in audio]}
+
+
+@pytest.fixture(scope="module", params=["off", "on"])
+def server(request, tmp_path_factory):
+    with served(tmp_path_factory.mktemp("overload"), TTS_ENGINE_PROCESS=request.param,
+                TTS_MAX_BODY_BYTES="3000000") as url:
+        yield url
+
+
+def test_references_of_unknown_length_and_too_many_are_a_400_before_any_is_encoded(server):
+    encoded = _metric(server, "tts_references_encoded_total")
+    hidden = silence_flac(50, hide_length=True)  # 50 s whose FLAC header says 0 samples: 1076 prompt tokens
+    r = httpx.post(server + "/v1/tts", json=with_references(*[hidden] * 8), timeout=120)
+    assert r.status_code == 400, r.text
+    message = r.json()["error"]["message"]
+    assert message.startswith("the references need at least ") and "use shorter or fewer references" in message
+    r = httpx.post(server + "/v1/tts", json=with_references(*[click_flac(0.5, i) for i in range(9)]), timeout=120)
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["message"] == "9 references; the limit is 8 (TTS_MAX_REFERENCES)"
+    assert _metric(server, "tts_references_encoded_total") == encoded
+    r = httpx.post(server + "/v1/tts", json=with_references(silence_flac(10, hide_length=True)), timeout=120)
+    assert r.status_code == 200 and r.content, r.text  # one such reference that fits is measured and used
+    assert _metric(server, "tts_references_encoded_total") == encoded + 1

@@ -190,7 +190,7 @@ class Engine:
             state=self.state, error=self.error, quantization=self.ckpt.quantization,
             kernel_cache=self.kernel_cache.status, precompiled=self.precompiled, compiled=self.compiled,
             cuda_graphs=self.device.graphs is not None, max_streams=self.max_streams, kv_positions=self.kv_positions,
-            memory_preset=self.settings.preset)
+            memory_preset=self.settings.preset, references_encoded=self.planner.voice_encoder.encoded)
 
     @property
     def precompiled(self) -> str:

@@ -18,6 +18,7 @@ import torch
 from torch import Tensor
 
 from ..config import EngineConfig
+from ..errors import InputError
 from ..model.generation import frame_budget
 from ..model.loading.checkpoint import Checkpoint
 from ..model.prompt import check_codes
@@ -103,7 +104,7 @@ class Planner:
             return request
         req = resolve(request, self.rules, self.config.max_text_length, self.config.chunk_length,
                       self.ckpt.config.max_seq_len, self.config.default_max_new_tokens)
-        self.check_reference_lengths(req)  # headers only: before any reference is decoded or encoded
+        self.check_reference_lengths(req)  # headers first: before any reference is decoded or encoded
         refs = self.prepare_references(req)
         texts = split_text(req.text, req.chunk_length)
         tokens = TextTokens(self.ckpt.tokenizer)
@@ -113,17 +114,29 @@ class Planner:
                     keep_codes=request.keep_codes)
 
     def check_reference_lengths(self, req: ResolvedRequest) -> None:
-        """The cheap checks, before any decode or encode: every reference's header is readable, its rate in
-        range and its declared length within the limit, and their code frames together (each is one prompt
-        token; 21.5 per second of S1 audio) fit the prompt limit."""
-        frames = []
-        for i, ref in enumerate(req.references):
+        """The cheap checks, before any encode: at most max_references references, every reference's header
+        readable, its rate in range and its length within the limit, and their code frames together (each is one
+        prompt token; 21.5 per second of S1 audio) within the prompt limit. A length the header does not give is
+        measured by decoding without keeping samples, and only as far as the room the others left."""
+        refs = req.references
+        if len(refs) > self.config.max_references:
+            raise InputError(f"{len(refs)} references; the limit is {self.config.max_references} (TTS_MAX_REFERENCES)")
+        frames, unknown = [], []
+        for i, ref in enumerate(refs):
             if ref.codes is not None:
                 shape = np.shape(ref.codes)
                 frames.append(int(shape[-1]) if len(shape) == 2 else 0)  # check_codes names a bad shape
             else:
-                frames.append(self.voice_encoder.frames_from_header(ref.audio, what=f"references[{i}].audio"))
-        self.capacity.check_references(frames, self.ckpt.codec.sample_rate / self.ckpt.codec.frame_length)
+                n = self.voice_encoder.header_frames(ref.audio, what=f"references[{i}].audio")
+                frames.append(n or 0)
+                if n is None:
+                    unknown.append(i)
+        rate = self.ckpt.codec.sample_rate / self.ckpt.codec.frame_length
+        self.capacity.check_references(frames, rate)
+        for i in unknown:  # the lengths no header gave, measured within the room the others left
+            room = self.capacity.prompt_limit - sum(frames)
+            frames[i] = self.voice_encoder.measured_frames(refs[i].audio, room, what=f"references[{i}].audio")
+            self.capacity.check_references(frames, rate)
 
     def prepare_references(self, req: ResolvedRequest) -> list[tuple[str, Tensor]]:
         cfg = self.ckpt.config

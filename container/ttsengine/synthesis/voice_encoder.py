@@ -2,8 +2,10 @@
 
 Decoding and encoding a reference holds up to max_seconds of audio and the codec's activations for it, so at
 most DECODE_SLOTS references are decoded and encoded at once in the process (parallel requests queue), and
-`frames_from_header` gives a reference's length in code frames from its header alone, for the planner's
-cheap checks before any of that work."""
+`header_frames` gives a reference's length in code frames from its header (`measured_frames`, where the header does
+not say: from a decode that keeps nothing and stops at the room left), for the planner's cheap checks before any
+encoding.
+`encoded` counts the references run through the codec (the engine's stats: tts_references_encoded_total)."""
 
 from __future__ import annotations
 
@@ -18,7 +20,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from ..audio.decode import load_mono, read_header
+from ..audio.decode import load_mono, measure, read_header
 from ..model.codec import Codec
 
 log = logging.getLogger(__name__)
@@ -37,6 +39,7 @@ class VoiceEncoder:
         self.cache_size = cache_size
         self._cache: OrderedDict[str, Tensor] = OrderedDict()
         self._lock = threading.Lock()
+        self.encoded = 0  # references run through the codec's encoder (cache misses)
 
     def codes_from_samples(self, samples: np.ndarray) -> Tensor:
         """samples: float32 [L] mono at the codec's rate -> codes int64 [n, ceil(L / frame_length)] on CPU.
@@ -55,18 +58,27 @@ class VoiceEncoder:
                 return self._cache[key]
         return None
 
-    def frames_from_header(self, data: bytes, what: str = "reference audio") -> int:
-        """Code frames this audio will encode to, from its header (no samples decoded; 0 where the container
-        does not give its length). Raises InputError for unreadable headers, rates out of range and audio
-        whose header says it is longer than max_seconds."""
+    def header_frames(self, data: bytes, what: str = "reference audio") -> int | None:
+        """Code frames this audio will encode to, from its header (no samples decoded; None where the container
+        does not give its length). Raises InputError for unreadable headers, rates out of range and audio whose
+        header says it is longer than max_seconds."""
         codes = self.cached(data)
         if codes is not None:
             return int(codes.shape[1])
         header = read_header(data, what, self.max_seconds)
-        if header.frames is None:
-            return 0
+        return None if header.frames is None else self._code_frames(header.frames, header.sample_rate)
+
+    def measured_frames(self, data: bytes, room: int, what: str = "reference audio") -> int:
+        """Code frames of audio whose header does not give its length (e.g. a FLAC whose STREAMINFO says 0
+        samples), found by decoding it without keeping the samples (never encoded), stopping once it is over
+        `room` frames (-> more than room, not the whole count). InputError as header_frames, or past max_seconds."""
+        rate = read_header(data, what, self.max_seconds).sample_rate
+        stop = math.ceil((room + 1) * self.codec.frame_length * rate / self.codec.sample_rate)
+        return self._code_frames(measure(data, what, self.max_seconds, stop_after=stop), rate)
+
+    def _code_frames(self, frames: int, rate: int) -> int:
         # the resampled length, rounded down, so this never overstates what encoding gives
-        return math.floor(header.frames * self.codec.sample_rate / header.sample_rate / self.codec.frame_length)
+        return math.floor(frames * self.codec.sample_rate / rate / self.codec.frame_length)
 
     def codes_from_bytes(self, data: bytes, what: str = "reference audio") -> Tensor:
         key = hashlib.sha256(data).hexdigest()
@@ -81,6 +93,7 @@ class VoiceEncoder:
             codes = self.codes_from_samples(samples)
             del samples
         with self._lock:
+            self.encoded += 1
             self._cache[key] = codes
             while len(self._cache) > self.cache_size:
                 self._cache.popitem(last=False)
