@@ -1,6 +1,7 @@
 """Issue 50 through the real server (`python -m handlers http`, the tiny model on CPU), with the engines in the
 server's process and in their own (TTS_ENGINE_PROCESS): a burst onto idle slots is taken whole; references whose
-header hides their length, and too many references, are a 400 before any is encoded."""
+header hides their length, and too many references, are a 400 before any is encoded; requests whose clients
+left are given up (no reference encoded for nobody) and never hold up /health."""
 
 from __future__ import annotations
 
@@ -103,3 +104,43 @@ def test_references_of_unknown_length_and_too_many_are_a_400_before_any_is_encod
     r = httpx.post(server + "/v1/tts", json=with_references(silence_flac(10, hide_length=True)), timeout=120)
     assert r.status_code == 200 and r.content, r.text  # one such reference that fits is measured and used
     assert _metric(server, "tts_references_encoded_total") == encoded + 1
+
+
+def test_requests_whose_clients_left_are_given_up_and_health_never_waits(server):
+    # 60 requests, each with a reference of its own (20 s: ~5 s of codec encoding on this CPU, two at a time): more
+    # than any thread pool holds. /health answers at once while they wait (it took 12 s behind 45 such in the
+    # hostile run); once their clients leave, the encodings already under way finish and nothing more is encoded
+    # for nobody (before: all 60, 150 s of CPU after the clients had gone)
+    encoded = _metric(server, "tts_references_encoded_total")
+    socks = [raw_post(server, with_references(click_flac(20, 1000 + i)), path="/v1/tts") for i in range(60)]
+    try:
+        until(lambda: _metric(server, "tts_references_encoded_total") > encoded, what="the first reference encoded")
+        for _ in range(3):
+            t0 = time.monotonic()
+            r = httpx.get(server + "/health", timeout=60)
+            assert r.status_code == 200 and r.json()["status"] == "ok", r.text
+            assert time.monotonic() - t0 < 3, f"/health took {time.monotonic() - t0:.1f} s behind planning"
+    finally:
+        for s in socks:
+            s.close()
+    at_close = _metric(server, "tts_references_encoded_total")
+    assert at_close - encoded < 30, "most of them should still have been waiting"
+    final = settled(lambda: _metric(server, "tts_references_encoded_total"))
+    # the two under way, and two more that started before the server saw the clients go (it asks every 0.25 s):
+    # not the ~50 still waiting
+    assert final <= at_close + 4, (encoded, at_close, final)
+    r = httpx.post(server + "/v1/tts", json=with_references(click_flac(1, 7)), timeout=120)
+    assert r.status_code == 200, r.text
+
+
+def settled(read, quiet: float = 5.0, timeout: float = 90.0):
+    """read()'s value once it has not changed for `quiet` seconds (a counter that stopped growing)."""
+    end = time.monotonic() + timeout
+    value, since = read(), time.monotonic()
+    while time.monotonic() - since < quiet:
+        assert time.monotonic() < end, f"still changing after {timeout:.0f} s: {value}"
+        time.sleep(0.25)
+        now = read()
+        if now != value:
+            value, since = now, time.monotonic()
+    return value

@@ -131,9 +131,10 @@ class Engine:
         self.vocoder.close()
 
     # ---- requests -----------------------------------------------------------------------------
-    def submit(self, request: SynthesisRequest | Plan, *, ignore_stop: bool = False) -> Stream:
-        """Validates and queues a request; raises InputError (bad request) or BusyError (full) at once."""
-        plan = self.planner.plan(request)  # the capacity guard: every chunk fits this engine's cache
+    def submit(self, request: SynthesisRequest | Plan, *, ignore_stop: bool = False,
+               abandoned: Callable[[], bool] | None = None) -> Stream:
+        """Validates and queues a request; InputError (bad request), BusyError (full) or Abandoned at once."""
+        plan = self.planner.plan(request, abandoned)  # the capacity guard: every chunk fits this engine's cache
         plan.ignore_stop = plan.ignore_stop or ignore_stop
         stream = Stream(plan, self.sample_rate, str(self.device.device))
         prompt, _ = self.planner.chunk_prompt(plan, 0, None)

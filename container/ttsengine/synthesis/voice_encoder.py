@@ -15,18 +15,21 @@ import logging
 import math
 import threading
 from collections import OrderedDict
+from collections.abc import Callable
 
 import numpy as np
 import torch
 from torch import Tensor
 
 from ..audio.decode import load_mono, measure, read_header
+from ..errors import Abandoned
 from ..model.codec import Codec
 
 log = logging.getLogger(__name__)
 
 DECODE_SLOTS = 2  # references decoded + encoded at once, process-wide (each up to max_seconds of audio)
 _decoding = threading.BoundedSemaphore(DECODE_SLOTS)
+SLOT_POLL = 0.1  # seconds between checks, while waiting for a decode slot, whether the client is still there
 
 
 class VoiceEncoder:
@@ -80,18 +83,27 @@ class VoiceEncoder:
         # the resampled length, rounded down, so this never overstates what encoding gives
         return math.floor(frames * self.codec.sample_rate / rate / self.codec.frame_length)
 
-    def codes_from_bytes(self, data: bytes, what: str = "reference audio") -> Tensor:
+    def codes_from_bytes(self, data: bytes, what: str = "reference audio",
+                         abandoned: Callable[[], bool] | None = None) -> Tensor:
+        """abandoned: True once nobody waits for the codes: checked while waiting for a decode slot and before the
+        work starts (Abandoned), so a request whose client left does not decode and encode for nobody."""
         key = hashlib.sha256(data).hexdigest()
         codes = self.cached(data, key)
         if codes is not None:
             return codes
         read_header(data, what, self.max_seconds)  # cheap rejections without waiting for a slot
-        with _decoding:
+        while not _decoding.acquire(timeout=SLOT_POLL):
+            Abandoned.check(abandoned)
+        try:
+            Abandoned.check(abandoned)
             samples = load_mono(data, self.codec.sample_rate, what, self.max_seconds)
             if float(np.abs(samples).max()) < 1e-4:
                 log.warning("%s is silent; the cloned voice will be poor", what)
+            Abandoned.check(abandoned)  # the encoding is the costly part
             codes = self.codes_from_samples(samples)
             del samples
+        finally:
+            _decoding.release()
         with self._lock:
             self.encoded += 1
             self._cache[key] = codes
