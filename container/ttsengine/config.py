@@ -203,6 +203,7 @@ class EngineConfig:
     chunk_length: int = 200  # characters per text chunk of a long text
     max_text_length: int = 20_000  # characters per request
     max_reference_seconds: float = 60.0
+    max_references: int = 8  # reference voices (audio or codes) per request
     reference_cache_size: int = 64  # encoded references kept in memory (LRU, by content hash)
     allow_special_tokens: bool = False  # honour <|...|> control tokens inside request text
     log_level: str = "INFO"
@@ -256,6 +257,8 @@ ENGINE_VARS = (
     Var("TTS_MAX_TEXT_LENGTH", "max_text_length", integer(1), "longest accepted request text, in characters"),
     Var("TTS_MAX_REFERENCE_SECONDS", "max_reference_seconds", positive_number(),
         "longest accepted reference audio, in seconds"),
+    Var("TTS_MAX_REFERENCES", "max_references", integer(1, 1000),
+        "most reference voices (audio or codes) one request may give (default 8); more is a 400 before any is read"),
     Var("TTS_REFERENCE_CACHE_SIZE", "reference_cache_size", integer(0), "encoded reference voices kept in memory"),
     Var("TTS_ALLOW_SPECIAL_TOKENS", "allow_special_tokens", toggle(auto=False),
         "on = honour <|...|> control tokens in request text (auto = off)"),

@@ -6,6 +6,7 @@ Every message is one line that says what is wrong and where, so it can be shown 
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 
 # "<_io.BytesIO object at 0x7f...>", "<function f at 0x...>": a library's repr of one of its objects
 _REPR = re.compile(r"<[^<>]*\bat 0x[0-9a-fA-F]+>")
@@ -69,6 +70,19 @@ class ShuttingDown(TTSError):
 
 class CancelledError(TTSError):
     """The request was cancelled before it finished."""
+
+
+class Abandoned(CancelledError):
+    """The client left: its request was given up (its planning dropped or stopped before the next reference, its
+    generation cancelled). Nobody reads the answer; 499 is what the access log and the metrics count."""
+
+    status = 499
+
+    @classmethod
+    def check(cls, abandoned: Callable[[], bool] | None) -> None:
+        """Between units of planning work: raises if the request's client has left (abandoned() is True)."""
+        if abandoned is not None and abandoned():
+            raise cls("the client left before the request was taken in")
 
 
 class DownloadError(TTSError):

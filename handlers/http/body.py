@@ -44,6 +44,6 @@ async def optional_json_body(request: Request) -> dict | None:
     return parse_body(raw, media_type(request))
 
 
-def form_only(request: Request) -> None:
+async def form_only(request: Request) -> None:  # async: on the event loop, not the shared pool
     """A dependency for the multipart routes: JSON sent to them is a 415, not a list of missing fields."""
     check_media_type(request, FORM_TYPES, "send multipart/form-data (curl: -F id=... -F audio=@file)")

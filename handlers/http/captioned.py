@@ -10,7 +10,6 @@ import base64
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
-from starlette.concurrency import run_in_threadpool
 
 from ttsengine import caption_cues, render_captions, whole
 from ttsengine.serving.protocol import OpenAISpeechRequest, openai_job, unknown_fields, validate
@@ -33,7 +32,7 @@ async def captioned_speech(request: Request, svc: Svc, server: Server):
     job = openai_job(req, svc.voices, aliases=dict(server.voice_aliases))
     if job.sse:
         raise ApiError(400, "stream_format: captioned speech comes whole, as one JSON answer (not SSE)")
-    stream = await run_in_threadpool(svc.submit, job.request)
+    stream = await svc.admit(job.request, request.is_disconnected)
     tally = watch_speech(request, job, stream)  # in the speech histograms like /v1/audio/speech
     result = await until_disconnect(request, whole(stream, job, tally), stream)
     frames = stream.frames

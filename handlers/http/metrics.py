@@ -237,6 +237,8 @@ ENGINE_COUNTERS = (
     ("tts_requests_completed_total", lambda s: s.requests_done, "requests completed"),
     ("tts_requests_cancelled_total", lambda s: s.cancelled, "requests cancelled (the client went away)"),
     ("tts_requests_rejected_total", lambda s: s.rejected, "requests refused because every engine was full"),
+    ("tts_references_encoded_total", lambda s: s.references_encoded,
+     "reference audio clips run through the codec's encoder (the encoded-reference cache missed)"),
 )
 PER_ENGINE = (  # name, value, type, help: one series per engine, labelled with its index and device
     ("tts_engine_up", lambda s: int(s.state == "ready"), "gauge",

@@ -37,11 +37,13 @@ from .metrics import CONTENT_TYPE, watch_speech
 STATIC = Path(__file__).parent / "static"
 
 
-def get_service(request: Request) -> Service:
+# async, so FastAPI calls them on the event loop: a sync dependency runs in the shared thread pool, where it
+# would queue behind user work and hold up /health (issue 50)
+async def get_service(request: Request) -> Service:
     return request.app.state.service
 
 
-def get_server(request: Request) -> ServerConfig:
+async def get_server(request: Request) -> ServerConfig:
     return request.app.state.server
 
 
@@ -121,7 +123,7 @@ async def respond(request: Request, svc: Service, job: SpeechJob, ignored: tuple
     """One job's audio: SSE events, a stream, or one whole file (exact sizes), kept behind a download link
     when the job asks. Streamed answers (audio or SSE) send their headers with the first audio, so a failure
     before it is the JSON error with its status."""
-    stream = await run_in_threadpool(svc.submit, job.request)
+    stream = await svc.admit(job.request, request.is_disconnected)  # given up if the client leaves meanwhile
     try:
         return await _answer(request, job, ignored, stream)
     except BaseException:

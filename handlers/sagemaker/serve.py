@@ -23,6 +23,7 @@ from starlette.requests import ClientDisconnect
 
 from ttsengine import SageMakerConfig, ServerConfig, TTSError, audio_bytes, audio_record, from_env, output_rate
 from ttsengine.serving.body_limit import BodyLimit
+from ttsengine.serving.delivery import generated, unless_gone
 from ttsengine.serving.failure import failure
 from ttsengine.serving.listen import HeadAsGet, port_problem
 from ttsengine.serving.protocol import ignored_header
@@ -115,10 +116,15 @@ def create_app(server: ServerConfig, service: Service) -> FastAPI:
             stream_flag = attrs.get("stream", body.get("stream", False))
             if stream_flag:
                 job = inference.job_for(body, service.voices, server=server)
-                stream = await run_in_threadpool(service.submit, job.request)
+                stream = await service.admit(job.request, request.is_disconnected)
                 return StreamingResponse(_json_lines(stream, job), media_type="application/jsonlines",
                                          headers={"X-Seed": str(stream.seed), **ignored_header(job.ignored)})
-            prediction = await run_in_threadpool(inference.predict_fn, body, service)
+            # not predict_fn (one thread blocked for the whole generation): the request is planned in the service's
+            # own threads and the generation cancelled if the client leaves before the answer is ready (issue 50)
+            job = inference.job_for(body, service.voices, server=server)
+            stream = await service.admit(job.request, request.is_disconnected)
+            prediction = inference.Prediction(await unless_gone(generated(stream), stream, request.is_disconnected),
+                                              job)
             data, content_type = await run_in_threadpool(inference.output_fn, prediction,
                                                          request.headers.get("accept"))
             return Response(data, media_type=content_type,

@@ -396,10 +396,11 @@ def test_a_failure_before_the_slot_operations_ran_leaves_no_row_armed(ckpt):
         assert eng.submit(SynthesisRequest(text="Next.", seed=4, max_new_tokens=5)).result().frames == 4
 
 
-def test_a_request_refused_after_continuations_went_ahead_is_closed_and_counted(ckpt):
-    # one slot, a queue of two: b and c are let in while the long stream's first text chunk makes its last frame; its
-    # continuation goes to the front of the queue before they are taken in, so c no longer fits and is refused then.
-    # It ends with BusyError, counts as rejected and is no longer open (it stayed open: a drain waited it out)
+def test_a_long_texts_continuation_takes_the_slot_its_chunk_freed(ckpt):
+    # one slot, a queue of two: b and c are let in while the long stream's first text chunk makes its last frame;
+    # its continuation goes to the front of the queue then, into the slot that chunk freed, so it does not push
+    # out the requests let in (room is free slots + queue places: issue 50): all three finish, none is refused,
+    # none stays open. A fourth while they wait is refused at once.
     text = "First part of a long text. " * 5 + "And the end."
     with scripted_engine(ckpt, stops={7: 6}, max_batch=1, max_queue=2) as (eng, device, _):
         device.pause()
@@ -408,10 +409,10 @@ def test_a_request_refused_after_continuations_went_ahead_is_closed_and_counted(
         assert device.wait_blocked()
         b = eng.submit(SynthesisRequest(text="Second.", seed=8, max_new_tokens=3))
         c = eng.submit(SynthesisRequest(text="Third.", seed=9, max_new_tokens=3))
+        with pytest.raises(BusyError, match="busy"):
+            eng.submit(SynthesisRequest(text="Fourth.", seed=10, max_new_tokens=3))
         device.resume()
-        with pytest.raises(BusyError):
-            c.result()
-        assert len(long.result().chunks) > 2 and b.result().frames == 2
+        assert len(long.result().chunks) > 2 and b.result().frames == 2 and c.result().frames == 2
         deadline = time.monotonic() + 10
         while eng.open_streams and time.monotonic() < deadline:
             time.sleep(0.01)

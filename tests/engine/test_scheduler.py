@@ -48,12 +48,15 @@ def test_fifo_admission_fills_slots_in_order():
 
 def test_backpressure_is_immediate():
     s = sched(slots=1, queue=2)
-    s.submit(Job(10, 5))
-    s.submit(Job(10, 5))
+    for _ in range(3):  # the free slot and the two queue places (issue 50: a burst onto idle slots was refused)
+        s.submit(Job(10, 5))
     with pytest.raises(BusyError, match="busy"):
         s.submit(Job(10, 5))
     s.submit(Job(10, 5), front=True)  # a long text's next chunk is never refused
-    assert s.queue_depth == 3
+    assert s.queue_depth == 4
+    assert admit(s) == [s.running[0]] and s.queue_depth == 3  # one running: the queue's two places are full
+    with pytest.raises(BusyError, match="busy"):
+        s.submit(Job(10, 5))
 
 
 def test_page_reservations_bound_admission_without_overtaking():

@@ -94,14 +94,67 @@ def test_references_over_the_prompt_budget_are_rejected_from_their_headers(eager
     planner = eager_engine.planner
     _no_decoding(planner, monkeypatch)
     ref = _wav(59, 16000)  # 59 s -> 1270 frames; the tiny model's prompt limit is a few thousand
-    refs = tuple(Reference(text="r", audio=ref) for _ in range(20))
-    with pytest.raises(InputError, match=r"the references need at least 25400 prompt tokens \(1179\.6 s of audio\); "
+    refs = tuple(Reference(text="r", audio=ref) for _ in range(8))
+    with pytest.raises(InputError, match=r"the references need at least 10160 prompt tokens \(471\.8 s of audio\); "
                                          rf"the limit is {planner.prompt_limit} \(use shorter or fewer references\)"):
         planner.plan(SynthesisRequest(text="hi", references=refs))
     # stored codes count too: one long audio reference beside codes that fill the budget
     codes = Reference(text="c", codes=np.ones((4, planner.prompt_limit - 100), dtype=np.int64))
     with pytest.raises(InputError, match="the references need at least"):
         planner.plan(SynthesisRequest(text="hi", references=(codes, Reference(text="r", audio=ref))))
+
+
+def _hidden_length_flac(seconds: int, rate: int = 44100) -> bytes:
+    """Silence as FLAC whose STREAMINFO gives 0 total samples (unknown): only decoding finds its length."""
+    import io
+
+    import soundfile as sf
+
+    buf = io.BytesIO()
+    sf.write(buf, np.zeros(seconds * rate, np.float32), rate, format="FLAC")
+    data = bytearray(buf.getvalue())
+    data[21] &= 0xF0
+    data[22:26] = bytes(4)
+    return bytes(data)
+
+
+def test_references_of_unknown_length_are_measured_only_as_far_as_the_room_left(eager_engine, monkeypatch):
+    """Issue 50: references whose header hides their length counted as 0 frames, so 20 x 59 s were decoded and
+    encoded (56 s) before the 400. Now they are measured by a decode that keeps nothing and stops at the room
+    the others left: never encoded, and the measuring stops at the limit."""
+    import ttsengine.audio.decode as decode
+
+    planner = eager_engine.planner
+    _no_decoding(planner, monkeypatch)
+    ref = _hidden_length_flac(50)  # 1076 code frames each
+    assert decode.read_header(ref).frames is None and planner.voice_encoder.header_frames(ref) is None
+    blocks = []
+    real = decode._blocks  # noqa: SLF001 - counted, to see the measuring stop
+
+    def counted(*args, **kwargs):
+        for x in real(*args, **kwargs):
+            blocks.append(x.shape[0])
+            yield x
+
+    monkeypatch.setattr(decode, "_blocks", counted)
+    refs = tuple(Reference(text="r", audio=ref) for _ in range(8))
+    with pytest.raises(InputError, match=r"^the references need at least \d+ prompt tokens .*the limit is "
+                                         rf"{planner.prompt_limit} \(use shorter or fewer references\)$"):
+        planner.plan(SynthesisRequest(text="hi", references=refs))
+    measured = sum(blocks) / 44100  # seconds decoded: about the prompt limit's worth, not 8 x 50 s
+    assert measured < (planner.prompt_limit + 2 * 1076) / 21.5, measured
+    # one such reference within the room is measured whole, and its length is what encoding gives
+    assert planner.voice_encoder.measured_frames(_hidden_length_flac(2), room=10_000) == 43
+
+
+def test_the_number_of_references_is_capped_before_any_is_read(eager_engine, monkeypatch):
+    planner = eager_engine.planner
+    _no_decoding(planner, monkeypatch)
+    monkeypatch.setattr(planner.voice_encoder, "header_frames", lambda *a, **k: pytest.fail("read a header"))
+    limit = planner.config.max_references
+    refs = tuple(Reference(text="r", audio=b"anything") for _ in range(limit + 1))
+    with pytest.raises(InputError, match=rf"^{limit + 1} references; the limit is {limit} \(TTS_MAX_REFERENCES\)$"):
+        planner.plan(SynthesisRequest(text="hi", references=refs))
 
 
 @pytest.mark.parametrize("seconds, rate, words", [
@@ -120,6 +173,6 @@ def test_header_frames_match_the_encoding(eager_engine):
     encoder = eager_engine.voice_encoder
     for seconds, rate in [(1.0, 44100), (0.7, 22050), (2.3, 48000), (0.5, 8000)]:
         data = _wav(seconds, rate)
-        estimate = encoder.frames_from_header(data)
+        estimate = encoder.header_frames(data)
         assert estimate <= encoder.codes_from_bytes(data).shape[1] <= estimate + 1
-        assert encoder.frames_from_header(data) == encoder.cached(data).shape[1]  # cached: the exact count
+        assert encoder.header_frames(data) == encoder.cached(data).shape[1]  # cached: the exact count

@@ -87,32 +87,55 @@ def decode_mono(data: bytes, what: str = "audio", max_seconds: float | None = No
     (plus one block). Raises InputError with one line on any problem."""
     with _open(data, what) as f:
         header = _check_header(f, what, max_seconds)
-        rate, channels = header.sample_rate, header.channels
-        limit = None if max_seconds is None else int(max_seconds * rate)
-        block = max(256, BLOCK_VALUES // channels)
-        buffer = np.empty((block, channels), np.float32)  # given `out`, soundfile does not seek to size reads
-        # reads are sequential: without this soundfile seeks after every block (tell, then seek to where it is),
-        # which libsndfile refuses at the end of a FLAC whose header gives no length
-        f.seekable = lambda: False
-        parts, total = [], 0
-        while True:
-            try:
-                x = f.read(out=buffer)
-            except Exception as e:
-                raise InputError(f"{what}: cannot decode (unsupported format or corrupt file): {_detail(e)}") from None
-            if x.shape[0] == 0:
-                break
-            if not np.isfinite(x).all():
-                raise InputError(f"{what}: contains NaN or infinite samples")
-            total += x.shape[0]
-            if limit is not None and total > limit:
-                raise _too_long(what, total / rate, max_seconds, decoding=True)
-            parts.append(to_mono(x))
-            if x.shape[0] < block:
-                break
-    if total == 0:
+        parts = [to_mono(x) for x in _blocks(f, header, what, max_seconds, check=True)]
+    if not parts:
         raise InputError(f"{what}: contains no samples")
-    return (parts[0] if len(parts) == 1 else np.concatenate(parts)), rate
+    return (parts[0] if len(parts) == 1 else np.concatenate(parts)), header.sample_rate
+
+
+def measure(data: bytes, what: str = "audio", max_seconds: float | None = None, stop_after: int | None = None) -> int:
+    """Frames (samples per channel) of audio whose header does not give its length, found by decoding it block by
+    block and keeping nothing; from the header where it does. Stops as soon as more than `stop_after` frames were
+    seen (-> that count: more than stop_after, not the whole length) or max_seconds was passed (InputError), so
+    its cost is bounded by what the caller still has room for, not by the file."""
+    with _open(data, what) as f:
+        header = _check_header(f, what, max_seconds)
+        if header.frames is not None:
+            return header.frames
+        total = 0
+        for x in _blocks(f, header, what, max_seconds, check=False):
+            total += x.shape[0]
+            if stop_after is not None and total > stop_after:
+                break
+        return total
+
+
+def _blocks(f, header: AudioHeader, what: str, max_seconds: float | None, check: bool):
+    """The samples of an open file, float32 [block, channels] at a time (one buffer, reused: copy what you keep);
+    InputError past max_seconds, or (check) at NaN or infinite samples."""
+    rate, channels = header.sample_rate, header.channels
+    limit = None if max_seconds is None else int(max_seconds * rate)
+    block = max(256, BLOCK_VALUES // channels)
+    buffer = np.empty((block, channels), np.float32)  # given `out`, soundfile does not seek to size reads
+    # reads are sequential: without this soundfile seeks after every block (tell, then seek to where it is),
+    # which libsndfile refuses at the end of a FLAC whose header gives no length
+    f.seekable = lambda: False
+    total = 0
+    while True:
+        try:
+            x = f.read(out=buffer)
+        except Exception as e:
+            raise InputError(f"{what}: cannot decode (unsupported format or corrupt file): {_detail(e)}") from None
+        if x.shape[0] == 0:
+            return
+        if check and not np.isfinite(x).all():
+            raise InputError(f"{what}: contains NaN or infinite samples")
+        total += x.shape[0]
+        if limit is not None and total > limit:
+            raise _too_long(what, total / rate, max_seconds, decoding=True)
+        yield x
+        if x.shape[0] < block:
+            return
 
 
 def to_mono(samples: np.ndarray) -> np.ndarray:

@@ -131,9 +131,10 @@ class Engine:
         self.vocoder.close()
 
     # ---- requests -----------------------------------------------------------------------------
-    def submit(self, request: SynthesisRequest | Plan, *, ignore_stop: bool = False) -> Stream:
-        """Validates and queues a request; raises InputError (bad request) or BusyError (full) at once."""
-        plan = self.planner.plan(request)  # the capacity guard: every chunk fits this engine's cache
+    def submit(self, request: SynthesisRequest | Plan, *, ignore_stop: bool = False,
+               abandoned: Callable[[], bool] | None = None) -> Stream:
+        """Validates and queues a request; InputError (bad request), BusyError (full) or Abandoned at once."""
+        plan = self.planner.plan(request, abandoned)  # the capacity guard: every chunk fits this engine's cache
         plan.ignore_stop = plan.ignore_stop or ignore_stop
         stream = Stream(plan, self.sample_rate, str(self.device.device))
         prompt, _ = self.planner.chunk_prompt(plan, 0, None)
@@ -190,7 +191,7 @@ class Engine:
             state=self.state, error=self.error, quantization=self.ckpt.quantization,
             kernel_cache=self.kernel_cache.status, precompiled=self.precompiled, compiled=self.compiled,
             cuda_graphs=self.device.graphs is not None, max_streams=self.max_streams, kv_positions=self.kv_positions,
-            memory_preset=self.settings.preset)
+            memory_preset=self.settings.preset, references_encoded=self.planner.voice_encoder.encoded)
 
     @property
     def precompiled(self) -> str:

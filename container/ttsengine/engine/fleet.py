@@ -15,6 +15,7 @@ import itertools
 import logging
 import threading
 import time
+from collections.abc import Callable
 
 import numpy as np
 import torch
@@ -117,9 +118,11 @@ class Fleet:
         return "every engine failed: " + "; ".join(f"{e.runner.device}: {e.error}" for e in self.engines)
 
     # ---- requests -----------------------------------------------------------------------------
-    def submit(self, request: SynthesisRequest | Plan, *, ignore_stop: bool = False) -> Stream:
+    def submit(self, request: SynthesisRequest | Plan, *, ignore_stop: bool = False,
+               abandoned: Callable[[], bool] | None = None) -> Stream:
         """Queues the request on the engine with the most room; InputError at once; BusyError when none has
-        room; EngineDown when none is in service."""
+        room; EngineDown when none is in service; Abandoned once abandoned() says the client left (checked
+        between the units of planning: Planner.plan)."""
         order = self.route(voice_affinity(request))
         if not order:
             if self.failure:
@@ -127,7 +130,7 @@ class Fleet:
             raise BusyError("no engine is ready yet; retry shortly")
         for engine in order:
             try:
-                return engine.submit(request, ignore_stop=ignore_stop)
+                return engine.submit(request, ignore_stop=ignore_stop, abandoned=abandoned)
             except (BusyError, EngineDown):  # full, or went down since route(): the next one
                 continue
         with self._lock:

@@ -33,14 +33,16 @@ class Intake:
 
     # ---- the API threads ----------------------------------------------------------------------
     def put(self, task: Task) -> None:
-        """Queues a request's first text chunk; EngineDown, ShuttingDown or BusyError (a full queue) at once."""
+        """Queues a request's first text chunk; EngineDown, ShuttingDown or BusyError at once. BusyError when the
+        engine is full: every slot running or spoken for by a waiting request, and max_queue more waiting."""
         with self.cv:
             if self.down is not None:
                 raise EngineDown(f"the engine on {self.where} is out of service: {self.down}")
             if self.stopping:
                 raise ShuttingDown("the server is shutting down; retry shortly")
             waiting = self._waiting()
-            if waiting >= self.max_queue:
+            # room: the free slots (a burst lands here before the loop moves it into them) plus the queue places
+            if waiting >= self.scheduler.free_slots + self.max_queue:
                 self.metrics.rejected += 1
                 raise BusyError(f"the engine is busy ({len(self.scheduler.running)} streams running, {waiting} "
                                 "waiting); retry shortly")

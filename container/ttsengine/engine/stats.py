@@ -40,6 +40,7 @@ class EngineStats:
     cancelled: int = _counter()
     rejected: int = _counter()  # refused as busy
     failed_streams: int = _counter()  # requests ended by an engine error
+    references_encoded: int = _counter()  # reference audio run through the codec's encoder (cache misses)
     step_seconds: float = _counter(0.0)
     prefill_seconds: float = _counter(0.0)
     vocoder_seconds: float = _counter(0.0)

@@ -8,14 +8,16 @@ handed on, and how the delivery ended.
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import contextlib
 import json
 import logging
 import time
 from collections import deque
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 import numpy as np
 
@@ -23,12 +25,16 @@ from ..audio import encoder_pool
 from ..audio.encode import CONTENT_TYPES, EncodedAudio
 from ..audio.stream_encoder import StreamEncoder
 from ..config import encoder_processes
+from ..errors import Abandoned
+from ..synthesis.output import SynthesisResult
 from ..synthesis.stream import Stream
 from . import chunk_trace
 from .failure import failure
 from .protocol import SpeechJob
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
+POLL = 0.25  # seconds between checks whether the client of a whole answer is still there
 
 
 @dataclass
@@ -144,6 +150,29 @@ def audio_record(index: int, data: bytes, fmt: str, sample_rate: int) -> dict:
 
 def _event(payload: dict) -> bytes:
     return f"data: {json.dumps(payload)}\n\n".encode()
+
+
+async def generated(stream: Stream) -> SynthesisResult:
+    """The stream's whole result (float32 audio, reports), awaited without a thread; its error if it failed."""
+    parts = [chunk async for chunk in stream]
+    return SynthesisResult.join(parts, stream.sample_rate, stream.seed, stream.plan.reports)
+
+
+async def unless_gone(work: Awaitable[T], stream: Stream, gone: Callable[[], Awaitable[bool]]) -> T:
+    """Awaits `work` (a whole answer: generated(), whole()), asking gone() every POLL seconds whether the client
+    left; if it did, the generation is cancelled and Abandoned raised (nobody would read the answer)."""
+    task = asyncio.ensure_future(work)
+    try:
+        while True:
+            done, _ = await asyncio.wait({task}, timeout=POLL)
+            if done:
+                return task.result()
+            if await gone():
+                raise Abandoned("the client closed the connection before its answer was ready")
+    finally:
+        if not task.done():
+            stream.cancel()
+            task.cancel()
 
 
 async def whole(stream: Stream, job: SpeechJob, tally: Tally | None = None) -> EncodedAudio:

@@ -9,16 +9,18 @@ failure.py's table; the body limit is body_limit.py.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 from ..config import DownloadConfig, EngineConfig
 from ..engine.fleet import Fleet
 from ..engine.stats import FleetStats
-from ..errors import EngineDown, ShuttingDown
+from ..errors import Abandoned, EngineDown, ShuttingDown
 from ..synthesis.request import SynthesisRequest
 from ..synthesis.stream import Stream
 from .download import ensure_model
@@ -27,6 +29,8 @@ from .voices import VoiceStore
 
 log = logging.getLogger(__name__)
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+PLANNING_THREADS = 8  # requests planned at once; references are decoded and encoded two at a time (voice_encoder.py)
+POLL = 0.25  # seconds between checks whether a client whose request is planned is still there
 
 
 def setup_logging(level: str) -> None:
@@ -88,6 +92,7 @@ class Service:
         self._closed = False
         self._close_lock = threading.Lock()  # a drain thread and the main thread may both close
         self._thread: threading.Thread | None = None
+        self.planning = Planning()
 
     # ---- boot -----------------------------------------------------------------------------------------------
     def start(self) -> Service:
@@ -168,8 +173,16 @@ class Service:
         return self.fleet
 
     # ---- what adapters ask of the engine(s) ---------------------------------------------------------------
-    def submit(self, request: SynthesisRequest) -> Stream:
-        return self.require().submit(request)
+    def submit(self, request: SynthesisRequest, abandoned: Callable[[], bool] | None = None) -> Stream:
+        """In the caller's thread (blocks while the request is planned). abandoned: see admit()."""
+        fleet = self.require()
+        return fleet.submit(request) if abandoned is None else fleet.submit(request, abandoned=abandoned)
+
+    async def admit(self, request: SynthesisRequest, gone: Callable[[], Awaitable[bool]] | None = None) -> Stream:
+        """submit() in the service's own planning threads (Planning, below), never the event loop's shared pool:
+        gone() (the client left?) is asked while it waits or is planned; then it is given up (Abandoned, 499)."""
+        self.require()  # a 503 without waiting for a planning thread
+        return await self.planning.submit(self.submit, request, gone)
 
     @property
     def max_streams(self) -> int:
@@ -202,5 +215,63 @@ class Service:
                 return
             self._closed = True
             self.draining = True
+            self.planning.close()
             if self.fleet is not None:
                 self.fleet.close()
+
+
+class Planning:
+    """Where the adapters' requests are submitted (Service.admit): a bounded pool of threads of its own, apart from
+    the event loop's default thread pool, so planning (text tokenized, reference audio decoded and encoded; with
+    the engine process, the wait for it to do that) never holds up the health checks, metrics and other small work
+    that pool runs (issue 50: 45 abandoned one-reference requests made /health take 12 s). A request whose client
+    leaves is given up: dropped if its planning has not started, stopped before its next reference if it has
+    (Abandoned), and its stream cancelled if the engine took it meanwhile."""
+
+    def __init__(self, threads: int = PLANNING_THREADS):
+        self._pool = ThreadPoolExecutor(threads, thread_name_prefix="planning")
+        self.dropped = 0  # requests given up before their planning started
+        self.abandoned = 0  # requests whose client left while they were planned (stopped, or cancelled after)
+
+    async def submit(self, submit: Callable[..., Stream], request: SynthesisRequest,
+                     gone: Callable[[], Awaitable[bool]] | None = None) -> Stream:
+        """submit(request, abandoned=...) in the pool -> its Stream. gone(): whether the client left (e.g. the
+        HTTP request's is_disconnected), asked every POLL seconds while the request waits or is planned; once it
+        says so the request is given up and Abandoned raised. A cancelled caller (the event loop cancelled the
+        task) gives it up the same way."""
+        left = threading.Event()
+
+        def work() -> Stream:
+            Abandoned.check(left.is_set)  # a client that left while this waited for a thread
+            return submit(request, abandoned=left.is_set)
+
+        future = self._pool.submit(work)
+        waiting = asyncio.wrap_future(future)
+        try:
+            while True:
+                done, _ = await asyncio.wait({waiting}, timeout=POLL)
+                if done:
+                    return waiting.result()
+                if gone is not None and await gone():
+                    raise Abandoned("the client left before the request was taken in")
+        except BaseException:
+            if not future.done():
+                self._give_up(future, left)
+                waiting.cancel()  # its result, when it comes, is nobody's (no "never retrieved" warning)
+            raise
+
+    def _give_up(self, future: Future, left: threading.Event) -> None:
+        left.set()
+        if future.cancel():  # not started: dropped
+            self.dropped += 1
+            return
+        self.abandoned += 1
+        future.add_done_callback(_cancel_stream)  # taken in before it saw `left`: nobody will read it
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+
+def _cancel_stream(future: Future) -> None:
+    if not future.cancelled() and future.exception() is None:
+        future.result().cancel()

@@ -11,6 +11,7 @@ guard (capacity.py) before any audio.
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -18,6 +19,7 @@ import torch
 from torch import Tensor
 
 from ..config import EngineConfig
+from ..errors import Abandoned, InputError
 from ..model.generation import frame_budget
 from ..model.loading.checkpoint import Checkpoint
 from ..model.prompt import check_codes
@@ -95,16 +97,18 @@ class Planner:
         """Reference audio (any soundfile-readable bytes) -> codes int64 [n, F]; InputError if unreadable."""
         return self.voice_encoder.codes_from_bytes(audio).numpy()
 
-    def plan(self, request: SynthesisRequest | Plan) -> Plan:
+    def plan(self, request: SynthesisRequest | Plan, abandoned: Callable[[], bool] | None = None) -> Plan:
         """Raises InputError before any audio: bad fields, unreadable references, a chunk that cannot fit.
-        A Plan made elsewhere (e.g. by an engine with a larger cache) is checked against this capacity."""
+        A Plan made elsewhere (e.g. by an engine with a larger cache) is checked against this capacity.
+        abandoned: True once nobody waits for the answer (the client left): checked before each reference is
+        measured or encoded, which stops there with Abandoned."""
         if isinstance(request, Plan):
             self.capacity.check(request.prompt_lengths, request.request.max_new_tokens)
             return request
         req = resolve(request, self.rules, self.config.max_text_length, self.config.chunk_length,
                       self.ckpt.config.max_seq_len, self.config.default_max_new_tokens)
-        self.check_reference_lengths(req)  # headers only: before any reference is decoded or encoded
-        refs = self.prepare_references(req)
+        self.check_reference_lengths(req, abandoned)  # headers first: before any reference is decoded or encoded
+        refs = self.prepare_references(req, abandoned)
         texts = split_text(req.text, req.chunk_length)
         tokens = TextTokens(self.ckpt.tokenizer)
         lengths = [self.prompt(text, refs, tokens).shape[1] for text in texts]
@@ -112,27 +116,42 @@ class Planner:
         return Plan(req, refs, texts, tokens, lengths, prefix_length=self.prefix(refs, tokens).shape[1],
                     keep_codes=request.keep_codes)
 
-    def check_reference_lengths(self, req: ResolvedRequest) -> None:
-        """The cheap checks, before any decode or encode: every reference's header is readable, its rate in
-        range and its declared length within the limit, and their code frames together (each is one prompt
-        token; 21.5 per second of S1 audio) fit the prompt limit."""
-        frames = []
-        for i, ref in enumerate(req.references):
+    def check_reference_lengths(self, req: ResolvedRequest, abandoned: Callable[[], bool] | None = None) -> None:
+        """The cheap checks, before any encode: at most max_references references, every reference's header
+        readable, its rate in range and its length within the limit, and their code frames together (each is one
+        prompt token; 21.5 per second of S1 audio) within the prompt limit. A length the header does not give is
+        measured by decoding without keeping samples, and only as far as the room the others left."""
+        refs = req.references
+        if len(refs) > self.config.max_references:
+            raise InputError(f"{len(refs)} references; the limit is {self.config.max_references} (TTS_MAX_REFERENCES)")
+        frames, unknown = [], []
+        for i, ref in enumerate(refs):
             if ref.codes is not None:
                 shape = np.shape(ref.codes)
                 frames.append(int(shape[-1]) if len(shape) == 2 else 0)  # check_codes names a bad shape
             else:
-                frames.append(self.voice_encoder.frames_from_header(ref.audio, what=f"references[{i}].audio"))
-        self.capacity.check_references(frames, self.ckpt.codec.sample_rate / self.ckpt.codec.frame_length)
+                n = self.voice_encoder.header_frames(ref.audio, what=f"references[{i}].audio")
+                frames.append(n or 0)
+                if n is None:
+                    unknown.append(i)
+        rate = self.ckpt.codec.sample_rate / self.ckpt.codec.frame_length
+        self.capacity.check_references(frames, rate)
+        for i in unknown:  # the lengths no header gave, measured within the room the others left
+            Abandoned.check(abandoned)
+            room = self.capacity.prompt_limit - sum(frames)
+            frames[i] = self.voice_encoder.measured_frames(refs[i].audio, room, what=f"references[{i}].audio")
+            self.capacity.check_references(frames, rate)
 
-    def prepare_references(self, req: ResolvedRequest) -> list[tuple[str, Tensor]]:
+    def prepare_references(self, req: ResolvedRequest,
+                           abandoned: Callable[[], bool] | None = None) -> list[tuple[str, Tensor]]:
         cfg = self.ckpt.config
         out = []
         for i, ref in enumerate(req.references):
             if ref.codes is not None:
                 codes = torch.as_tensor(np.asarray(ref.codes), dtype=torch.int64)
             else:
-                codes = self.voice_encoder.codes_from_bytes(ref.audio, what=f"references[{i}].audio")
+                codes = self.voice_encoder.codes_from_bytes(ref.audio, what=f"references[{i}].audio",
+                                                            abandoned=abandoned)
             check_codes(codes, cfg.num_codebooks, self.ckpt.tokenizer.num_semantic, cfg.codebook_size,
                         f"references[{i}]")
             out.append((ref.text, codes))

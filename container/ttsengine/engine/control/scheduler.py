@@ -113,10 +113,14 @@ class Scheduler:
         if front:
             self.waiting.appendleft(job)
             return
-        if len(self.waiting) >= self.max_queue:
+        if len(self.waiting) >= self.max_queue + self.free_slots:  # a burst waits here for the free slots too
             raise BusyError(f"the engine is busy ({len(self.running)} streams running, {len(self.waiting)} "
                             "waiting); retry shortly")
         self.waiting.append(job)
+
+    @property
+    def free_slots(self) -> int:
+        return max(0, self.max_slots - len(self.running))
 
     @property
     def queue_depth(self) -> int:

@@ -2,8 +2,10 @@
 of a socket pair. It loads the fleet, says LOADED (or FAILED), then serves the front's messages until CLOSE or
 until the front is gone (end of file: the front died; the engines must not outlive it).
 
-Threads: this one reads commands; a writer sends everything outgoing in batches; submits and calls run on a
-small pool (a request with reference audio is encoded by the codec at submit: it must not hold up cancels);
+Threads: this one reads commands; a writer sends everything outgoing in batches; submits and voice encodes run on a
+small pool (a request with reference audio is encoded by the codec at submit: it must not hold up cancels; a CANCEL
+that comes first drops it or stops it at its next reference), the other calls (stats...) on two threads of their
+own, so health checks never wait behind planning;
 audio leaves from the engine's own codec thread through Stream.relay, with no waiter per stream.
 """
 
@@ -19,7 +21,7 @@ from concurrent.futures import ThreadPoolExecutor
 from multiprocessing.connection import Connection
 
 from ...engine.fleet import Fleet
-from ...errors import TTSError
+from ...errors import Abandoned, TTSError
 from ...synthesis.stream import Stream, is_end
 from ..service import setup_logging
 from .wire import (
@@ -40,6 +42,7 @@ from .wire import (
 )
 
 log = logging.getLogger(__name__)
+USER_CALLS = ("voice_codes",)  # calls that are user work (a reference encoded): on the planning threads
 BATCH = 512  # messages per send at most: a burst of chunks goes out in few system calls, none waits for long
 STATE_EVERY = 0.2  # seconds between checks of ready / failure / max_streams (sent when they change)
 
@@ -51,7 +54,9 @@ class Host:
         self.streams: dict[int, Stream] = {}  # sid -> the engine's stream, until its END is queued
         self.early: set[int] = set()  # sids cancelled before their submit returned
         self.lock = threading.Lock()
-        self.pool = ThreadPoolExecutor(8, thread_name_prefix="engine-process-call")
+        self.pool = ThreadPoolExecutor(8, thread_name_prefix="engine-process-call")  # submits, voice encodes
+        # stats and the other calls on threads of their own: /health and /metrics never wait behind planning
+        self.control = ThreadPoolExecutor(2, thread_name_prefix="engine-process-control")
         self.stopped = threading.Event()
 
     def facts(self) -> dict:
@@ -76,6 +81,7 @@ class Host:
         finally:
             self.stopped.set()
             self.pool.shutdown(wait=True, cancel_futures=True)
+            self.control.shutdown(wait=True, cancel_futures=True)
             self.fleet.close()  # ends what is still open with an error: those ENDs go out before the writer stops
             self.outbox.put(None)
             writer.join(10)
@@ -93,14 +99,16 @@ class Host:
                 if stream is not None:
                     stream.cancel()
             elif tag == CALL:
-                self.pool.submit(self._call, *msg[1:])
+                (self.pool if msg[2] in USER_CALLS else self.control).submit(self._call, *msg[1:])
             elif tag == CLOSE:
                 return False
         return True
 
     def _submit(self, sid: int, request, ignore_stop: bool) -> None:
-        try:
-            stream = self.fleet.submit(request, ignore_stop=ignore_stop)
+        try:  # a CANCEL before or while it is planned (the client left): dropped, or stopped at the next reference
+            abandoned = functools.partial(self.early.__contains__, sid)
+            Abandoned.check(abandoned)
+            stream = self.fleet.submit(request, ignore_stop=ignore_stop, abandoned=abandoned)
         except Exception as e:  # noqa: BLE001 - InputError, BusyError, EngineDown... go back as they are
             with self.lock:
                 self.early.discard(sid)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import itertools
 import threading
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
 from ...config import EngineConfig
@@ -71,7 +72,9 @@ class ProcessFleet:
             self._changed.notify_all()
 
     # ---- requests ------------------------------------------------------------------------------------
-    def submit(self, request: SynthesisRequest, *, ignore_stop: bool = False) -> Stream:
+    def submit(self, request: SynthesisRequest, *, ignore_stop: bool = False,
+               abandoned: Callable[[], bool] | None = None) -> Stream:
+        """Like Fleet.submit; abandoned(): RemoteFleet.submit's (the client left: given up, Abandoned)."""
         order = self.route(voice_affinity(request))
         if not order:
             if self.failure:
@@ -79,7 +82,7 @@ class ProcessFleet:
             raise BusyError("no engine is ready yet; retry shortly")
         for member in order:
             try:
-                return member.submit(request, ignore_stop=ignore_stop)
+                return member.submit(request, ignore_stop=ignore_stop, abandoned=abandoned)
             except (BusyError, EngineDown):  # full, or went down since route(): the next one
                 continue
         with self._lock:

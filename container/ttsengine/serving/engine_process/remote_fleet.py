@@ -16,13 +16,15 @@ import socket
 import subprocess
 import sys
 import threading
+import time
+from collections.abc import Callable
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from multiprocessing.connection import Connection
 
 from ...config import EngineConfig
 from ...engine.stats import FleetStats
-from ...errors import EngineDown
+from ...errors import Abandoned, EngineDown
 from ...synthesis.plan import ChunkReport
 from ...synthesis.request import SynthesisRequest
 from ...synthesis.stream import Stream
@@ -30,6 +32,7 @@ from .wire import ACCEPTED, AUDIO, CALL, CANCEL, CLOSE, END, FAILED, LOADED, REF
 
 log = logging.getLogger(__name__)
 SUBMIT_TIMEOUT = 120.0  # seconds for the engine to take or refuse a request (a long reference is encoded first)
+ABANDON_POLL = 0.1  # seconds between checks, while the engine plans a request, whether its client left
 CALL_TIMEOUT = 30.0
 CLOSE_TIMEOUT = 60.0  # the engines end what is left and free the GPU
 
@@ -94,9 +97,11 @@ class RemoteFleet:
             raise
 
     # ---- requests ------------------------------------------------------------------------------------
-    def submit(self, request: SynthesisRequest, *, ignore_stop: bool = False) -> Stream:
+    def submit(self, request: SynthesisRequest, *, ignore_stop: bool = False,
+               abandoned: Callable[[], bool] | None = None) -> Stream:
         """Like Fleet.submit: the stream once the engine took the request; InputError, BusyError, EngineDown...
-        raised as the engine raised them."""
+        raised as the engine raised them. abandoned(): asked while the engine plans it; once True the engine
+        process is told (CANCEL: it drops the request, or stops before its next reference) and Abandoned raised."""
         sid = next(self._ids)
         plan = RemotePlan(request)
         stream = Stream(plan, self.sample_rate, on_cancel=lambda: self._tell((CANCEL, sid)))
@@ -106,11 +111,20 @@ class RemoteFleet:
                 raise EngineDown(self.dead)
             self.streams[sid], self._submits[sid] = stream, taken
         self._tell((SUBMIT, sid, request, ignore_stop))
+        end = time.monotonic() + SUBMIT_TIMEOUT
         try:
-            texts, seed, device = taken.result(SUBMIT_TIMEOUT)
-        except FutureTimeout:
-            stream.cancel()
-            raise EngineDown(f"the engine process did not take the request within {SUBMIT_TIMEOUT:.0f} s") from None
+            while True:
+                try:
+                    texts, seed, device = taken.result(ABANDON_POLL if abandoned is not None else SUBMIT_TIMEOUT)
+                    break
+                except FutureTimeout:
+                    if abandoned is not None and abandoned():
+                        stream.cancel()
+                        raise Abandoned("the client left before the request was taken in") from None
+                    if time.monotonic() >= end:
+                        stream.cancel()
+                        raise EngineDown(f"the engine process did not take the request within {SUBMIT_TIMEOUT:.0f} "
+                                         "s") from None
         finally:
             with self._lock:
                 self._submits.pop(sid, None)
