@@ -74,9 +74,11 @@ def error_close(ws) -> tuple[dict, int, str]:
 
 
 def assert_segments(pcm: bytes, n: int, early_end: bool = False) -> None:
-    """n segments' pcm, each FRAMES frames long; early_end: one of them may have ended before (no seed was sent)."""
+    """n segments' pcm, each FRAMES frames long; early_end: no seed was sent, so any of them may have ended early
+    (the tiny model stops a segment early for some seeds: one in ~40, and a fresh-clone CI run once had two of three
+    end early), so only the first segment's first frames are sure to be there."""
     samples, full, tol = len(pcm) / 2, n * SEGMENT_PCM, n * 0.01 * 24000
-    low = full - SEGMENT_PCM if early_end else full - tol
+    low = 3 * 2048 / 44100 * 24000 if early_end else full - tol
     assert low < samples < full + tol, (samples, full)
 
 
