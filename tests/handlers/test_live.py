@@ -84,8 +84,10 @@ def assert_segments(pcm: bytes, n: int, early_end: bool = False) -> None:
 
 # ---- the real fish-audio-sdk ----------------------------------------------------------------------------------
 def readme_snippet() -> str:
-    section = (ROOT / "docs" / "voice-agents.md").read_text()
-    return section[section.index("```python") + len("```python"):section.index("```", section.index("```python") + 9)]
+    """The Fish Audio SDK block of docs/voice-agents.md ("The protocols"; the framework snippets come first)."""
+    page = (ROOT / "docs" / "voice-agents.md").read_text()
+    blocks = [b.split("```", 1)[0] for b in page.split("```python")[1:]]
+    return next(b for b in blocks if "from fishaudio import FishAudio" in b)
 
 
 def test_the_readme_fish_audio_sdk_snippet(server, tmp_path, monkeypatch):
