@@ -178,16 +178,26 @@ def test_deploy_creates_then_is_idempotent_then_updates(cloud):
     assert ep["scalerType"] == "REQUEST_COUNT" and ep["scalerValue"] == spec["scalerValue"]
 
 
-def test_deploy_forwards_hf_token(cloud):
-    """The spec's hf:// source needs HF_TOKEN on the worker: taken from the deploying environment (issue 47)."""
-    warned = run_cli("infra.runpod.deploy", "--image", IMAGE, env={**cloud.env, "HF_TOKEN": ""})
-    assert warned.returncode == 0 and "no HF_TOKEN" in warned.stderr
+def test_deploy_forwards_hf_token(cloud, tmp_path):
+    """The spec's hf:// source needs HF_TOKEN on the worker (issue 47): the shipped spec refers to a RunPod secret
+    (the token never lands in the template); a spec without one takes it from the deploying environment."""
+    shipped = run_cli("infra.runpod.deploy", "--image", IMAGE, "--volume", "v", env={**cloud.env, "HF_TOKEN": "hf_abc"})
+    assert shipped.returncode == 0, shipped.stderr
+    assert cloud.templates[-1]["env"]["HF_TOKEN"] == "{{ RUNPOD_SECRET_hf_token }}"
+    spec = json.loads(SPEC.read_text())
+    del spec["template"]["env"]["HF_TOKEN"]
+    mine = tmp_path / "spec.json"
+    mine.write_text(json.dumps(spec))
+    warned = run_cli("infra.runpod.deploy", "--spec", str(mine), "--image", IMAGE, "--volume", "v",
+                     env={**cloud.env, "HF_TOKEN": ""})
+    assert warned.returncode == 0 and "no HF_TOKEN" in warned.stderr, warned.stderr
     assert "HF_TOKEN" not in cloud.templates[-1]["env"]
-    ok = run_cli("infra.runpod.deploy", "--image", IMAGE, env={**cloud.env, "HF_TOKEN": "hf_abc"})
+    ok = run_cli("infra.runpod.deploy", "--spec", str(mine), "--image", IMAGE, "--volume", "v",
+                 env={**cloud.env, "HF_TOKEN": "hf_abc"})
     assert ok.returncode == 0 and "no HF_TOKEN" not in ok.stderr, ok.stderr
     assert cloud.templates[-1]["env"]["HF_TOKEN"] == "hf_abc"
-    given = run_cli("infra.runpod.deploy", "--image", IMAGE, "--env", "HF_TOKEN={{ RUNPOD_SECRET_hf }}",
-                    env={**cloud.env, "HF_TOKEN": "hf_abc"})
+    given = run_cli("infra.runpod.deploy", "--spec", str(mine), "--image", IMAGE, "--volume", "v", "--env",
+                    "HF_TOKEN={{ RUNPOD_SECRET_hf }}", env={**cloud.env, "HF_TOKEN": "hf_abc"})
     assert given.returncode == 0 and cloud.templates[-1]["env"]["HF_TOKEN"] == "{{ RUNPOD_SECRET_hf }}"
 
 
