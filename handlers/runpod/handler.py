@@ -121,7 +121,7 @@ class JobHandler:
             return
         try:
             speech, opts = parse_input(job.get("input"), self.voices, self.cfg)
-            stream = await asyncio.to_thread(self.engine.submit, speech.request)
+            stream = await self._submit(speech.request)
         except TTSError as e:
             yield error_item(e)
             return
@@ -148,6 +148,14 @@ class JobHandler:
                 yield item
         except TTSError as e:
             yield error_item(e)
+
+    async def _submit(self, request):
+        """A Service plans in its own threads and gives the request up when RunPod stops the job meanwhile (this
+        task cancelled: no reference encoded further, no stream generated for nobody); a bare fleet (tests) in a
+        worker thread."""
+        if isinstance(self.engine, Service):
+            return await self.engine.admit(request)
+        return await asyncio.to_thread(self.engine.submit, request)
 
     async def _streamed(self, stream, speech: SpeechJob):
         fmt, index, total = speech.format, 0, 0

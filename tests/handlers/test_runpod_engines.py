@@ -132,3 +132,36 @@ def test_an_engine_down_fails_its_job_clearly_and_the_other_serves_on(tmp_path):
         until(lambda: done_counts(handler) == [before[0] + 1, before[1]])  # served by engine 0
     finally:
         handler.engine.close()
+
+
+def test_a_job_stopped_while_it_is_planned_generates_nothing(tmp_path):
+    """RunPod stops a job (its /cancel: the handler's task is cancelled) while the engine still encodes the job's
+    long reference: the request is given up, and no stream generates for nobody afterwards (issue 50)."""
+    import contextlib
+
+    import numpy as np
+
+    h = build_handler(tmp_path, TTS_DEVICES="cpu")
+    try:
+        buf = io.BytesIO()
+        sf.write(buf, (0.2 * np.random.default_rng(0).standard_normal(50 * 22050)).astype(np.float32), 22050,
+                 format="WAV")  # 50 s: seconds of codec work on a CPU
+        reference = {"text": "A voice.", "audio": base64.b64encode(buf.getvalue()).decode()}
+        job = {"id": "stopped", "input": {"text": "Keep talking for a long while.", "seed": 1, "stream": True,
+                                          "max_new_tokens": 3000, "references": [reference]}}
+
+        async def stop_while_planned():
+            task = asyncio.create_task(anext(h.run(job)))
+            await asyncio.sleep(0.3)  # in its planning (the reference is being encoded)
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+        before = h.engine.stats().total
+        asyncio.run(stop_while_planned())
+        time.sleep(5)  # a stream taken in for nobody would be generating by now
+        after = h.engine.stats().total
+        assert h.engine.fleet.open_streams == 0 and after.running == 0, (after.running, after.waiting)
+        assert after.frames - before.frames < 100, after.frames - before.frames  # at most a step or two, if taken
+    finally:
+        h.engine.close()
