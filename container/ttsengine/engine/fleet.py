@@ -135,34 +135,15 @@ class Fleet:
                 continue
         with self._lock:
             self.rejected += 1
-        running = sum(len(e.scheduler.running) for e in order)
-        waiting = sum(e.occupancy()[1] for e in order)
-        raise BusyError(f"the engine{'s are' if len(order) > 1 else ' is'} busy ({running} streams running, "
-                        f"{waiting} waiting); retry shortly")
+        raise busy(len(order), sum(len(e.scheduler.running) for e in order), sum(e.occupancy()[1] for e in order))
 
     def synthesize(self, request: SynthesisRequest | Plan):
         return self.submit(request).result()
 
     def route(self, affinity: int | None = None) -> list[Engine]:
-        """Ready engines, best first: most free slots, then fewest waiting, ties in turn. affinity (a voice's,
-        voice_affinity): its home engine (affinity mod engines) goes first while it has a free slot and at
-        least half the free slots of the best, so a voice's requests meet its cached prompt prefix there
-        instead of prefilling it once per engine; past that, load wins."""
-        live = [(i, e) for i, e in enumerate(self.engines) if e.state == "ready"]
-        turn = next(self._turn)
-        n = len(self.engines)
-        occupancy = {i: e.occupancy() for i, e in live}  # (free slots, waiting), read once per engine
-
-        def key(item: tuple[int, Engine]) -> tuple[int, int, int]:
-            free, waiting = occupancy[item[0]]
-            return -free, waiting, (item[0] - turn) % n
-
-        order = sorted(live, key=key)
-        home = affinity % n if affinity is not None else None
-        if order and home in occupancy and home != order[0][0] and occupancy[home][0] > 0 \
-                and 2 * occupancy[home][0] >= occupancy[order[0][0]][0]:
-            order.sort(key=lambda item: item[0] != home)  # stable: the rest keep their order
-        return [e for _, e in order]
+        """Ready engines, best first (best_first, with each engine's free slots and waiting requests)."""
+        room = {i: e.occupancy() for i, e in enumerate(self.engines) if e.state == "ready"}  # read once each
+        return [self.engines[i] for i in best_first(room, len(self.engines), next(self._turn), affinity)]
 
     # ---- what the front reports ---------------------------------------------------------------
     @property
@@ -204,6 +185,25 @@ class Fleet:
         """The engines' stats summed (EngineStats.sum: the first ready engine's settings), with the requests no
         engine had room for, and every engine's own."""
         return EngineStats.sum([e.stats() for e in self.engines], rejected=self.rejected)
+
+
+def best_first(room: dict[int, tuple[int, int]], n: int, turn: int, affinity: int | None) -> list[int]:
+    """The indices of `room` ({member index: (free slots, waiting)} over the n members that can serve), best first:
+    most free slots, then fewest waiting, ties in turn (`turn` counts the calls). affinity (a voice's,
+    voice_affinity): its home member (affinity mod n) goes first while it has a free slot and at least half the free
+    slots of the best, so a voice's requests meet its cached prompt prefix there instead of prefilling it once per
+    member; past that, load wins. Fleet routes engines by it, the engine processes' front (ProcessFleet) processes."""
+    order = sorted(room, key=lambda i: (-room[i][0], room[i][1], (i - turn) % n))
+    home = affinity % n if affinity is not None else None
+    if order and home in room and home != order[0] and room[home][0] > 0 and 2 * room[home][0] >= room[order[0]][0]:
+        order.sort(key=lambda i: i != home)  # stable: the rest keep their order
+    return order
+
+
+def busy(members: int, running: int, waiting: int) -> BusyError:
+    """The refusal when every engine refused a request (the same words for one process or several)."""
+    return BusyError(f"the engine{'s are' if members > 1 else ' is'} busy ({running} streams running, {waiting} "
+                     "waiting); retry shortly")
 
 
 def voice_affinity(request: SynthesisRequest | Plan) -> int | None:

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
 from ...config import EngineConfig
-from ...engine.fleet import voice_affinity
+from ...engine.fleet import best_first, busy, voice_affinity
 from ...engine.stats import EngineStats, FleetStats
 from ...errors import BusyError, EngineDown
 from ...synthesis.request import SynthesisRequest
@@ -94,21 +94,16 @@ class ProcessFleet:
             except EngineDown:
                 continue
             running, waiting = running + total.running, waiting + total.waiting
-        raise BusyError(f"the engine{'s are' if len(order) > 1 else ' is'} busy ({running} streams running, "
-                        f"{waiting} waiting); retry shortly")
+        raise busy(len(order), running, waiting)
 
     def synthesize(self, request: SynthesisRequest):
         return self.submit(request).result()
 
     def route(self, affinity: int | None = None) -> list[RemoteFleet]:
-        live = [(i, m) for i, m in enumerate(self.members) if m is not None and m.ready]
-        turn, n = next(self._turn), len(self.members)
-        free = {i: m.max_streams - m.open_streams for i, m in live}
-        order = sorted(live, key=lambda item: (-free[item[0]], (item[0] - turn) % n))
-        home = affinity % n if affinity is not None else None
-        if order and home in free and home != order[0][0] and free[home] > 0 and 2 * free[home] >= free[order[0][0]]:
-            order.sort(key=lambda item: item[0] != home)  # stable: the rest keep their order
-        return [m for _, m in order]
+        """Ready processes, best first (engine/fleet.py's best_first; free slots: the front's own count)."""
+        room = {i: (m.max_streams - m.open_streams, 0) for i, m in enumerate(self.members)
+                if m is not None and m.ready}
+        return [self.members[i] for i in best_first(room, len(self.members), next(self._turn), affinity)]
 
     # ---- what the front reports ----------------------------------------------------------------------
     def _ready_members(self) -> list[RemoteFleet]:
