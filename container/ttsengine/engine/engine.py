@@ -29,6 +29,7 @@ from .control.prefill_budget import PrefillBudget
 from .control.prefix_cache import PrefixCache, prefix_key
 from .control.scheduler import Job, Scheduler
 from .control.step_plan import Reset, StepPlan, StepResult
+from .device.cuda_graphs import PROCESS_CAPTURE_LOCK
 from .device.device import Device, kernel_cache, units_text
 from .device.in_flight import InFlight
 from .device.runner import Runner
@@ -49,11 +50,12 @@ class Engine:
                  device: Callable[[Engine], Device] | None = None, capture_lock: threading.RLock | None = None,
                  capture_gate: threading.Event | None = None, fail_at_step: int | None = None):
         """device: makes the device plane from this engine's parts (default: device.Device over a Runner; tests pass a
-        scripted one); capture_lock: shared by a process's engines (cuDNN's autotune flag is process-wide);
+        scripted one); capture_lock: default the process's one (cuda_graphs.PROCESS_CAPTURE_LOCK: cuDNN's autotune
+        flag is process-wide, so every engine of a process, in a fleet or not, captures in turn);
         capture_gate: lazy graphs wait for it (fleet.py: every engine warm); fail_at_step: TTS_TEST_FAIL_ENGINE."""
         self.ckpt, self.config = checkpoint, config
         self.settings = s = BatchSettings.resolve(config, checkpoint)
-        self.capture_lock = capture_lock if capture_lock is not None else threading.RLock()
+        self.capture_lock = capture_lock if capture_lock is not None else PROCESS_CAPTURE_LOCK
         self._faults, self._fail_at = FaultCounter(), fail_at_step
         # voice encoding's convolutions wait for the codec's autotuned capture windows (cudnn_autotune_mode)
         self.planner = Planner(checkpoint, config, self.kv_positions,

@@ -53,11 +53,9 @@ class Fleet:
 
             _dynamo.config.cache_size_limit = max(_dynamo.config.cache_size_limit, 8 * gpus)
         ckpts = load_all(configs, random_weights)
-        lock = threading.RLock()  # one capture at a time in the process (cuDNN's autotune flag is process-wide);
-        #                           reentrant: the codec warm-up holds it around a first use that may capture
         warm = threading.Event()  # lazy captures wait for every engine's warm-up (cuda_graphs.GraphSet.gate)
         failing, _, at = config.fail_engine.partition("@")
-        engines = [Engine(ckpt, c, capture_lock=lock, capture_gate=warm,
+        engines = [Engine(ckpt, c, capture_gate=warm,  # the process's capture lock (Engine's default)
                           fail_at_step=int(at) if failing == str(i) else None)
                    for i, (ckpt, c) in enumerate(zip(ckpts, configs))]
         fleet = cls(engines, warm)

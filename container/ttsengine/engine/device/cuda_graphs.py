@@ -25,6 +25,10 @@ import torch
 from torch import Tensor
 
 log = logging.getLogger(__name__)
+# One capture at a time in the whole process, for every engine in it: cuDNN's autotune flag (turned on inside the
+# codec's capture windows) is process-wide, so a capture or tuned run under one engine's lock broke another engine's
+# capture when each had a lock of its own (an idle engine's lazy codec capture beside a second engine's warm-up).
+PROCESS_CAPTURE_LOCK = threading.RLock()
 
 
 @dataclass

@@ -35,6 +35,7 @@ class Level:
     late_start_ms: float = 0.0  # the latest client process's start after the level's
     server: dict = field(default_factory=dict)  # scrape.breakdown
     error_sample: str | None = None
+    rtf_max: float = float("nan")  # the slowest stream's (request time / audio time): 1 / rtf_max is its x real time
 
 
 def pct(xs: list[float], p: float) -> float:
@@ -63,4 +64,5 @@ def summarise(parts: list[dict], fmt: str, concurrency: int, arrivals: str, char
         stall_s=sum(r["stall_s"] for r in ok), stall_p95_ms=pct([r["stall_s"] * 1000 for r in ok], 95),
         client_cpu_pct=[round(100 * p["cpu_s"] / max(p["end"] - p["begin"], 1e-9), 1) for p in parts],
         send_lag_p95_ms=pct(lags, 95) if lags else None,
-        late_start_ms=1000 * max(p["late_start_s"] for p in parts), error_sample=errors[0] if errors else None)
+        late_start_ms=1000 * max(p["late_start_s"] for p in parts), error_sample=errors[0] if errors else None,
+        rtf_max=max(rtf, default=float("nan")))

@@ -1,0 +1,79 @@
+#!/usr/bin/env bash
+# Issue 49 on a 4-GPU machine (nvidia-h200-x4), one device call, real S1-mini shapes with random weights:
+#   bench: `bench` in one process on 1, 2 and 4 GPUs (BENCH_MODES: off = engines as threads of this process, the old
+#          layout; on = one engine process per GPU behind bench's front, as the server runs them), and the split
+#          topology 3+1 (three DualARs, their codecs on the fourth GPU) in one process;
+#   http:  `python -m handlers http` with TTS_ENGINE_PROCESS=on on 1, 2 and 4 GPUs (HTTP_GPUS), each warmed once, then
+#          `loadtest` at 256 streams per GPU (pcm, $PROCS client processes);
+#   fail:  the 4-GPU server with TTS_TEST_FAIL_ENGINE=1@$FAIL_AT (engine 1 dies mid-run as with a lost GPU) under a
+#          1,024-stream level: the other three serve, the failed streams end with an error, none hangs.
+# Prints one table last. Usage: PARTS="bench http fail" scripts/device/every_gpu.sh
+#   (env: FRAMES=192, PER_GPU=256, PROCS=16, BENCH_MODES="off on", BENCH_GPUS="1 2 4", HTTP_GPUS="1 4", FAIL_AT=60,
+#    CKPT, CACHE)
+set -uo pipefail
+OUT=${OUT:-device-out}
+W=${WORK:-/tmp/every-gpu}
+mkdir -p "$OUT" "$W"
+trap 'for f in "$W"/*.log; do echo "==== $f"; tail -c 12000 "$f"; done > "$OUT/logs.txt"' EXIT
+export PYTHONPATH=$PWD/container:$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
+PARTS=${PARTS:-bench http fail} FRAMES=${FRAMES:-192} PER_GPU=${PER_GPU:-256} PROCS=${PROCS:-16}
+BENCH_MODES=${BENCH_MODES:-off on} BENCH_GPUS=${BENCH_GPUS:-1 2 4} HTTP_GPUS=${HTTP_GPUS:-1 4} FAIL_AT=${FAIL_AT:-60}
+CKPT=${CKPT:-/tmp/s1-random} CACHE=${CACHE:-/tmp/tts-cache} PORT=${PORT:-8080}
+export TTS_CACHE_DIR=$CACHE
+nvidia-smi --query-gpu=index,name,memory.total --format=csv,noheader
+python3 -c "import torch, uvicorn; print('torch', torch.__version__, '| uvicorn', uvicorn.__version__)"
+echo "cores: $(nproc)"
+gpus() { local n=$1 s="" i; for ((i = 0; i < n; i++)); do s+="${s:+,}cuda:$i"; done; echo "$s"; }
+RUNS=()
+part_bench() {
+  b() { local label=$1 t0; t0=$(date +%s); shift
+    timeout "${PER_RUN_S:-200}" python3 -m ttsengine bench --random-weights s1-mini --frames "$FRAMES" \
+      --check-audio 0 --out "$W/$label" "$@" > "$W/$label.log" 2>&1
+    echo "bench $label exit $? ($(( $(date +%s) - t0 )) s)"; RUNS+=("bench:$label"); }
+  for n in 1 2 4; do
+    for mode in $BENCH_MODES; do
+      [[ $n == 1 && $mode == on ]] && continue  # one GPU: the server's own process figure is the HTTP run's
+      [[ " $BENCH_GPUS " != *" $n "* ]] && continue
+      # shellcheck disable=SC2046 # no flag for off: bench's default layout
+      b "g$n-process-$mode" --devices "$(gpus $n)" --concurrency $((n * PER_GPU)) $([[ $mode == on ]] && echo --engine-process on)
+    done
+  done
+  b "split-3+1" --devices cuda:0,cuda:3,cuda:1,cuda:3,cuda:2,cuda:3 --topology split --concurrency $((3 * PER_GPU))
+}
+if [ ! -f "$CKPT/model.pth" ] && [[ " $PARTS " == *" http "* || " $PARTS " == *" fail "* ]]; then  # ~20 s
+  python3 -c "import sys; from ttsengine.model.loading.checkpoint_writer import write_random_checkpoint as w; \
+w('s1-mini', sys.argv[1], 'cuda')" "$CKPT" > "$W/write.log" 2>&1 || { tail -20 "$W/write.log"; exit 1; }
+fi
+URL=http://127.0.0.1:$PORT
+serve() {  # serve NAME DEVICES [VAR=value ...]: starts the server, waits for /ready; sets PID
+  local name=$1 devices=$2 t0; t0=$(date +%s); shift 2
+  env "$@" TTS_MODEL_DIR="$CKPT" TTS_DATA_DIR=/tmp/tts-data TTS_PORT=$PORT TTS_LOG_LEVEL=WARNING \
+    TTS_MAX_BATCH=$PER_GPU TTS_ENGINE_PROCESS=on TTS_DEVICES="$devices" python3 -m handlers http > "$W/server-$name.log" 2>&1 &
+  PID=$!
+  python3 scripts/device/wait_ready.py "$PORT" "$PID" 300 max_streams \
+    || { tail -30 "$W/server-$name.log"; kill $PID; return 1; }
+  echo "server $name ($devices): ready after $(( $(date +%s) - t0 )) s"
+}
+lt() { local name=$1 t0; t0=$(date +%s); shift; timeout 240 python3 -m ttsengine loadtest "$URL" \
+  --max-new-tokens "$FRAMES" --processes "$PROCS" --out "$W/$name" "$@" > "$W/$name.log" 2>&1
+  echo "loadtest $name exit $? ($(( $(date +%s) - t0 )) s)"; }
+stop() { kill -TERM "$PID"; wait "$PID"; echo "server exit $?: $(grep -c Traceback "$W/server-$1.log") tracebacks"; }
+part_http() {
+  for n in $HTTP_GPUS; do
+    c=$((n * PER_GPU))
+    serve "g$n" "$(gpus "$n")" || continue
+    lt "warm-g$n" --concurrency "$c" --requests "$c"
+    lt "http-g$n" --concurrency "$c"; RUNS+=("http:http-g$n")
+    stop "g$n"
+  done
+}
+part_fail() {
+  if serve fail "$(gpus 4)" TTS_TEST_FAIL_ENGINE="1@$FAIL_AT"; then
+    lt "http-fail" --concurrency $((4 * PER_GPU)) --requests $((4 * PER_GPU)); RUNS+=("http:http-fail")
+    curl -s "$URL/health" | head -c 600 > "$W/fail-health.json"; echo; echo "health: $(cat "$W/fail-health.json")"
+    stop fail
+  fi
+}
+for part in $PARTS; do "part_$part"; done  # in the order given
+python3 scripts/device/every_gpu_table.py "$W" "${RUNS[@]}" | tee "$OUT/table.txt"
+for r in "${RUNS[@]}"; do for j in "$W/${r#*:}"/*.json; do [ -f "$j" ] && cp "$j" "$OUT/${r#*:}-$(basename "$j")"; done; done
