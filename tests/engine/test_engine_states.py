@@ -417,3 +417,14 @@ def test_a_long_texts_continuation_takes_the_slot_its_chunk_freed(ckpt):
         while eng.open_streams and time.monotonic() < deadline:
             time.sleep(0.01)
         assert eng.open_streams == 0 and eng.metrics.rejected == 1
+
+
+def test_every_engine_of_a_process_captures_under_one_lock(ckpt):
+    # cuDNN's autotune flag, turned on inside codec captures, is process-wide: two engines built apart (a test's
+    # reference engine beside a fleet, bench beside a server's engine) must take turns, so they share one lock
+    # (issue 42's GPU failures: each engine had a lock of its own and one's capture broke the other's)
+    from ttsengine.engine.device.cuda_graphs import PROCESS_CAPTURE_LOCK
+
+    with scripted_engine(ckpt) as (a, _, _), scripted_engine(ckpt) as (b, _, _):
+        assert a.capture_lock is b.capture_lock is PROCESS_CAPTURE_LOCK
+        assert a.vocoder.graphs.lock is PROCESS_CAPTURE_LOCK
