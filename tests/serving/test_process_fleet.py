@@ -14,7 +14,7 @@ from ttsengine import EngineConfig, Fleet
 from ttsengine.engine.placement import process_configs
 from ttsengine.errors import BusyError, EngineDown
 from ttsengine.serving.engine_process.process_fleet import ProcessFleet
-from ttsengine.serving.service import Service, spawn_engine_processes
+from ttsengine.serving.service import PLANNING_THREADS, Service, spawn_engine_processes
 from ttsengine.synthesis.request import SynthesisRequest
 
 CONFIG = EngineConfig(model_dir=MODEL_DIR, devices="cpu,cpu", max_batch=2, process="on")
@@ -59,6 +59,21 @@ def test_requests_spread_over_the_processes_and_match_one_engine(fleet):
             want = one.submit(r)
             want.result()
             assert [c.tolist() for c in s.plan.codes] == [c.tolist() for c in want.plan.codes]
+    finally:
+        one.close()
+
+
+def test_the_front_plans_as_many_requests_at_once_as_its_processes_do(fleet):
+    # a front planning thread only waits while its engine process plans (8 at a time each): one pool of 8 for all
+    # processes queued 2-4 GPUs' submits behind each other's round trips (issue 49, 2 x H200 over HTTP)
+    service = Service(lambda: fleet, None).load()
+    try:
+        assert fleet.processes == 2 and service.planning.threads == 2 * PLANNING_THREADS
+    finally:
+        service.planning.close()  # not service.close(): the module's fleet serves the other tests
+    one = Service(lambda: Fleet.load(CONFIG.with_(devices="cpu", process="off")), None).load()
+    try:
+        assert one.planning.threads == PLANNING_THREADS
     finally:
         one.close()
 

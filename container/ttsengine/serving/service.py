@@ -120,6 +120,10 @@ class Service:
             if fleet is not None:
                 fleet.close()  # its loop threads would outlive the failure
             raise
+        processes = getattr(fleet, "processes", 1)  # ProcessFleet: engine processes behind this front
+        if processes > 1:  # a planning thread here only waits for its process to plan: as many per process as one has
+            self.planning.close()  # nothing is in it: requests are refused until self.fleet is set
+            self.planning = Planning(PLANNING_THREADS * processes)
         self.fleet = fleet  # last: ready implies the voices are wired
         return self
 
@@ -229,6 +233,7 @@ class Planning:
     (Abandoned), and its stream cancelled if the engine took it meanwhile."""
 
     def __init__(self, threads: int = PLANNING_THREADS):
+        self.threads = threads
         self._pool = ThreadPoolExecutor(threads, thread_name_prefix="planning")
         self.dropped = 0  # requests given up before their planning started
         self.abandoned = 0  # requests whose client left while they were planned (stopped, or cancelled after)

@@ -106,6 +106,12 @@ class ProcessFleet:
         return [self.members[i] for i in best_first(room, len(self.members), next(self._turn), affinity)]
 
     # ---- what the front reports ----------------------------------------------------------------------
+    @property
+    def processes(self) -> int:
+        """Engine processes behind this front: the front plans this many requests at a time per PLANNING_THREADS
+        (service.py: with one pool of 8 for all, 2-4 GPUs' submits queued behind each other's round trips)."""
+        return len(self.configs)
+
     def _ready_members(self) -> list[RemoteFleet]:
         return [m for m in self.members if m is not None and m.ready]
 
