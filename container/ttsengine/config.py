@@ -400,6 +400,8 @@ class ServerConfig:
     live_max_chars: int = 100_000  # text one live session may send
     encoder_processes: int | None = None  # audio encoder worker processes; None: min(8, CPUs // 2); 0: threads
     live_send_buffer: int = 8 << 20  # bytes a live socket may have waiting for a client that does not read
+    ready_when: str = "settled"  # /ready and /ping: settled (every lazy graph captured) | serving (an engine serves)
+    ready_max_wait: float = 120.0  # seconds settled may hold /ready back after the first engine serves
 
     @staticmethod
     def from_env(env: Mapping[str, str] | None = None, defaults: Mapping[str, object] | None = None,
@@ -499,6 +501,13 @@ SERVER_VARS = (
     Var("TTS_LIVE_SEND_BUFFER", "live_send_buffer", integer(1024),
         "bytes of audio a live WebSocket may hold for a client that does not read it; past them the session is "
         "cancelled and the socket closed (1008; default 8388608)"),
+    Var("TTS_READY_WHEN", "ready_when", choice("settled", "serving"),
+        "when /ready (and SageMaker's /ping) says 200: settled (default) once the engines have captured every CUDA "
+        "graph left for later, so a burst sent then is served at full speed | serving: as soon as an engine serves "
+        "(sooner, but the first burst pays the captures)"),
+    Var("TTS_READY_MAX_WAIT", "ready_max_wait", positive_number(),
+        "seconds settled may hold /ready back after the first engine serves; then 200 with graphs_pending > 0 "
+        "(default 120)"),
     Var("TTS_TRACE_CHUNKS", "trace_chunks", toggle(auto=False),
         "on: /metrics adds each audio piece's time from the engine to the socket and the CPU per thread (default off)",
         dev=True),

@@ -73,19 +73,24 @@ async def health(svc: Svc):
 
 
 @router.get("/ready", tags=["health"])
-async def ready(svc: Svc):
-    """200 while at least one engine serves (the others may still warm up or be out of service), with each."""
+async def ready(svc: Svc, server: Server):
+    """200 while at least one engine serves (the others may still warm up or be out of service), with each; with
+    TTS_READY_WHEN=settled (default) only once its graphs left for later are captured (503 "warming" before)."""
     if svc.error:
         return JSONResponse({"status": "failed", "error": svc.error}, status_code=503)
     if svc.draining:
         return JSONResponse({"status": "draining"}, status_code=503)
     if not svc.ready:
         return JSONResponse({"status": "loading"}, status_code=503)
+    pending = svc.warming(server.ready_when, server.ready_max_wait)  # as svc.stats() below: a quick call
+    if pending:
+        return JSONResponse({"status": "warming", "graphs_pending": pending}, status_code=503)
     total = svc.stats().total
     preset = total.memory_preset.as_dict() if total.memory_preset is not None else None
     return {"status": "ready", "warmup_seconds": total.warmup_seconds, "quantization": total.quantization,
             "kernel_cache": total.kernel_cache, "memory_preset": preset, "max_streams": total.max_streams,
-            "kv_positions": total.kv_positions, "engines": svc.health()["engines"]}
+            "kv_positions": total.kv_positions, "graphs_pending": total.graphs_pending,
+            "engines": svc.health()["engines"]}
 
 
 @router.get("/metrics", tags=["health"], response_class=PlainTextResponse)

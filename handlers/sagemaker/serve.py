@@ -94,6 +94,9 @@ def create_app(server: ServerConfig, service: Service) -> FastAPI:
             return error(503, "the server is shutting down")
         if not service.ready:
             return error(503, "the model is loading")
+        pending = service.warming(server.ready_when, server.ready_max_wait)  # TTS_READY_WHEN, as /ready
+        if pending:
+            return error(503, f"the model is warming up: {pending} CUDA graph(s) still to capture")
         return {"status": "ready"}
 
     # the second path is SageMaker Runtime's own (InvokeEndpoint), so boto3 with endpoint_url= can call

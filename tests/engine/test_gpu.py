@@ -170,6 +170,7 @@ def test_lazy_start_fills_in_codec_graphs_and_matches_eager(exact_fp32):
         planned = {(r, s) for r in (1, 2, 4, 8) for s in (4, 8)}
         assert set(eng.vocoder.graphs.graphs) <= {(1, 4), (1, 8)} or not eng.settings.lazy_graphs
         assert eng.settle(timeout=60) and set(eng.vocoder.graphs.graphs) == planned and not eng.device.graphs.pending
+        assert eng.stats().graphs_pending == 0  # what /ready waits for (TTS_READY_WHEN=settled)
         prefill = eng.runner.prefill_graphs  # every padded prefill shape captured while idle
         assert prefill is not None and prefill.planned and set(prefill.graphs) == set(prefill.planned)
         got = [s.result() for s in [eng.submit(r) for r in REQUESTS]]

@@ -19,8 +19,9 @@ from ttsengine.engine.presets import Preset
 class FakeEngine:
     codec_tag, frame_rate, max_streams = "fake", 21.5, 4
 
-    def __init__(self):
+    def __init__(self, graphs_pending: int = 0):
         self.ready, self.failure = True, None
+        self.graphs_pending = graphs_pending  # what a GPU engine's lazy start-up still has to capture
 
     def voice_codes(self, audio: bytes) -> np.ndarray:
         return np.zeros((4, 10), dtype=np.int64)
@@ -29,7 +30,7 @@ class FakeEngine:
         return EngineStats.sum([EngineStats(
             device="cpu", codec_device="cpu", state="ready", warmup_seconds=1.5, quantization="bf16 (none)",
             kernel_cache="off", ttfa_buckets=(0.1,), ttfa_counts=(0, 0), max_streams=4, kv_positions=4096,
-            memory_preset=Preset("cpu", 4, 2048, 1.0))])
+            memory_preset=Preset("cpu", 4, 2048, 1.0), graphs_pending=self.graphs_pending)])
 
     def close(self) -> None:
         pass
@@ -65,14 +66,38 @@ def test_loading_then_ready(tmp_path):
         settle(c)
         ready = c.get("/ready").json()
         engine = {"index": 0, "device": "cpu", "codec_device": "cpu", "state": "ready", "error": None, "running": 0,
-                  "waiting": 0, "max_streams": 4}
+                  "waiting": 0, "max_streams": 4, "graphs_pending": 0}
         assert ready == {"status": "ready", "warmup_seconds": 1.5, "quantization": "bf16 (none)", "kernel_cache": "off",
                          "memory_preset": {"name": "cpu", "max_batch": 4, "positions_per_stream": 2048,
                                            "memory_utilization": 1.0}, "max_streams": 4, "kv_positions": 4096,
-                         "engines": [engine]}
+                         "graphs_pending": 0, "engines": [engine]}
         assert c.get("/health").json() == {"status": "ok", "engines": [engine]}
         metrics = c.get("/metrics").text
         assert "tts_ready 1.0" in metrics and 'tts_engine_up{device="cpu",engine="0"} 1.0' in metrics
+
+
+def test_ready_waits_for_the_graphs_left_for_later(tmp_path):
+    # TTS_READY_WHEN=settled (default): a serving engine with graphs still to capture is "warming" (503), requests
+    # are served meanwhile; once none is left, 200. serving: 200 at once. A server kept busy (its graphs captured only
+    # at first use) is ready after TTS_READY_MAX_WAIT all the same, saying how many are left
+    engine = FakeEngine(graphs_pending=3)
+    with client(tmp_path, lambda: engine) as c:
+        settle(c)
+        r = c.get("/ready")
+        assert r.status_code == 503 and r.json() == {"status": "warming", "graphs_pending": 3}
+        assert c.get("/health").json()["engines"][0]["graphs_pending"] == 3
+        engine.graphs_pending = 0
+        assert c.get("/ready").status_code == 200 and c.get("/ready").json()["graphs_pending"] == 0
+    with client(tmp_path, lambda: FakeEngine(graphs_pending=3), ready_when="serving") as c:
+        settle(c)
+        r = c.get("/ready")
+        assert r.status_code == 200 and r.json()["graphs_pending"] == 3
+    with client(tmp_path, lambda: FakeEngine(graphs_pending=3), ready_max_wait=0.3) as c:
+        settle(c)
+        assert c.get("/ready").status_code == 503
+        time.sleep(0.4)
+        r = c.get("/ready")
+        assert r.status_code == 200 and r.json()["graphs_pending"] == 3
 
 
 def test_a_failed_load(tmp_path):
@@ -143,3 +168,19 @@ def test_schema_has_the_fish_speech_body(tmp_path):
         assert "FishTTSRequest" in schema["components"]["schemas"]
         assert {"/v1/audio/speech", "/v1/tts", "/v1/references/add", "/v1/voices", "/health"} <= set(schema["paths"])
         assert "/" not in schema["paths"]
+
+
+def test_sagemakers_ping_waits_for_the_graphs_as_ready_does(tmp_path):
+    # SageMaker routes traffic to a container once /ping says 200: the same rule as /ready (TTS_READY_WHEN)
+    from handlers.sagemaker.serve import create_app as sagemaker_app
+    from ttsengine.serving.service import Service
+
+    engine = FakeEngine(graphs_pending=2)
+    with TestClient(sagemaker_app(ServerConfig(data_dir=tmp_path), Service(lambda: engine, None))) as c:
+        end = time.time() + 10
+        while "loading" in c.get("/ping").text and time.time() < end:
+            time.sleep(0.01)
+        r = c.get("/ping")
+        assert r.status_code == 503 and "2 CUDA graph(s) still to capture" in r.text
+        engine.graphs_pending = 0
+        assert c.get("/ping").status_code == 200

@@ -193,6 +193,7 @@ class Engine:
             state=self.state, error=self.error, quantization=self.ckpt.quantization,
             kernel_cache=self.kernel_cache.status, precompiled=self.precompiled, compiled=self.compiled,
             cuda_graphs=self.device.graphs is not None, max_streams=self.max_streams, kv_positions=self.kv_positions,
+            graphs_pending=self.device.graphs_left() if self.device.graphs is not None else 0,
             memory_preset=self.settings.preset, references_encoded=self.planner.voice_encoder.encoded)
 
     @property

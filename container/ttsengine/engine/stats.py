@@ -71,6 +71,7 @@ class EngineStats:
     compiled: bool = False
     cuda_graphs: bool = False
     max_streams: int = _gauge()  # stream slots; a fleet's: its ready engines' (sum())
+    graphs_pending: int = _gauge()  # CUDA graphs left for later (lazy start-up), captured while the engine is idle
     kv_positions: int = _gauge()
     memory_preset: Preset | None = None
 

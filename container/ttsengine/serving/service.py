@@ -93,6 +93,7 @@ class Service:
         self._close_lock = threading.Lock()  # a drain thread and the main thread may both close
         self._thread: threading.Thread | None = None
         self.planning = Planning()
+        self.serving_since: float | None = None  # time.monotonic() when the first engine served
 
     # ---- boot -----------------------------------------------------------------------------------------------
     def start(self) -> Service:
@@ -124,6 +125,7 @@ class Service:
         if processes > 1:  # a planning thread here only waits for its process to plan: as many per process as one has
             self.planning.close()  # nothing is in it: requests are refused until self.fleet is set
             self.planning = Planning(PLANNING_THREADS * processes)
+        self.serving_since = time.monotonic()
         self.fleet = fleet  # last: ready implies the voices are wired
         return self
 
@@ -146,6 +148,22 @@ class Service:
         the service is not draining."""
         return self.fleet is not None and self.fleet.ready and not self.draining
 
+    def warming(self, when: str, max_wait: float) -> int:
+        """The readiness probes' rule (/ready, SageMaker's /ping; TTS_READY_WHEN): how many graphs the serving engines
+        still have to capture before a burst meets them at full speed (0: none, or not waited for). "serving": 0 once
+        an engine serves. "settled": their count until none is left, but never longer than max_wait seconds after
+        the first engine served (a server under constant load captures the rest at first use: its probe must not
+        fail forever). A failed capture is not left pending (it runs uncaptured), nor is a failed engine's."""
+        if when == "serving" or not self.ready or self.serving_since is None:
+            return 0
+        if time.monotonic() - self.serving_since > max_wait:
+            return 0
+        try:
+            engines = self.fleet.stats().engines
+        except EngineDown:
+            return 0
+        return sum(e.graphs_pending for e in engines if e.state == "ready")
+
     def health(self) -> dict:
         """status ok | degraded (an engine is out of service or still warming up) | loading | failed, with each
         engine's device and state once loaded."""
@@ -159,7 +177,8 @@ class Service:
             return {"status": "failed", "error": str(e)}
         state = "draining" if self.draining else stats.total.state
         engines = [{"index": i, "device": e.device, "codec_device": e.codec_device, "state": e.state, "error": e.error,
-                    "running": e.running, "waiting": e.waiting, "max_streams": e.max_streams}
+                    "running": e.running, "waiting": e.waiting, "max_streams": e.max_streams,
+                    "graphs_pending": e.graphs_pending}
                    for i, e in enumerate(stats.engines)]
         status = {"ready": "ok"}.get(state, state)  # degraded, draining, loading
         return {"status": status, "engines": engines}

@@ -227,6 +227,15 @@ class Device:
         prefill = self.runner.prefill_graphs
         return bool(self.graphs.pending or self.vocoder.pending_rows or (prefill is not None and prefill.pending))
 
+    def graphs_left(self) -> int:
+        """How many graphs (decode step, codec, prefill) are still to be captured, the gate aside: what /ready waits
+        for with TTS_READY_WHEN=settled (a burst before they are in pays their capture and cuDNN tuning)."""
+        if self.graphs is None:
+            return 0
+        prefill = self.runner.prefill_graphs
+        return (len(self.graphs.pending) + len(self.vocoder.graphs.pending)
+                + (len(prefill.pending) if prefill is not None else 0))
+
     def settle(self, timeout: float) -> bool:
         """Waits (another thread: the loop captures while idle) until no graph is left for later -> whether none is."""
         end = time.monotonic() + timeout
