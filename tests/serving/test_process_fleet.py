@@ -12,7 +12,7 @@ from conftest import MODEL_DIR
 
 from ttsengine import EngineConfig, Fleet
 from ttsengine.engine.placement import process_configs
-from ttsengine.errors import BusyError, EngineDown
+from ttsengine.errors import BusyError, ConfigError, EngineDown
 from ttsengine.serving.engine_process.process_fleet import ProcessFleet
 from ttsengine.serving.service import PLANNING_THREADS, Service, spawn_engine_processes
 from ttsengine.synthesis.request import SynthesisRequest
@@ -145,3 +145,10 @@ def test_one_engine_failing_mid_run_is_taken_out_and_the_rest_serve():
         assert fleet.submit(SynthesisRequest(text="Still here.", seed=1, max_new_tokens=10)).result().audio.size
     finally:
         fleet.close()
+
+
+def test_random_weights_reach_the_engine_processes():
+    # bench --random-weights --engine-process on: the name travels to each process's Fleet.load (an unknown one fails
+    # there, as it would in one process)
+    with pytest.raises(ConfigError, match="unknown synthetic model 'nope'"):
+        ProcessFleet.spawn(process_configs(CONFIG.with_(devices="cpu"), 0), random_weights="nope")

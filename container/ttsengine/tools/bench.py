@@ -3,7 +3,8 @@
 Per level: aggregate frames/s decoded to audio, per-stream frames/s and RTF, time to first audio
 p50/p95, VRAM, GPU utilisation and power (NVML), where the engine's time went, and the audio
 hours per GPU hour it implies. Writes bench.json and bench.html (plots); `--render bench.json`
-rebuilds the HTML from a saved run.
+rebuilds the HTML from a saved run. --engine-process on: the engines in one engine process per GPU behind this
+process, as the server runs them (tools/bench_fleet.py); off (default): in this process, the old figures' layout.
 """
 
 from __future__ import annotations
@@ -21,17 +22,16 @@ import torch
 
 from ..config import from_env
 from ..engine import features
-from ..engine.fleet import Fleet
 from ..engine.loader import load
 from ..engine.placement import engine_configs
 from ..engine.settings import codec_switches, features_on, platform
 from ..engine.stats import EngineStats
 from ..errors import BusyError, TTSError
-from ..model.quant import weight_bytes
 from ..synthesis.request import Reference, SynthesisRequest
 from . import codec_bench
 from . import report as report_page
-from .audio_check import MIN_SNR_DB, AudioCheck, compare, sampled
+from .audio_check import MIN_SNR_DB, compare, sampled
+from .bench_fleet import IN_PROCESS_ONLY, BenchFleet, cuda_count
 from .checkpoint_flag import add_write_checkpoint, write_if_asked
 from .load.schedule import poisson_rate
 from .timeline import Timeline, timeline
@@ -55,8 +55,8 @@ class Level:
     ttfa_p95_ms: float
     stall_p95_ms: float  # a listener's total wait for audio after playback started (Stream.stalls), p95 of streams
     stall_max_ms: float
-    vram_baseline_gb: float
-    vram_peak_gb: float
+    vram_baseline_gb: float  # torch's allocated bytes on the busiest GPU (engine processes: as their stats report it)
+    vram_peak_gb: float | None  # torch's peak there in the level; None: engine processes (see vram_used_peak_gb)
     gpu_util_pct: float | None
     power_w: float | None
     audio_hours_per_gpu_hour: float
@@ -74,16 +74,18 @@ class Level:
     audio_snr_min_db: float | None = None  # the lowest of their SNRs (tools/audio_check.py)
     audio_failures: int = 0  # checked streams below MIN_SNR_DB or of the wrong length
     audio_wrong_length: int = 0  # of those, streams whose audio was not their codes' length
+    vram_used_peak_gb: float | None = None  # NVML: device memory in use by every process, busiest GPU (None: no NVML)
 
 
 class NvmlSampler(threading.Thread):
-    """Samples GPU utilisation (mean over `indices`) and power (their sum) every 100 ms (if nvidia-ml-py is
-    installed)."""
+    """Samples GPU utilisation (mean over `indices`), power (their sum) and memory in use (the most on one of them)
+    every 100 ms (if nvidia-ml-py is installed)."""
 
     def __init__(self, indices: tuple[int, ...] = (0,)):
         super().__init__(daemon=True)
         self.util: list[float] = []
         self.power: list[float] = []
+        self.used_peak: int | None = None  # bytes
         self._halt = threading.Event()
         try:
             import pynvml
@@ -97,6 +99,8 @@ class NvmlSampler(threading.Thread):
         while self._nv is not None and not self._halt.is_set():
             self.util.append(statistics.fmean(self._nv.nvmlDeviceGetUtilizationRates(h).gpu for h in self._hs))
             self.power.append(sum(self._nv.nvmlDeviceGetPowerUsage(h) for h in self._hs) / 1000)
+            used = max(self._nv.nvmlDeviceGetMemoryInfo(h).used for h in self._hs)
+            self.used_peak = max(used, self.used_peak or 0)
             self._halt.wait(0.1)
 
     def stop(self) -> tuple[float | None, float | None]:
@@ -133,33 +137,11 @@ class Load:
         return list(np.cumsum(gaps) - gaps[0])
 
 
-def gpus(fleet: Fleet) -> tuple[int, ...]:
-    """The CUDA device indices the fleet's engines use (DualAR and codec)."""
-    devices = {d for e in fleet.engines for d in (e.runner.device, e.vocoder.device) if d.type == "cuda"}
-    return tuple(sorted(d.index or 0 for d in devices))
-
-
-def random_voice(engine, seconds: float) -> Reference:
-    """A stored voice of `seconds` of random speech-like audio (tones with a wandering pitch, plus noise),
-    encoded once, as the voice store keeps it (codes), with a transcript of ~2.5 words per second."""
-    rate = engine.ckpt.codec.sample_rate
-    rng = np.random.default_rng(1)
-    t = np.arange(int(seconds * rate)) / rate
-    pitch = 140 + 40 * np.sin(2 * np.pi * 0.7 * t)
-    audio = 0.3 * np.sin(2 * np.pi * np.cumsum(pitch) / rate) * (0.6 + 0.4 * np.sin(2 * np.pi * 3 * t))
-    audio = (audio + 0.02 * rng.standard_normal(len(t))).astype(np.float32)
-    codes = engine.planner.voice_encoder.codes_from_samples(audio)
-    words = " ".join(TEXT.rstrip(".").split()[i % 20] for i in range(max(1, round(seconds * 2.5))))
-    return Reference(text=words + ".", codes=codes.numpy())
-
-
-def run_level(fleet: Fleet, concurrency: int, load: Load, progress) -> Level:
-    devices = gpus(fleet)
-    for d in devices:
-        torch.cuda.synchronize(d)
-        torch.cuda.reset_peak_memory_stats(d)
-    base = max((torch.cuda.memory_allocated(d) for d in devices), default=0)
-    before = [e.stats() for e in fleet.engines]
+def run_level(fleet: BenchFleet, concurrency: int, load: Load, progress) -> Level:
+    """One level over the engines in this process or in engine processes (BenchFleet: the same figures from both)."""
+    devices = fleet.gpus
+    base = fleet.reset_peak()
+    before = fleet.engines()
     sampler = NvmlSampler(devices or (0,))
     sampler.start()
     t0 = time.perf_counter()
@@ -171,9 +153,8 @@ def run_level(fleet: Fleet, concurrency: int, load: Load, progress) -> Level:
             time.sleep(delay)
         try:
             request = load.request(i)
-            if i in checked:  # planned here so the plan keeps its codes (the engine plans a request otherwise)
-                request = fleet.engines[0].planner.plan(request)
-                request.keep_codes = True
+            if i in checked:  # planned here so the plan keeps its codes
+                request = fleet.kept(request)
             streams.append(fleet.submit(request, ignore_stop=True))
         except BusyError:
             rejected += 1
@@ -190,11 +171,12 @@ def run_level(fleet: Fleet, concurrency: int, load: Load, progress) -> Level:
     ttfa = [s.ttfa * 1000 for s in streams if s.ttfa is not None]
     stalls = [s.stalls() * 1000 for s in streams]
     audio_s = sum(kept) / FRAME_RATE
-    level_stats = [e.stats().since(b) for e, b in zip(fleet.engines, before)]  # each engine's counters in the level
+    level_stats = [e.since(b) for e, b in zip(fleet.engines(), before)]  # each engine's counters in the level
     per_engine = [{"device": d.device, "codec_device": d.codec_device, "streams": d.requests_done,
                    "frames_per_second": round(d.vocoded_frames / wall, 1),
                    "time_host_s": round(d.loop_seconds - d.step_wait_seconds, 3)} for d in level_stats]
     total = EngineStats.sum(level_stats).total
+    peak = fleet.peak()
     level = Level(
         concurrency=concurrency, frames_per_stream=load.frames - 1, wall_s=wall, aggregate_fps=sum(kept) / wall,
         stream_fps_min=min(fps), stream_fps_p50=statistics.median(fps),
@@ -202,7 +184,8 @@ def run_level(fleet: Fleet, concurrency: int, load: Load, progress) -> Level:
         ttfa_p50_ms=_pct(ttfa, 50), ttfa_p95_ms=_pct(ttfa, 95),
         stall_p95_ms=_pct(stalls, 95), stall_max_ms=max(stalls),
         vram_baseline_gb=base / 1e9,
-        vram_peak_gb=max((torch.cuda.max_memory_allocated(d) for d in devices), default=0) / 1e9,
+        vram_peak_gb=None if peak is None else peak / 1e9,
+        vram_used_peak_gb=None if sampler.used_peak is None else sampler.used_peak / 1e9,
         gpu_util_pct=util, power_w=power, audio_hours_per_gpu_hour=audio_s / wall / max(1, len(devices)),
         time_step_s=total.step_seconds, time_prefill_s=total.prefill_seconds, time_vocoder_s=total.vocoder_seconds,
         time_host_s=total.loop_seconds - total.step_wait_seconds, steps=total.steps,
@@ -211,7 +194,7 @@ def run_level(fleet: Fleet, concurrency: int, load: Load, progress) -> Level:
     )
     # after the level's figures (its VRAM peak included): the checks' whole decodes are not the engine's work
     try:
-        checks = [check_stream(fleet, s, r.audio) for s, r in zip(streams, results) if s.plan.keep_codes]
+        checks = [compare(r.audio, fleet.whole(s)) for s, r in zip(streams, results) if s.plan.keep_codes]
     except torch.cuda.OutOfMemoryError:  # (torch.OutOfMemoryError from 2.5; this name on 2.2 too)
         print(f"audio check skipped at {concurrency} streams: no GPU memory left for a whole decode of "
               f"{load.frames} frames (use fewer --frames, or --check-audio 0)", flush=True)
@@ -219,12 +202,6 @@ def run_level(fleet: Fleet, concurrency: int, load: Load, progress) -> Level:
     return replace(level, audio_checked=len(checks), audio_snr_min_db=min((c.snr_db for c in checks), default=None),
                    audio_failures=sum(not c.ok for c in checks),
                    audio_wrong_length=sum(c.samples != c.expected for c in checks))
-
-
-def check_stream(fleet: Fleet, stream, audio: np.ndarray) -> AudioCheck:
-    """A finished stream's delivered audio against the whole decode of its kept codes, by the engine that ran it."""
-    engine = next((e for e in fleet.engines if str(e.runner.device) == stream.device), fleet.engines[0])
-    return compare(audio, engine.vocoder.whole(stream.plan.codes))
 
 
 def render_html(report: dict) -> str:
@@ -248,7 +225,7 @@ def render_html(report: dict) -> str:
                             extra=f"<h2>profile (top kernels, ms)</h2><table border=1>{prof}</table>" if prof else "")
 
 
-def profile_level(engine: Fleet, concurrency: int, load: Load) -> list[dict]:
+def profile_level(engine: BenchFleet, concurrency: int, load: Load) -> list[dict]:
     from torch.profiler import ProfilerActivity, profile
 
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
@@ -293,12 +270,16 @@ def main(argv: list[str] | None = None) -> int:
                     help="every stream uses one stored voice of this many seconds of random audio")
     ap.add_argument("--arrivals", metavar="poisson:RATE",
                     help="open-loop arrivals: each level's requests sent at RATE per second (Poisson), not all at once")
-    ap.add_argument("--check-audio", type=int, default=4, metavar="N",
+    ap.add_argument("--check-audio", type=int, metavar="N",
                     help="per level, N streams' delivered audio is compared with a whole decode of the codes they "
-                         f"generated (below {MIN_SNR_DB:g} dB SNR: exit 1); 0: off")
+                         f"generated (below {MIN_SNR_DB:g} dB SNR: exit 1); 0: off (default: 4; 0 with "
+                         "--engine-process on, which cannot check)")
     ap.add_argument("--devices", help="one engine per entry, e.g. cuda:0,cuda:1 (default: $TTS_DEVICES); levels count "
                                       "streams over all engines, each engine gets a share of the largest as slots")
     ap.add_argument("--topology", choices=("replicas", "split"), help="default: $TTS_TOPOLOGY")
+    ap.add_argument("--engine-process", choices=("off", "on"), default="off",
+                    help="on: one engine process per GPU behind this process, as the server runs them "
+                         "(TTS_ENGINE_PROCESS); off (default): the engines in this process")
     add_write_checkpoint(ap)
     codec = ap.add_argument_group("--codec-only: the streaming codec alone (streams = --concurrency levels)")
     codec.add_argument("--codec-only", action="store_true")
@@ -318,8 +299,16 @@ def main(argv: list[str] | None = None) -> int:
         raise TTSError(str(e)) from None
     if args.voice is not None and not 0 < args.voice <= 60:
         raise TTSError(f"--voice {args.voice:g}: give seconds in (0, 60]")
-    if args.check_audio < 0:
+    if args.check_audio is not None and args.check_audio < 0:
         raise TTSError(f"--check-audio {args.check_audio}: give a number of streams >= 0")
+    in_process = args.engine_process == "off"
+    if not in_process and args.check_audio:
+        raise TTSError(f"--check-audio {args.check_audio} needs the engines in this process (a whole decode by the "
+                       "engine's codec): use --engine-process off, or --check-audio 0")
+    if not in_process and args.profile:
+        raise TTSError("--profile needs the engines in this process (the profiler sees only its own process): use "
+                       "--engine-process off")
+    check_audio = (4 if in_process else 0) if args.check_audio is None else args.check_audio
     if args.codec_only:
         return _codec_only(args)
     if args.render:
@@ -332,23 +321,12 @@ def main(argv: list[str] | None = None) -> int:
     levels = [int(x) for x in args.concurrency.split(",")]
     config = from_env(model_dir=args.model, devices=args.devices, topology=args.topology)
     config, random_weights, write_s = write_if_asked(args, config)
-    engines = len(engine_configs(config, torch.cuda.device_count() if torch.cuda.is_available() else 0))
+    engines = len(engine_configs(config, cuda_count()))
     config = config.with_(max_batch=-(-max(levels) // engines))
-    t0 = time.perf_counter()
-    fleet = Fleet.load(config, random_weights, start=False)
-    load_s = time.perf_counter() - t0
-    fleet.start()
-    fleet.wait_all()  # every engine, not just the first ready: a level must see all of them
-    for e in fleet.engines:
-        if e.state != "ready":
-            fleet.close()
-            raise TTSError(f"the engine on {e.runner.device} did not start: {e.error}")
-    fleet.settle()  # steady state: the lazily captured graphs first (a server captures them while idle)
-    engine = fleet.engines[0]
-    ckpt = engine.ckpt
+    fleet = BenchFleet.start(config, random_weights, engine_process=not in_process)
     try:
-        reference = random_voice(engine, args.voice) if args.voice else None
-        load_ = Load(args.frames, args.text, reference, rate, args.check_audio)
+        reference = fleet.random_voice(args.voice, TEXT.rstrip(".").split()) if args.voice else None
+        load_ = Load(args.frames, args.text, reference, rate, check_audio)
         warm = [fleet.submit(Load(24, args.text, reference).request(i), ignore_stop=True) for i in range(engines)]
         for s in warm:
             s.result()
@@ -358,29 +336,25 @@ def main(argv: list[str] | None = None) -> int:
                 results.append(run_level(fleet, c, load_, bar))
         profile = profile_level(fleet, args.profile, Load(min(args.frames, 192), args.text, reference)) \
             if args.profile else None
-        stats = fleet.stats()
+        stats = fleet.fleet.stats()
+        settings = fleet.settings()
     finally:
         fleet.close()
     ok = [lv.concurrency for lv in results if lv.realtime_x_min >= 1.2]
     first = stats.engines[0]  # the settings the report names: the first engine's
     report = {
-        "device": torch.cuda.get_device_name() if engine.runner.device.type == "cuda" else "cpu",
+        **settings, "engine_process": args.engine_process,
+        "in_process_only": None if in_process else f"{', '.join(IN_PROCESS_ONLY)}: None, read from an engine in this "
+                                                    "process (the engines ran in engine processes)",
         "torch": torch.__version__, "model": random_weights or str(config.model_dir), "write_checkpoint_s": write_s,
-        "codec_cache": ckpt.codec_cache,
-        "dtype": str(engine.runner.dtype), "compile": first.compiled, "cuda_graphs": first.cuda_graphs,
-        "compile_error": engine.device.compile_error, "load_s": round(load_s, 2),
+        "compile": first.compiled, "cuda_graphs": first.cuda_graphs,
+        "load_s": round(fleet.load_s, 2),  # engine processes: their warm-up included
         "warmup_s": round(stats.total.warmup_seconds, 2),
-        "kernel_cache": first.kernel_cache, "precompiled": first.precompiled,
-        "quantization": first.quantization, "fused_kernels": sorted(engine.runner.fused_in_use),
-        "prefix_cache": engine.prefix_cache is not None,
-        "weights_gb": round((weight_bytes(ckpt.model) + weight_bytes(ckpt.codec)) / 1e9, 3),
-        "first_chunk_frames": engine.settings.first_chunk_frames,
-        "stream_chunk_frames": engine.settings.stream_chunk_frames,
+        "kernel_cache": first.kernel_cache, "precompiled": first.precompiled, "quantization": first.quantization,
         "kv_positions": first.kv_positions, "memory_preset": first.memory_preset.as_dict(),
         "voice_seconds": args.voice, "voice_prompt_tokens": int(reference.codes.shape[1]) if reference else 0,
         "arrivals": args.arrivals, "topology": config.topology,
-        "engines": [f"{e.runner.device}" + (f"+{e.vocoder.device}" if e.vocoder.device != e.runner.device else "")
-                    for e in fleet.engines],
+        "engines": [e.device + (f"+{e.codec_device}" if e.codec_device != e.device else "") for e in stats.engines],
         "max_concurrency_at_1.2x_realtime": max(ok) if ok else None,
         "levels": [asdict(lv) for lv in results], "profile": profile,
     }

@@ -1,6 +1,7 @@
 """The engine side: `python -m ttsengine.serving.engine_process.host FD`, started by remote_fleet.py with one end
-of a socket pair. It loads the fleet, says LOADED (or FAILED), then serves the front's messages until CLOSE or
-until the front is gone (end of file: the front died; the engines must not outlive it).
+of a socket pair. It reads (config, log level, random weights: bench's --random-weights or None), loads the fleet,
+says LOADED (or FAILED), then serves the front's messages until CLOSE or until the front is gone (end of file: the
+front died; the engines must not outlive it).
 
 Threads: this one reads commands; a writer sends everything outgoing in batches; submits and voice encodes run on a
 small pool (a request with reference audio is encoded by the codec at submit: it must not hold up cancels; a CANCEL
@@ -190,10 +191,10 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     conn = Connection(int(args[0]))
-    config, log_level = conn.recv()
+    config, log_level, random_weights = conn.recv()
     setup_logging(log_level)
     try:
-        fleet = Fleet.load(config)
+        fleet = Fleet.load(config, random_weights)
     except Exception as e:  # noqa: BLE001 - the front reports it (health: failed) as if it had loaded itself
         if not isinstance(e, TTSError):  # a bug: its traceback to the log (a bad model dir is one line, up there)
             log.exception("the engine failed to load")

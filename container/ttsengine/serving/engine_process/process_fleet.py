@@ -26,8 +26,8 @@ from .remote_fleet import RemoteFleet
 
 
 class ProcessFleet:
-    def __init__(self, configs: list[EngineConfig]):
-        self.configs = configs
+    def __init__(self, configs: list[EngineConfig], random_weights: str | None = None):
+        self.configs, self.random_weights = configs, random_weights
         self.members: list[RemoteFleet | None] = [None] * len(configs)  # None: loading, or failed to load
         self.load_errors: list[str | None] = [None] * len(configs)
         self.rejected = 0
@@ -38,11 +38,11 @@ class ProcessFleet:
         self._closed = False
 
     @classmethod
-    def spawn(cls, configs: list[EngineConfig]) -> ProcessFleet:
+    def spawn(cls, configs: list[EngineConfig], random_weights: str | None = None) -> ProcessFleet:
         """Starts every engine process at once and returns when each is warm or failed (they load side by side,
         so waiting for all costs about one load, and a burst right after ready meets every engine); raises the
-        first load failure if every one failed."""
-        fleet = cls(configs)
+        first load failure if every one failed. random_weights: RemoteFleet.spawn's (bench)."""
+        fleet = cls(configs, random_weights)
         errors: list[BaseException] = []
         for i in range(len(configs)):
             threading.Thread(target=fleet._load, args=(i, errors), name=f"engine-process-{i}-load",
@@ -56,7 +56,7 @@ class ProcessFleet:
 
     def _load(self, i: int, errors: list[BaseException]) -> None:
         try:
-            member = RemoteFleet.spawn(self.configs[i])
+            member = RemoteFleet.spawn(self.configs[i], self.random_weights)
         except Exception as e:  # noqa: BLE001 - kept: reported per engine, raised if none loads
             with self._changed:
                 errors.append(e)

@@ -69,16 +69,17 @@ class RemoteFleet:
 
     # ---- start ---------------------------------------------------------------------------------------
     @classmethod
-    def spawn(cls, config: EngineConfig) -> RemoteFleet:
+    def spawn(cls, config: EngineConfig, random_weights: str | None = None) -> RemoteFleet:
         """Starts the engine process and returns once its first engine is warm; raises what its loading raised
-        (or EngineDown if it died without saying)."""
+        (or EngineDown if it died without saying). random_weights: bench's --random-weights (Fleet.load's; seeded, so
+        every process draws the same weights)."""
         front, back = socket.socketpair()
         cmd = [sys.executable, "-m", "ttsengine.serving.engine_process.host", str(back.fileno())]
         process = subprocess.Popen(cmd, pass_fds=(back.fileno(),), stdin=subprocess.DEVNULL)
         back.close()
         conn = Connection(front.detach())
         try:
-            conn.send((config, logging.getLevelName(logging.getLogger().getEffectiveLevel())))
+            conn.send((config, logging.getLevelName(logging.getLogger().getEffectiveLevel()), random_weights))
             while True:
                 for msg in conn.recv():
                     if msg[0] == LOADED:

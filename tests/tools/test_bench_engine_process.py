@@ -1,0 +1,57 @@
+"""bench --engine-process (issue 49): the sweep over the engines in this process (off, the old figures' layout) and
+over one engine process per device behind bench's front (on, as the server runs them); the real CLI on two CPU
+engines with the tiny golden checkpoint."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from conftest import MODEL_DIR, run_cli
+
+from ttsengine.tools.bench_fleet import IN_PROCESS_ONLY
+
+
+def _bench(tmp_path, *args: str):
+    return run_cli("ttsengine", "bench", "--model", str(MODEL_DIR), "--devices", "cpu,cpu", "--out", str(tmp_path),
+                   *args)
+
+
+@pytest.mark.parametrize("mode", ["off", "on"])
+def test_bench_reports_each_engine_in_either_layout(tmp_path, mode):
+    # two engines, a level of 2 streams (one slot each): both engines' rows, their streams summing to the level; the
+    # stored voice is encoded by the fleet's codec (in the engine process with on) and in every prompt
+    proc = _bench(tmp_path, "--engine-process", mode, "--concurrency", "2", "--frames", "8", "--voice", "1")
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads((tmp_path / "bench.json").read_text())
+    assert report["engine_process"] == mode and report["engines"] == ["cpu", "cpu"] and report["device"] == "cpu"
+    assert report["voice_prompt_tokens"] == 22  # ceil(1 s * 44100 / 2048)
+    (level,) = report["levels"]
+    rows = level["per_engine"]
+    assert [r["device"] for r in rows] == ["cpu", "cpu"]
+    assert sum(r["streams"] for r in rows) == level["concurrency"] == 2
+    assert all(r["frames_per_second"] > 0 for r in rows) and level["rejected"] == 0
+    assert level["ttfa_p50_ms"] > 0 and 0 <= level["stall_p95_ms"] <= level["stall_max_ms"]
+    assert level["prefill_tokens_per_request"] > 22 and level["time_step_s"] > 0
+    assert report["memory_preset"]["name"] == "cpu" and report["kv_positions"] > 0  # from the engines' stats
+    if mode == "off":  # --check-audio's default, 4 a level; the settings of an engine in this process
+        assert level["audio_checked"] == 2 and level["audio_failures"] == 0 and level["vram_peak_gb"] == 0
+        assert report["dtype"] == "torch.float32" and report["prefix_cache"] is True
+        assert report["in_process_only"] is None
+    else:  # no check (its default there is 0), no torch peak, and the fields only an in-process engine gives: None
+        assert level["audio_checked"] == 0 and level["vram_peak_gb"] is None
+        assert all(report[f] is None for f in IN_PROCESS_ONLY) and "engine processes" in report["in_process_only"]
+    assert "per engine: cpu 1 streams" in proc.stdout
+
+
+@pytest.mark.parametrize("flag, words", [
+    (("--check-audio", "2"), "--check-audio 2 needs the engines in this process"),
+    (("--profile", "2"), "--profile needs the engines in this process"),
+])
+def test_bench_says_in_one_line_what_engine_processes_cannot_do(tmp_path, flag, words):
+    proc = _bench(tmp_path, "--engine-process", "on", *flag)
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("ttsengine bench: ")]
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr and len(errors) == 1, proc.stderr
+    assert words in errors[0] and "--engine-process off" in errors[0]
+    assert not (tmp_path / "bench.json").exists()
+
