@@ -131,6 +131,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser("soak", help="minutes of mixed traffic against a running server, judged per minute "
                                "(python -m ttsengine soak --help)")
     sub.add_parser("parity", help="check this implementation against a golden folder (python -m ttsengine parity DIR)")
+    sub.add_parser("plan", help="instances, autoscaling settings, cost and a simulated day for a traffic "
+                               "(python -m ttsengine plan --help)")
     sub.add_parser("info", help="sizes, parameter counts and KV memory of a model, without loading its weights "
                                "(python -m ttsengine info --help)")
 
@@ -169,7 +171,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 # subcommands with their own argument parsers (modules in tools/): python -m ttsengine <tool> ...
-TOOLS = ("bench", "warm", "loadtest", "soak", "parity", "info")
+TOOLS = ("bench", "warm", "loadtest", "soak", "parity", "info", "plan")
 ENGINE_TOOLS = ("bench", "warm")  # log the engine's start (cache status, warm-up); loadtest is a quiet HTTP client
 
 

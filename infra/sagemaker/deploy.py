@@ -203,7 +203,12 @@ def target_concurrency(instance_type: str) -> int:
         raise DeployError(f"{instance_type} is not in the instance table: pass --target-concurrency N "
                           f"(about {TARGET_SHARE:.0%} of the streams it serves)")
     gpus, _, _, _, streams = INSTANCE_TYPES[instance_type]
-    return max(1, round(gpus * streams * TARGET_SHARE))
+    return share_of(gpus * streams)
+
+
+def share_of(streams: int) -> int:
+    """TARGET_SHARE of an instance's streams, at least one request (also `ttsengine plan`'s SageMaker target)."""
+    return max(1, round(streams * TARGET_SHARE))
 
 
 def autoscale(aas, spec: DeploySpec) -> None:
