@@ -62,8 +62,8 @@ class SessionWatch:
         metrics.sessions.labels(protocol).inc()
         metrics.open.labels(protocol).inc()
 
-    def submit(self, request):
-        stream = self._submit(request)
+    def submit(self, request, **kw):
+        stream = self._submit(request, **kw)
         self.m.segments.labels(self.protocol).inc()
         return stream
 

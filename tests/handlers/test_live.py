@@ -319,3 +319,22 @@ def test_no_segment_events_unless_asked(server):
         send(ws, event="text", text="First part. Second part.")
         send(ws, event="stop")
         assert {e["event"] for e in events_until_finish(ws)} == {"audio", "finish"}
+
+
+def test_closing_the_socket_while_references_are_encoded_gives_the_segment_up(server):
+    # a start whose first segment carries 8 references of 8 s each (~2 s of codec encoding each on this CPU, two at a
+    # time; 64 s in all fits the tiny model's 2048 positions): the client leaves once the first is encoded; the
+    # session stops before its next reference (before: all 8 encoded for nobody, then the stream cancelled)
+    from test_http import _metric
+    from test_http_overload import click_flac, settled, until
+
+    refs = [{"audio": click_flac(8, 2000 + i), "text": "ref"} for i in range(8)]
+    encoded = _metric(server, "tts_references_encoded_total")
+    with open_live(server) as ws:
+        start(ws, references=refs, max_new_tokens=8)
+        send(ws, event="text", text="Hello there.")
+        send(ws, event="flush")
+        until(lambda: _metric(server, "tts_references_encoded_total") > encoded, what="the first reference encoded")
+    final = settled(lambda: _metric(server, "tts_references_encoded_total"))
+    assert final - encoded <= 4, (encoded, final)  # the ones under way (two at a time), not all 8
+    assert engines_idle(server)

@@ -26,8 +26,8 @@ from dataclasses import dataclass
 
 from pydantic import Field
 
-from ...errors import InputError, NoAudio
-from ...synthesis.request import Reference, SynthesisRequest
+from ...errors import Abandoned, InputError, NoAudio
+from ...synthesis.request import Reference
 from ...synthesis.stream import Stream
 from ..delivery import encoder_for, scaled
 from ..protocol import FishTTSRequest, SpeechJob, fish_job, validate
@@ -75,8 +75,9 @@ def live_job(body: Mapping, voices: VoiceStore | None, strict: bool = True) -> t
 
 
 class LiveSession:
-    def __init__(self, submit: Callable[[SynthesisRequest], Stream], job: SpeechJob, *, max_chars: int,
+    def __init__(self, submit: Callable[..., Stream], job: SpeechJob, *, max_chars: int,
                  chain: bool = True, first_text: str = ""):
+        """submit(request, abandoned=) -> Stream: the engine's (Service.submit, a Fleet's), called in a thread."""
         self.job, self.chain, self.max_chars = job, chain, max_chars
         self._submit = submit
         self._segmenter = Segmenter(job.request.chunk_length or 200)
@@ -142,7 +143,10 @@ class LiveSession:
                 if segment is _DONE or self.cancelled:
                     break
                 self.current = Segment(segment, time.perf_counter(), self._out(enc))
-                stream = await asyncio.to_thread(self._start, segment)
+                try:
+                    stream = await asyncio.to_thread(self._start, segment)
+                except Abandoned:  # cancelled (barge-in, the socket gone) while its references were encoded
+                    break
                 self._stream = stream
                 if self.cancelled:
                     break
@@ -179,11 +183,15 @@ class LiveSession:
     def _start(self, segment: str) -> Stream:
         refs = self.job.request.references + ((self._context,) if self._context is not None else ())
         # the kept codes become the next segment's context
+        # abandoned: a session cancelled while this is planned stops before its next reference is encoded
         stream = self._submit(dataclasses.replace(self.job.request, text=segment, references=refs,
-                                                  keep_codes=self.chain))
+                                                  keep_codes=self.chain), abandoned=self._is_cancelled)
         self.segments += 1
         self._last = stream
         return stream
+
+    def _is_cancelled(self) -> bool:
+        return self.cancelled
 
     def _out(self, enc) -> int:
         """The engine's samples so far, in output samples (the encoder's rate, the job's speed)."""
