@@ -14,11 +14,11 @@ from starlette.concurrency import run_in_threadpool
 
 from ttsengine import EngineConfig, Fleet, ServerConfig
 from ttsengine.serving import chunk_trace
-from ttsengine.serving.api_key import ApiKey, CrossSite
 from ttsengine.serving.audio_store import AudioStore
-from ttsengine.serving.body_limit import BodyLimit
 from ttsengine.serving.delivery import close_encoders, start_encoders
-from ttsengine.serving.listen import HeadAsGet
+from ttsengine.serving.network.api_key import ApiKey, CrossSite
+from ttsengine.serving.network.body_limit import BodyLimit
+from ttsengine.serving.network.listen import HeadAsGet
 from ttsengine.serving.protocol import FishTTSRequest, OpenAISpeechRequest, ReferenceUpdate
 from ttsengine.serving.service import Service, engine_loader
 

@@ -12,8 +12,8 @@ from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect
 
 from ttsengine import TTSError
-from ttsengine.serving.api_key import SAFE_METHODS, ApiKey
 from ttsengine.serving.failure import Failure, failure
+from ttsengine.serving.network.api_key import SAFE_METHODS, ApiKey
 
 log = logging.getLogger("handlers.http")
 TYPES = {"input": "invalid_request_error", "busy": "server_busy", "server": "server_error"}

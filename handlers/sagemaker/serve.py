@@ -22,10 +22,10 @@ from starlette.concurrency import run_in_threadpool
 from starlette.requests import ClientDisconnect
 
 from ttsengine import SageMakerConfig, ServerConfig, TTSError, audio_bytes, audio_record, from_env, output_rate
-from ttsengine.serving.body_limit import BodyLimit
 from ttsengine.serving.delivery import generated, unless_gone
 from ttsengine.serving.failure import failure
-from ttsengine.serving.listen import HeadAsGet, port_problem
+from ttsengine.serving.network.body_limit import BodyLimit
+from ttsengine.serving.network.listen import HeadAsGet, port_problem
 from ttsengine.serving.protocol import ignored_header
 from ttsengine.serving.service import Service, setup_logging
 
@@ -187,7 +187,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"handlers serve: {problem}", file=sys.stderr)
         return 2
     setup_logging(engine_config.log_level)
-    from ttsengine.serving.shutdown import serve as serve_draining
+    from ttsengine.serving.network.shutdown import serve as serve_draining
 
     serve_draining(create_app(server, service), service, "0.0.0.0", server.port, engine_config.log_level.lower(),
                    server.drain_seconds)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 
-from ttsengine.serving.body_limit import BodyLimit, BodyTooLarge
+from ttsengine.serving.network.body_limit import BodyLimit, BodyTooLarge
 
 
 def run(limit: int, chunks: list[bytes], length: int | None = None, app=None) -> tuple[list[dict], list[bytes]]:

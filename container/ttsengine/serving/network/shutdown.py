@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 import threading
 
-from .service import Service
+from ..service import Service
 
 log = logging.getLogger(__name__)
 FLUSH_SECONDS = 10  # after the drain: for the last bytes of finished responses to go out

@@ -10,7 +10,7 @@ import asyncio
 import json
 from collections.abc import Callable
 
-from ..errors import InputError
+from ...errors import InputError
 
 
 class BodyTooLarge(InputError):
