@@ -26,7 +26,7 @@ FORBIDDEN_IN_CORE = ("runpod", "fastapi", "starlette", "uvicorn", "sagemaker", "
                      "botocore", "handlers")
 # lazily, inside a function: the core imports without them
 LAZY_SDK_ALLOWED = {"ttsengine.serving.download": ("boto3", "botocore"),
-                    "ttsengine.serving.shutdown": ("uvicorn",)}  # the drain both uvicorn adapters run under
+                    "ttsengine.serving.network.shutdown": ("uvicorn",)}  # the drain both uvicorn adapters run under
 # module prefix -> what modules under it may not import (prefixes of absolute module names)
 OURS = ("ttsengine.eager", "ttsengine.engine", "ttsengine.synthesis", "ttsengine.serving", "ttsengine.tools",
         "ttsengine.audio", "ttsengine.model", "ttsengine.config", "ttsengine.compat", "ttsengine.__main__")

@@ -67,6 +67,17 @@ def positive_number() -> Kind:
     return Kind(float, "a number", check)
 
 
+def number_or_off(unit: str = "seconds") -> Kind:
+    """A finite number >= 0, where 0 switches the limit off (the slow-client limits: an operator behind a proxy
+    that enforces its own may want ours gone, and "off" is written as 0, not implied by a huge number)."""
+    def check(value) -> str | None:
+        if not math.isfinite(value):
+            return f"{value} is not a finite number (give {unit}, or 0 for no limit)"
+        return None if value >= 0 else "must be >= 0 (0: no limit)"
+
+    return Kind(float, "a number", check)
+
+
 def _api_key(value) -> str | None:
     """Printable ASCII only: HTTP headers carry bytes, and clients encode other characters differently (Latin-1
     or UTF-8), so a key with them would match for some clients and lock the others out of every route."""
@@ -395,6 +406,13 @@ class ServerConfig:
     download_max_files: int = 10_000  # kept download files (and those being written) at most; the oldest go first
     drain_seconds: int = 30
     read_timeout: float = 30.0
+    # slow clients that keep sending, too slowly for read_timeout to see (serving/network/connection_guard.py,
+    # serving/network/body_limit.py); 0 switches each off
+    idle_timeout: float = 5.0  # a connection with no request under way: a new one, or one between requests
+    header_timeout: float = 10.0  # from a request's first byte to the end of its headers
+    body_min_rate: float = 1024.0  # bytes/s a request body must average once body_rate_grace has passed
+    body_rate_grace: float = 10.0
+    body_timeout: float = 600.0  # a whole request body, however fast it arrives
     trace_chunks: bool = False  # per-chunk stage timings and per-thread CPU in /metrics (serving/chunk_trace.py)
     live_idle_timeout: float = 60.0  # seconds a live WebSocket may stay silent (no message, no audio) before it closes
     live_max_chars: int = 100_000  # text one live session may send
@@ -492,6 +510,19 @@ SERVER_VARS = (
     DRAIN_SECONDS,
     Var("TTS_READ_TIMEOUT", "read_timeout", positive_number(),
         "seconds a client may pause while sending its request body before it gets 408 (default 30)"),
+    Var("TTS_IDLE_TIMEOUT", "idle_timeout", number_or_off(),
+        "seconds a connection may stay open without a request under way, a new one before its first byte or a "
+        "kept-alive one between requests; then it is closed (default 5; 0: never)"),
+    Var("TTS_HEADER_TIMEOUT", "header_timeout", number_or_off(),
+        "seconds from a request's first byte to the end of its headers; then 408 and the connection is closed "
+        "(default 10; 0: no limit)"),
+    Var("TTS_BODY_MIN_RATE", "body_min_rate", number_or_off("bytes per second"),
+        "bytes per second a request body must average from when the server starts reading it, once "
+        "TTS_BODY_RATE_GRACE has passed; slower is a 408 (default 1024; 0: no minimum)"),
+    Var("TTS_BODY_RATE_GRACE", "body_rate_grace", number_or_off(),
+        "seconds a request body may arrive at any rate before TTS_BODY_MIN_RATE applies (default 10)"),
+    Var("TTS_BODY_TIMEOUT", "body_timeout", number_or_off(),
+        "seconds a whole request body may take to arrive, however steadily; then 408 (default 600; 0: no limit)"),
     Var("TTS_LIVE_IDLE_TIMEOUT", "live_idle_timeout", positive_number(),
         "seconds a live WebSocket (/v1/tts/live) may go without a message from the client or audio to it before "
         "it is closed (default 60)"),

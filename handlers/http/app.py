@@ -14,11 +14,11 @@ from starlette.concurrency import run_in_threadpool
 
 from ttsengine import EngineConfig, Fleet, ServerConfig
 from ttsengine.serving import chunk_trace
-from ttsengine.serving.api_key import ApiKey, CrossSite
 from ttsengine.serving.audio_store import AudioStore
-from ttsengine.serving.body_limit import BodyLimit
 from ttsengine.serving.delivery import close_encoders, start_encoders
-from ttsengine.serving.listen import HeadAsGet
+from ttsengine.serving.network.api_key import ApiKey, CrossSite
+from ttsengine.serving.network.body_limit import BodyLimit
+from ttsengine.serving.network.listen import HeadAsGet
 from ttsengine.serving.protocol import FishTTSRequest, OpenAISpeechRequest, ReferenceUpdate
 from ttsengine.serving.service import Service, engine_loader
 
@@ -58,6 +58,8 @@ def create_app(server: ServerConfig, engine_config: EngineConfig,
         app.add_middleware(CrossSite, allowed=server.cors_origins,
                            reply=lambda m: error_body(m, "permission_error", 403))
     app.add_middleware(BodyLimit, limit=server.max_body_bytes, read_timeout=server.read_timeout,
+                       min_rate=server.body_min_rate, rate_grace=server.body_rate_grace,
+                       body_timeout=server.body_timeout,
                        reply=lambda e: error_body(str(e), body_error_kind(e.status), e.status))
     app.add_middleware(Instrument, metrics=app.state.metrics)
     app.add_middleware(HeadAsGet)  # HEAD is counted and limited as the GET it becomes
@@ -78,7 +80,7 @@ def create_app(server: ServerConfig, engine_config: EngineConfig,
 
 
 def body_error_kind(status: int) -> str:
-    return "too_large" if status == 413 else "invalid_request_error"  # 408: the body stalled
+    return "too_large" if status == 413 else "invalid_request_error"  # 408: the headers or body came too slowly
 
 
 def openapi(app: FastAPI) -> dict:

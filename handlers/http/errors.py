@@ -12,8 +12,8 @@ from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect
 
 from ttsengine import TTSError
-from ttsengine.serving.api_key import SAFE_METHODS, ApiKey
 from ttsengine.serving.failure import Failure, failure
+from ttsengine.serving.network.api_key import SAFE_METHODS, ApiKey
 
 log = logging.getLogger("handlers.http")
 TYPES = {"input": "invalid_request_error", "busy": "server_busy", "server": "server_error"}
@@ -93,7 +93,8 @@ MEANING = {
          "key is set",
     404: "not found",
     500: "failed: no engine can serve (health)",
-    408: "the request body stalled for TTS_READ_TIMEOUT seconds",
+    408: "the request headers or body came too slowly (TTS_HEADER_TIMEOUT, TTS_READ_TIMEOUT, TTS_BODY_MIN_RATE, "
+         "TTS_BODY_TIMEOUT)",
     409: "the voice id is taken",
     413: "the body or the uploaded audio is over the limit",
     415: "wrong or missing content type (application/json or application/msgpack)",

@@ -14,7 +14,7 @@ reason "error" and a one-line message, then a close with a code: 1007 a message 
 known event, 1008 a limit (text, idle time, a client that leaves more than TTS_LIVE_SEND_BUFFER bytes unread: the
 session is cancelled) or a bad request, 1013 the model is loading or full, 1011 a failure.
 The `model` header fish-audio-sdk sends is accepted and ignored (one model is served); the API key is checked as
-for HTTP (serving/api_key.py), and a browser page's Origin as CORS would (origin_allowed).
+for HTTP (serving/network/api_key.py), and a browser page's Origin as CORS would (origin_allowed).
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ import sys
 
 from ttsengine import DownloadConfig, ServerConfig, TTSError, ensure_model, from_env
 from ttsengine.serving.download import default_max_new_tokens
-from ttsengine.serving.listen import port_problem
+from ttsengine.serving.network.listen import port_problem
 from ttsengine.serving.service import setup_logging
 
 log = logging.getLogger("handlers.http")
@@ -43,10 +43,15 @@ def main(argv: list[str] | None = None) -> int:
         log.info("the tiny test model: requests without max_new_tokens make %d frames (TTS_DEFAULT_MAX_NEW_TOKENS)",
                  frames)
         engine_config = dataclasses.replace(engine_config, default_max_new_tokens=frames)
-    from ttsengine.serving.shutdown import serve
+    from ttsengine.serving.network.connection_guard import Deadlines
+    from ttsengine.serving.network.shutdown import serve
 
-    from .app import create_app
+    from .app import body_error_kind, create_app
+    from .errors import error_body
 
     app = create_app(server, engine_config)
-    serve(app, app.state.service, server.host, server.port, engine_config.log_level.lower(), server.drain_seconds)
+    deadlines = Deadlines(server.idle_timeout, server.header_timeout,
+                          reply=lambda e: error_body(str(e), body_error_kind(e.status), e.status))
+    serve(app, app.state.service, server.host, server.port, engine_config.log_level.lower(), server.drain_seconds,
+          deadlines)
     return 0

@@ -22,10 +22,10 @@ from starlette.concurrency import run_in_threadpool
 from starlette.requests import ClientDisconnect
 
 from ttsengine import SageMakerConfig, ServerConfig, TTSError, audio_bytes, audio_record, from_env, output_rate
-from ttsengine.serving.body_limit import BodyLimit
 from ttsengine.serving.delivery import generated, unless_gone
 from ttsengine.serving.failure import failure
-from ttsengine.serving.listen import HeadAsGet, port_problem
+from ttsengine.serving.network.body_limit import BodyLimit
+from ttsengine.serving.network.listen import HeadAsGet, port_problem
 from ttsengine.serving.protocol import ignored_header
 from ttsengine.serving.service import Service, setup_logging
 
@@ -83,7 +83,8 @@ def create_app(server: ServerConfig, service: Service) -> FastAPI:
 
     app = FastAPI(title="fish-tts-server (SageMaker)", lifespan=lifespan, docs_url=None, redoc_url=None)
     app.add_middleware(BodyLimit, limit=server.max_body_bytes, reply=lambda e: error_body(e.status, str(e)),
-                       read_timeout=server.read_timeout)
+                       read_timeout=server.read_timeout, min_rate=server.body_min_rate,
+                       rate_grace=server.body_rate_grace, body_timeout=server.body_timeout)
     app.add_middleware(HeadAsGet)  # HEAD /ping as GET, without the body
 
     @app.get("/ping")
@@ -190,8 +191,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"handlers serve: {problem}", file=sys.stderr)
         return 2
     setup_logging(engine_config.log_level)
-    from ttsengine.serving.shutdown import serve as serve_draining
+    from ttsengine.serving.network.connection_guard import Deadlines
+    from ttsengine.serving.network.shutdown import serve as serve_draining
 
+    deadlines = Deadlines(server.idle_timeout, server.header_timeout, reply=lambda e: error_body(e.status, str(e)))
     serve_draining(create_app(server, service), service, "0.0.0.0", server.port, engine_config.log_level.lower(),
-                   server.drain_seconds)
+                   server.drain_seconds, deadlines)
     return 0

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 
-from ttsengine.serving.body_limit import BodyLimit, BodyTooLarge
+from ttsengine.serving.network.body_limit import BodyLimit, BodyTooLarge
 
 
 def run(limit: int, chunks: list[bytes], length: int | None = None, app=None) -> tuple[list[dict], list[bytes]]:
@@ -112,3 +112,53 @@ def test_a_stalled_body_gets_408_and_a_finished_one_may_wait_for_its_disconnect(
     assert status_and_body(stalled) == (408, {"error": {"message": "the request body stalled for 0.1 s", "code": 408}})
     finished = asyncio.run(scenario(body_complete=True))
     assert status_and_body(finished) == (200, b"ok")
+
+
+def trickled(pieces: int, every: float, **limits) -> tuple[list[dict], float]:
+    """A body of `pieces` 100-byte pieces, one every `every` seconds, read by an app that echoes it -> (what the
+    client got, seconds until the answer)."""
+    async def scenario():
+        sent, n = [], 0
+
+        async def receive():
+            nonlocal n
+            await asyncio.sleep(every)
+            n += 1
+            return {"type": "http.request", "body": b"x" * 100, "more_body": n < pieces}
+
+        async def send(message):
+            sent.append(message)
+
+        async def app(scope, receive, send):
+            while (await receive()).get("more_body"):
+                pass
+            await send({"type": "http.response.start", "status": 200, "headers": []})
+            await send({"type": "http.response.body", "body": b"ok"})
+
+        limited = BodyLimit(app, 1 << 20, reply=lambda e: {"error": {"message": str(e), "code": e.status}}, **limits)
+        t0 = asyncio.get_running_loop().time()
+        await limited({"type": "http", "method": "POST", "path": "/", "headers": []}, receive, send)
+        return sent, asyncio.get_running_loop().time() - t0
+
+    return asyncio.run(scenario())
+
+
+def test_a_body_under_the_minimum_rate_gets_408_after_the_grace_and_its_connection_closes():
+    sent, seconds = trickled(100, 0.05, min_rate=4000, rate_grace=0.3)  # 2,000 B/s: never pauses 30 s
+    status, body = status_and_body(sent)
+    assert status == 408 and 0.3 <= seconds < 0.6, seconds
+    assert body["error"]["message"].startswith("the request body arrived at ") and "under 4000 bytes/s" in \
+        body["error"]["message"]
+    assert (b"connection", b"close") in sent[0]["headers"]
+
+
+def test_a_body_over_the_minimum_rate_is_read_and_the_limits_switch_off_with_0():
+    assert status_and_body(trickled(10, 0.05, min_rate=500, rate_grace=0.1)[0]) == (200, b"ok")  # 2,000 B/s
+    assert status_and_body(trickled(10, 0.05, min_rate=0, body_timeout=0)[0]) == (200, b"ok")
+
+
+def test_a_body_that_takes_longer_than_the_body_timeout_gets_408():
+    sent, seconds = trickled(100, 0.05, body_timeout=0.3)
+    assert status_and_body(sent) == (408, {"error": {"message": "the request body took longer than 0.3 s",
+                                                     "code": 408}})
+    assert 0.3 <= seconds < 0.6

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from ttsengine import BusyError, CancelledError, CheckpointError, ConfigError, DownloadError, InputError, MediaTypeError
-from ttsengine.serving.body_limit import BodyTooLarge
 from ttsengine.serving.failure import Failure, ModelFailed, ModelLoading, failure
+from ttsengine.serving.network.body_limit import BodyTooLarge
 
 
 @pytest.mark.parametrize("error, want", [

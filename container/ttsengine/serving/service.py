@@ -4,7 +4,7 @@ caller's thread, wire the stored voices to it, and say whether it is ready or wh
 The service owns the engines: a Fleet (engine/fleet.py), one engine per device behind one front. Adapters
 submit through the service and read its stats, never an engine's insides: `submit` routes to an engine,
 `stats` and `max_streams` add theirs up, `ready` holds while one engine serves. Errors go out through
-failure.py's table; the body limit is body_limit.py.
+failure.py's table; the body limit is network/body_limit.py.
 """
 
 from __future__ import annotations

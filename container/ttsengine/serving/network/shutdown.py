@@ -10,18 +10,23 @@ a WAV or PCM client cannot tell from the end of the audio; this runs before it.
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 
-from .service import Service
+from ..service import Service
+from .connection_guard import ConnectionGuard, Deadlines
 
 log = logging.getLogger(__name__)
 FLUSH_SECONDS = 10  # after the drain: for the last bytes of finished responses to go out
+NEVER = 365 * 86400  # uvicorn's keep-alive has no "off"; TTS_IDLE_TIMEOUT=0 asks for one
 
 
-def serve(app, service: Service, host: str, port: int, log_level: str, drain_seconds: int) -> None:
-    """uvicorn.run(app, ...) with the drain above."""
+def serve(app, service: Service, host: str, port: int, log_level: str, drain_seconds: int,
+          deadlines: Deadlines) -> None:
+    """uvicorn.run(app, ...) with the drain above, each connection under `deadlines` (connection_guard.py)."""
     import uvicorn
+    from uvicorn.protocols.http.auto import AutoHTTPProtocol
 
     class DrainingServer(uvicorn.Server):
         def handle_exit(self, sig, frame) -> None:
@@ -38,5 +43,7 @@ def serve(app, service: Service, host: str, port: int, log_level: str, drain_sec
             service.close()  # what is left ends with ShuttingDown (503)
             super().handle_exit(sig, frame)  # sets uvicorn's exit flags; its main loop polls them
 
-    config = uvicorn.Config(app, host=host, port=port, log_level=log_level, timeout_graceful_shutdown=FLUSH_SECONDS)
+    config = uvicorn.Config(app, host=host, port=port, log_level=log_level, timeout_graceful_shutdown=FLUSH_SECONDS,
+                            http=functools.partial(ConnectionGuard, AutoHTTPProtocol, deadlines),
+                            timeout_keep_alive=deadlines.idle or NEVER)
     DrainingServer(config).run()

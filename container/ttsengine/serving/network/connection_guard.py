@@ -1,0 +1,121 @@
+"""Deadlines a connection meets before the ASGI app sees it. A socket that never sends a byte, and a request
+whose headers arrive a byte at a time (a header slowloris), each hold a connection and a file descriptor without
+ever reaching the app, so only the protocol under it can bound them. uvicorn times a connection only between a
+response and the next request's first byte (its keep-alive): a new connection has no timer, and once a byte of
+a request has arrived nothing is timed until its headers are complete.
+
+ConnectionGuard wraps uvicorn's HTTP protocol (httptools or h11; it knows nothing of uvicorn but the `cycle`
+attribute both keep, the request in progress) and forwards every call to it. It closes a new connection that
+sends nothing for `idle` seconds, and one whose request headers are not complete `header` seconds after their
+first byte, with a 408 first (no response is under way then, so one can still be written). Between requests,
+uvicorn's own keep-alive timer does the idle part (shutdown.serve sets it to the same seconds). Bodies are timed
+above, in body_limit.py, where the app's reads are.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from ...errors import InputError
+
+log = logging.getLogger(__name__)
+
+
+class HeaderTimeout(InputError):
+    """The request headers did not arrive in time (HTTP 408)."""
+
+    status = 408
+
+
+@dataclass(frozen=True)
+class Deadlines:
+    idle: float = 0.0  # seconds a new connection may wait before its first byte; 0: no limit
+    header: float = 0.0  # seconds from a request's first byte to the end of its headers; 0: no limit
+    reply: Callable[[InputError], dict] = lambda e: {"error": {"message": str(e), "code": e.status}}
+
+    def late_headers(self) -> bytes:
+        """The whole 408 response, written straight to the transport (there is no request for the app to answer)."""
+        late = HeaderTimeout(f"the request headers took longer than {self.header:g} s")
+        data = json.dumps(self.reply(late), separators=(",", ":")).encode()  # as compact as the app's answers
+        return (b"HTTP/1.1 408 Request Timeout\r\ncontent-type: application/json\r\n"
+                b"content-length: %d\r\nconnection: close\r\n\r\n" % len(data)) + data
+
+
+class ConnectionGuard(asyncio.Protocol):
+    """inner(**uvicorn_args): the protocol guarded (uvicorn's AutoHTTPProtocol); uvicorn builds this one as it
+    would build that, with `functools.partial(ConnectionGuard, inner, deadlines)` as uvicorn.Config's `http`."""
+
+    def __init__(self, inner: Callable[..., asyncio.Protocol], deadlines: Deadlines, **uvicorn_args):
+        self.inner = inner(**uvicorn_args)
+        self.deadlines = deadlines
+        self.transport: asyncio.Transport | None = None
+        self.timer: asyncio.TimerHandle | None = None
+        self.head_of: object | None = None  # while headers are timed: the request in progress when they began
+        self.timing_head = False
+
+    # ---- asyncio.Protocol, forwarded ----
+    def connection_made(self, transport) -> None:
+        self.transport = transport
+        self.inner.connection_made(transport)
+        if self.deadlines.idle:
+            self._arm(self.deadlines.idle, self._idle)
+
+    def data_received(self, data: bytes) -> None:
+        if not self.timing_head and self._between_requests():  # a request's first byte: its headers' clock starts
+            self._disarm()  # the idle clock of a new connection, if it still runs
+            if self.deadlines.header:
+                self._arm(self.deadlines.header, self._late)
+                self.timing_head, self.head_of = True, self._request()
+        self.inner.data_received(data)
+        upgraded = self.transport.get_protocol() is not self  # to a WebSocket, which keeps its own timeouts
+        if upgraded or (self.timing_head and self._request() is not self.head_of):  # or the headers are complete
+            self._disarm()
+
+    def eof_received(self) -> bool | None:
+        return self.inner.eof_received()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._disarm()
+        self.inner.connection_lost(exc)
+
+    def pause_writing(self) -> None:
+        self.inner.pause_writing()
+
+    def resume_writing(self) -> None:
+        self.inner.resume_writing()
+
+    # ---- the deadlines ----
+    def _request(self) -> object | None:
+        return getattr(self.inner, "cycle", None)
+
+    def _between_requests(self) -> bool:
+        cycle = self._request()
+        return cycle is None or getattr(cycle, "response_complete", False)
+
+    def _arm(self, seconds: float, then: Callable[[], None]) -> None:
+        self._disarm()
+        self.timer = asyncio.get_running_loop().call_later(seconds, then)
+
+    def _disarm(self) -> None:
+        if self.timer is not None:
+            self.timer.cancel()
+        self.timer, self.timing_head = None, False
+
+    def _idle(self) -> None:
+        self.timer = None
+        if not self.transport.is_closing():
+            self.transport.close()
+
+    def _late(self) -> None:
+        self.timer, self.timing_head = None, False
+        if self.transport.is_closing() or self._request() is not self.head_of:
+            return
+        peer = self.transport.get_extra_info("peername")
+        log.info("closed a connection from %s: its request headers took longer than %g s", peer,
+                 self.deadlines.header)
+        self.transport.write(self.deadlines.late_headers())
+        self.transport.close()
