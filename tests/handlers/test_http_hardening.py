@@ -40,3 +40,31 @@ def test_a_chunked_upload_over_the_body_limit_is_a_413(hardened, path):
     assert r.status_code == 413, r.text
     assert r.json()["error"] == {"message": f"request body over {BODY_LIMIT} bytes", "type": "too_large",
                                  "code": 413}
+
+
+# ---- duplicate credentials ----------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def keyed(tmp_path_factory):
+    proc, url = start_server(tmp_path_factory.mktemp("keyed"), TTS_API_KEY="s3cret")
+    wait_ready(url, proc)
+    yield url
+    stop(proc)
+
+
+@pytest.mark.parametrize("headers", [
+    [("Authorization", "Bearer wrong"), ("Authorization", "Bearer s3cret")],  # the last one used to count
+    [("Authorization", "Bearer s3cret"), ("Authorization", "Bearer s3cret")],
+    [("X-API-Key", "wrong"), ("X-API-Key", "s3cret")],
+])
+def test_two_credential_headers_are_a_400(keyed, headers):
+    r = httpx.get(keyed + "/v1/models", headers=httpx.Headers(headers))
+    assert r.status_code == 400, r.text
+    name = headers[0][0].lower()
+    assert r.json()["error"] == {"message": f"the request has {name} twice: send one", "type": "invalid_request_error",
+                                 "code": 400}
+
+
+def test_one_credential_header_still_works(keyed):
+    assert httpx.get(keyed + "/v1/models", headers={"Authorization": "Bearer s3cret"}).status_code == 200
+    assert httpx.get(keyed + "/v1/models", headers={"Authorization": "Bearer wrong"}).status_code == 401
+    assert httpx.get(keyed + "/health").status_code == 200  # open paths read no credentials
