@@ -68,3 +68,18 @@ def test_one_credential_header_still_works(keyed):
     assert httpx.get(keyed + "/v1/models", headers={"Authorization": "Bearer s3cret"}).status_code == 200
     assert httpx.get(keyed + "/v1/models", headers={"Authorization": "Bearer wrong"}).status_code == 401
     assert httpx.get(keyed + "/health").status_code == 200  # open paths read no credentials
+
+
+# ---- stored voices are private, as kept downloads are ---------------------------------------------------------
+def test_stored_voice_files_are_private(hardened):
+    from test_http import wav_bytes
+
+    url, _, data = hardened
+    r = httpx.post(url + "/v1/references/add", data={"id": "private", "text": "hello"}, timeout=60,
+                   files={"audio": ("a.wav", wav_bytes(seed=3), "audio/wav")})
+    assert r.status_code == 201, r.text
+    voices = data / "voices"
+    modes = {p.relative_to(data).as_posix(): p.stat().st_mode & 0o777 for p in [voices, *voices.rglob("*")]}
+    assert modes == {"voices": 0o700, "voices/private": 0o700, "voices/private/audio.wav": 0o600,
+                     "voices/private/text.txt": 0o600, "voices/private/codes.npy": 0o600,
+                     "voices/private/meta.json": 0o600}, {k: oct(v) for k, v in modes.items()}
