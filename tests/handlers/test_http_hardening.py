@@ -14,7 +14,8 @@ BODY_LIMIT = 1_000_000
 @pytest.fixture(scope="module")
 def hardened(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("hardening")
-    proc, url = start_server(tmp, TTS_MAX_BODY_BYTES=str(BODY_LIMIT), TTS_MAX_UPLOAD_BYTES="500000")
+    proc, url = start_server(tmp, TTS_MAX_BODY_BYTES=str(BODY_LIMIT), TTS_MAX_UPLOAD_BYTES="500000",
+                             TTS_VOICE_ALIASES="nova=alice")
     wait_ready(url, proc)
     yield url, proc, tmp / "data"
     stop(proc)
@@ -83,3 +84,22 @@ def test_stored_voice_files_are_private(hardened):
     assert modes == {"voices": 0o700, "voices/private": 0o700, "voices/private/audio.wav": 0o600,
                      "voices/private/text.txt": 0o600, "voices/private/codes.npy": 0o600,
                      "voices/private/meta.json": 0o600}, {k: oct(v) for k, v in modes.items()}
+
+
+# ---- an alias whose voice is gone is not listed -------------------------------------------------------------
+def test_an_alias_is_listed_only_while_its_voice_is_stored(hardened):
+    from test_http import wav_bytes
+
+    url, _, _ = hardened
+
+    def nova() -> list[dict]:
+        return [v for v in httpx.get(url + "/v1/audio/voices").json()["voices"] if v["id"] == "nova"]
+
+    assert nova() == []  # TTS_VOICE_ALIASES=nova=alice, alice not stored: asking for nova would be a 400
+    r = httpx.post(url + "/v1/references/add", data={"id": "alice", "text": "hello"}, timeout=60,
+                   files={"audio": ("a.wav", wav_bytes(seed=5), "audio/wav")})
+    assert r.status_code == 201, r.text
+    assert nova() == [{"id": "nova", "name": "nova", "alias_of": "alice"}]
+    assert httpx.request("DELETE", url + "/v1/references/delete?reference_id=alice").status_code == 200
+    assert nova() == []
+    assert "nova" not in httpx.get(url + "/v1/audio/voices?legacy=true").json()["voices"]
