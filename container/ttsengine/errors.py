@@ -89,6 +89,17 @@ class DownloadError(TTSError):
     """Fetching a model failed (credentials, missing repository or object, network)."""
 
 
+# An engine's failure reaches clients as these words only: its own text ("RuntimeError: CUDA error: an illegal
+# memory access ...") tells them nothing they can act on and says how the server is built; it stays in the server
+# log (logged once, with its traceback, where it happened) and in the engine's stats.
+SEE_LOGS = "see the server logs"
+
+
+def engine_failed(device: str) -> str:
+    """The one public line for an engine that failed or was taken out of service."""
+    return f"the engine on {device} failed; {SEE_LOGS}"
+
+
 def scrub(message: str) -> str:
     """A message without object reprs (their heap addresses help an attacker and mean nothing to a user)."""
     return _REPR.sub("the data", message)

@@ -53,7 +53,8 @@ def create_app(server: ServerConfig, engine_config: EngineConfig,
                                      server.download_max_files)
     # innermost first: the key is checked before anything reads the body; the metrics see every answer, the
     # 401s and the body limit's 413/408 included
-    app.add_middleware(ApiKey, key=server.api_key, reply=lambda m: error_body(m, "authentication_error", 401))
+    app.add_middleware(ApiKey, key=server.api_key, reply=lambda m, status: error_body(
+        m, "authentication_error" if status == 401 else "invalid_request_error", status))
     if not server.api_key:  # a key needs a preflight to send cross-site; without one, other sites' forms would work
         app.add_middleware(CrossSite, allowed=server.cors_origins,
                            reply=lambda m: error_body(m, "permission_error", 403))

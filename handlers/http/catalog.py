@@ -9,7 +9,7 @@ from __future__ import annotations
 from fastapi import APIRouter, Request
 from starlette.concurrency import run_in_threadpool
 
-from ttsengine.serving.protocol import OPENAI_VOICES
+from ttsengine.serving.protocol import DEFAULT_VOICES, OPENAI_VOICES
 
 from .errors import ApiError
 from .routes import Server, Svc, store
@@ -40,10 +40,12 @@ async def model(model_id: str):
 async def audio_voices(request: Request, svc: Svc, server: Server, legacy: bool = False):
     """Every voice name the speech route takes, as it resolves them: `default`, the stored voices (but those a
     configured alias shadows), then the aliases with the voice each stands for (TTS_VOICE_ALIASES, then OpenAI's
-    names that no stored voice takes)."""
+    names that no stored voice takes). A configured alias whose voice is not stored (deleted, renamed, not yet
+    added) is left out: asking for it is a 400, so a client that picks from this list never meets it."""
     stored = await run_in_threadpool(store(svc).ids)
     configured = dict(server.voice_aliases)
-    aliases = {**configured, **{name: "default" for name in OPENAI_VOICES if name not in {*configured, *stored}}}
+    live = {a: target for a, target in configured.items() if target in DEFAULT_VOICES or target in stored}
+    aliases = {**live, **{name: "default" for name in OPENAI_VOICES if name not in {*configured, *stored}}}
     entries = [{"id": "default", "name": "default"},
                *({"id": v, "name": v} for v in stored if v.lower() not in configured),
                *({"id": a, "name": a, "alias_of": target} for a, target in aliases.items())]

@@ -69,6 +69,8 @@ def add_error_handlers(app: FastAPI) -> None:
     async def _http(request: Request, e: HTTPException):
         if isinstance(e.__cause__, ClientDisconnect):  # FastAPI's form parsing: "error parsing the body" (400)
             return client_closed(request)
+        if isinstance(e.__cause__, TTSError):  # the same, around the body limit's 413 (a chunked body) or 408
+            return failure_response(failure(e.__cause__))
         kind = getattr(e, "kind", "invalid_request_error" if e.status_code < 500 else "server_error")
         return JSONResponse(error_body(str(e.detail), kind, e.status_code), status_code=e.status_code,
                             headers=getattr(e, "headers", None))

@@ -142,8 +142,8 @@ def test_an_engine_taken_out_of_service_fails_its_requests_and_the_other_serves_
     fleet = fleet_of(fail_engine="1@3")
     try:
         first, second = fleet.submit(LONG, ignore_stop=True), fleet.submit(LONG, ignore_stop=True)
-        with pytest.raises(EngineDown, match=r"the engine on cpu failed and was taken out of service \(RuntimeError: "
-                                             r"CUDA error: an illegal memory access .*TTS_TEST_FAIL_ENGINE\)"):
+        with pytest.raises(EngineDown, match="^the engine on cpu failed and was taken out of service; see the server "
+                                             "logs$"):  # the clients' words: the CUDA error is the log's and stats'
             second.result()  # the second request went to engine 1 (more free slots)
         first.cancel()
         list(first)
@@ -159,7 +159,8 @@ def test_an_engine_taken_out_of_service_fails_its_requests_and_the_other_serves_
         svc = Service(lambda: fleet, None).load()
         health = svc.health()
         assert health["status"] == "degraded" and svc.ready and svc.error is None
-        assert [e["state"] for e in health["engines"]] == ["ready", "down"]
+        assert [(e["state"], e["error"]) for e in health["engines"]] == [
+            ("ready", None), ("down", "the engine on cpu failed; see the server logs")]
     finally:
         fleet.close()
 
@@ -169,7 +170,7 @@ def test_when_every_engine_is_down_the_front_says_so():
     try:
         with pytest.raises(EngineDown):
             fleet.submit(LONG, ignore_stop=True).result()
-        assert not fleet.ready and fleet.failure.startswith("every engine failed: cpu: RuntimeError: CUDA error")
+        assert not fleet.ready and fleet.failure == "every engine failed (cpu); see the server logs"
         with pytest.raises(EngineDown, match="every engine failed"):
             fleet.submit(LONG)
         svc = Service(lambda: fleet, None).load()

@@ -114,9 +114,10 @@ def test_an_engine_down_fails_its_job_clearly_and_the_other_serves_on(tmp_path):
         assert set(last) == {"error"} and pieces and all("audio" in p for p in pieces)  # audio, then the error
         error = json.loads(last["error"])
         assert error["status"] == 503 and error["error_type"] == "busy"  # another worker or engine takes a retry
-        assert error["error_message"].startswith("the engine on cpu failed and was taken out of service "
-                                                 "(RuntimeError: CUDA error: an illegal memory access"), error
-        assert "TTS_TEST_FAIL_ENGINE" in error["error_message"] and "Traceback" not in last["error"]
+        # one public line, as the HTTP server's: the CUDA error's text stays in the worker's log
+        assert error["error_message"] == "the engine on cpu failed and was taken out of service; see the server " \
+                                         "logs", error
+        assert "Traceback" not in last["error"]
         assert finished[0][-1]["frames"] == 59  # the job on engine 0 is untouched
 
         assert [e.state for e in fleet.engines] == ["ready", "down"]

@@ -100,9 +100,9 @@ def test_an_engine_failure_fails_its_invocation_and_the_other_engine_serves_on(s
     assert bad.status_code == 503 and bad.headers["retry-after"] == "1", bad.text
     error = bad.json()["error"]
     assert error["code"] == 503
-    assert error["message"].startswith("the engine on cpu failed and was taken out of service (RuntimeError: "
-                                       "CUDA error: an illegal memory access"), error
-    assert "TTS_TEST_FAIL_ENGINE" in error["message"] and "Traceback" not in bad.text
+    # one public line, as the HTTP server's: the CUDA error's text stays in the server log
+    assert error["message"] == "the engine on cpu failed and was taken out of service; see the server logs", error
+    assert "Traceback" not in bad.text
 
     # SageMaker keeps routing here: /ping stays 200 while one engine serves, and invocations work
     ping = httpx.get(serve + "/ping")

@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from ..config import EngineConfig
-from ..errors import BusyError, EngineDown, ShuttingDown, TTSError, no_audio
+from ..errors import SEE_LOGS, BusyError, EngineDown, ShuttingDown, TTSError, no_audio
 from ..model.loading.checkpoint import Checkpoint
 from ..synthesis.output import SynthesisResult
 from ..synthesis.plan import Plan, Planner
@@ -248,14 +248,15 @@ class Engine:
                         return
                     log.exception("engine step failed; failing the in-flight requests")
                     self.metrics.failed_streams += self.intake.open_streams
-                    self._fail_all(TTSError(f"internal engine error: {type(e).__name__}: {e}"))
+                    self._fail_all(TTSError(f"internal engine error on {self.device.device}; {SEE_LOGS}"))
         self._fail_all(ShuttingDown("the server shut down before this request finished; retry it"))
 
     def _go_down(self, why: str) -> None:
         """Takes the engine out of service: every stream ends with the reason, nothing touches the device
         again (a lost GPU's calls would fail or hang), new requests are refused (EngineDown)."""
         log.error("the engine on %s is taken out of service: %s", self.device.device, why, exc_info=True)
-        error = EngineDown(f"the engine on {self.device.device} failed and was taken out of service ({why})")
+        # the clients' words; `why` stays in this log line and in the stats (errors.py: SEE_LOGS)
+        error = EngineDown(f"the engine on {self.device.device} failed and was taken out of service; {SEE_LOGS}")
         # host-side bookkeeping only (no page or slot resets on the device): a down engine reports no running or
         # waiting streams in /health and /metrics
         streams = self.intake.end_all(down=why)

@@ -21,7 +21,7 @@ import numpy as np
 import torch
 
 from ..config import EngineConfig
-from ..errors import BusyError, EngineDown
+from ..errors import SEE_LOGS, BusyError, EngineDown
 from ..synthesis.plan import Plan
 from ..synthesis.request import SynthesisRequest
 from ..synthesis.stream import Stream
@@ -113,7 +113,8 @@ class Fleet:
         """Why no engine can serve, once none is loading or ready (None: one is, or will be)."""
         if any(e.state in ("loading", "ready") for e in self.engines):
             return None
-        return "every engine failed: " + "; ".join(f"{e.runner.device}: {e.error}" for e in self.engines)
+        # each engine's own error was logged when it failed; clients see where, not what (errors.py: SEE_LOGS)
+        return f"every engine failed ({', '.join(str(e.runner.device) for e in self.engines)}); {SEE_LOGS}"
 
     # ---- requests -----------------------------------------------------------------------------
     def submit(self, request: SynthesisRequest | Plan, *, ignore_stop: bool = False,

@@ -12,7 +12,7 @@ import threading
 from collections import deque
 from collections.abc import Callable
 
-from ..errors import BusyError, EngineDown, ShuttingDown
+from ..errors import SEE_LOGS, BusyError, EngineDown, ShuttingDown
 from ..synthesis.stream import Stream
 from .audio_feed import Task
 from .control.scheduler import Scheduler
@@ -37,7 +37,7 @@ class Intake:
         engine is full: every slot running or spoken for by a waiting request, and max_queue more waiting."""
         with self.cv:
             if self.down is not None:
-                raise EngineDown(f"the engine on {self.where} is out of service: {self.down}")
+                raise EngineDown(f"the engine on {self.where} is out of service; {SEE_LOGS}")  # why: logged
             if self.stopping:
                 raise ShuttingDown("the server is shutting down; retry shortly")
             waiting = self._waiting()

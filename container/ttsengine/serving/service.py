@@ -20,7 +20,7 @@ from pathlib import Path
 from ..config import DownloadConfig, EngineConfig
 from ..engine.fleet import Fleet
 from ..engine.stats import FleetStats
-from ..errors import Abandoned, EngineDown, ShuttingDown
+from ..errors import Abandoned, EngineDown, ShuttingDown, engine_failed
 from ..synthesis.request import SynthesisRequest
 from ..synthesis.stream import Stream
 from .download import ensure_model
@@ -166,7 +166,8 @@ class Service:
 
     def health(self) -> dict:
         """status ok | degraded (an engine is out of service or still warming up) | loading | failed, with each
-        engine's device and state once loaded."""
+        engine's device and state once loaded. An engine's error is one public line (errors.py: engine_failed);
+        its own text is in the server log."""
         if self.error:
             return {"status": "failed", "error": self.error}
         if self.fleet is None:
@@ -176,7 +177,8 @@ class Service:
         except EngineDown as e:  # the engine process died while we asked (serving/engine_process)
             return {"status": "failed", "error": str(e)}
         state = "draining" if self.draining else stats.total.state
-        engines = [{"index": i, "device": e.device, "codec_device": e.codec_device, "state": e.state, "error": e.error,
+        engines = [{"index": i, "device": e.device, "codec_device": e.codec_device, "state": e.state,
+                    "error": engine_failed(e.device) if e.error else None,
                     "running": e.running, "waiting": e.waiting, "max_streams": e.max_streams,
                     "graphs_pending": e.graphs_pending}
                    for i, e in enumerate(stats.engines)]

@@ -9,9 +9,11 @@ stored audio when the model changes.
 
 from __future__ import annotations
 
+import io
 import itertools
 import json
 import logging
+import os
 import re
 import shutil
 import tempfile
@@ -70,7 +72,7 @@ class VoiceStore:
         about a voice deleted or replaced, so the engines drop its cached prompt prefix
         (engine/control/prefix_cache.py)."""
         self.root = Path(root)
-        self.root.mkdir(parents=True, exist_ok=True)
+        self.root.mkdir(mode=0o700, parents=True, exist_ok=True)  # private, as its files are (_private)
         tempfile.TemporaryFile(dir=self.root).close()  # OSError now, not at the first upload, if not writable
         self.encode, self.codec_tag, self.frame_rate = encode, codec_tag, frame_rate
         self.forget = forget
@@ -136,10 +138,9 @@ class VoiceStore:
     def _write(self, target: Path, audio: bytes, text: str, ext: str, codes: np.ndarray) -> None:
         """Under the lock: the voice's files written aside, then renamed into place (over the old ones)."""
         tmp = Path(tempfile.mkdtemp(prefix=".tmp-", dir=self.root))
-        (tmp / f"audio.{ext}").write_bytes(audio)
-        (tmp / "text.txt").write_text(text, encoding="utf-8")
-        np.save(tmp / "codes.npy", codes)
-        (tmp / "meta.json").write_text(json.dumps({"codec": self.codec_tag, "frames": int(codes.shape[1])}))
+        _private(tmp / f"audio.{ext}", audio)
+        _private(tmp / "text.txt", text.encode("utf-8"))
+        self._save_codes(tmp, codes)
         if target.exists():
             shutil.rmtree(target)
         tmp.rename(target)
@@ -179,9 +180,14 @@ class VoiceStore:
             if audio is None:
                 return None
             codes = np.asarray(self.encode(audio.read_bytes()), dtype=np.int64)
-            np.save(path / "codes.npy", codes)
-            (path / "meta.json").write_text(json.dumps({"codec": self.codec_tag, "frames": int(codes.shape[1])}))
+            self._save_codes(path, codes)
         return Voice(voice_id, text, codes, codes.shape[1] / self.frame_rate)
+
+    def _save_codes(self, path: Path, codes: np.ndarray) -> None:
+        buf = io.BytesIO()
+        np.save(buf, codes)
+        _private(path / "codes.npy", buf.getvalue())
+        _private(path / "meta.json", json.dumps({"codec": self.codec_tag, "frames": int(codes.shape[1])}).encode())
 
     def rename(self, old_id: str, new_id: str) -> bool:
         """False when there is no voice `old_id`; VoiceExists when `new_id` is taken. One directory rename, so
@@ -226,6 +232,14 @@ class VoiceStore:
                 continue
             out.append({"id": voice_id, "text": text, "seconds": round(meta.get("frames", 0) / self.frame_rate, 2)})
         return out
+
+
+def _private(path: Path, data: bytes) -> None:
+    """Writes a file only this user can read (0600, as kept downloads are): a reference is someone's voice and its
+    transcript, not for the machine's other users."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "wb") as f:
+        f.write(data)
 
 
 def _damaged(e: Exception) -> str:

@@ -12,6 +12,7 @@ serve on, and /health says degraded, then failed when none is left.
 from __future__ import annotations
 
 import itertools
+import logging
 import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -19,10 +20,12 @@ from concurrent.futures import ThreadPoolExecutor
 from ...config import EngineConfig
 from ...engine.fleet import best_first, busy, voice_affinity
 from ...engine.stats import EngineStats, FleetStats
-from ...errors import BusyError, EngineDown
+from ...errors import SEE_LOGS, BusyError, EngineDown
 from ...synthesis.request import SynthesisRequest
 from ...synthesis.stream import Stream
 from .remote_fleet import RemoteFleet
+
+log = logging.getLogger(__name__)
 
 
 class ProcessFleet:
@@ -58,6 +61,7 @@ class ProcessFleet:
         try:
             member = RemoteFleet.spawn(self.configs[i], self.random_weights)
         except Exception as e:  # noqa: BLE001 - kept: reported per engine, raised if none loads
+            log.error("the engine process for %s failed to load: %s: %s", self.configs[i].devices, type(e).__name__, e)
             with self._changed:
                 errors.append(e)
                 self.load_errors[i] = f"{type(e).__name__}: {e}"
@@ -124,9 +128,8 @@ class ProcessFleet:
         """Why no engine can serve, once none is loading or ready (None: one is, or will be)."""
         if self._loading or self.ready:
             return None
-        why = [self.load_errors[i] or (m.failure if m is not None else None) for i, m in enumerate(self.members)]
-        return "every engine process failed: " + "; ".join(
-            f"{c.devices}: {w}" for c, w in zip(self.configs, why) if w)
+        # each one's reason was logged when it failed; clients see where, not what (errors.py: SEE_LOGS)
+        return f"every engine process failed ({'; '.join(c.devices for c in self.configs)}); {SEE_LOGS}"
 
     @property
     def max_streams(self) -> int:

@@ -1,7 +1,8 @@
 """The API key check of the HTTP server, as ASGI middleware: it runs before anything reads the request body, so
 a caller without the key gets 401 for any body (an invalid JSON, a 20 MB upload) and the server spends nothing
 on it. The key comes as `Authorization: Bearer <key>`, `X-API-Key: <key>` or `xi-api-key: <key>` (ElevenLabs'
-clients).
+clients). A credential header sent twice is a 400: which copy counts would be a guess (proxies and frameworks
+disagree: first, last, or joined), and a guess is how a request smuggles a key past a proxy that checked the other.
 
 Open without the key: the health and metrics probes (orchestrators call them without credentials), the web page
 and its assets, the API's description (/docs, /openapi.json: they hold no data and the code is public), finished
@@ -28,6 +29,13 @@ from urllib.parse import urlsplit
 OPEN_PATHS = frozenset({"/", "/health", "/v1/health", "/ready", "/metrics", "/docs", "/docs/oauth2-redirect",
                         "/openapi.json", "/favicon.ico"})
 OPEN_PREFIXES = ("/static/", "/docs/", "/v1/download/")
+CREDENTIAL_HEADERS = (b"authorization", b"x-api-key", b"xi-api-key")
+
+
+def repeated_credential(headers: list[tuple[bytes, bytes]]) -> str | None:
+    """The name of a credential header the request sends more than once, or None."""
+    names = [name.lower() for name, _ in headers]
+    return next((n.decode() for n in CREDENTIAL_HEADERS if names.count(n) > 1), None)
 
 
 def key_matches(headers: dict[bytes, bytes], key: str) -> bool:
@@ -38,7 +46,8 @@ def key_matches(headers: dict[bytes, bytes], key: str) -> bool:
 
 
 class ApiKey:
-    """ASGI middleware. reply(message) -> the JSON body of the 401 in the adapter's own error layout."""
+    """ASGI middleware. reply(message, status) -> the JSON body of the 401 (or 400) in the adapter's own error
+    layout."""
 
     def __init__(self, app, key: str | None, reply: Callable[[str], dict]):
         self.app, self.key, self.reply = app, key, reply
@@ -46,27 +55,35 @@ class ApiKey:
     async def __call__(self, scope, receive, send):
         if scope["type"] not in ("http", "websocket") or not self.key or self.is_open(scope):
             return await self.app(scope, receive, send)
-        if key_matches(dict(scope.get("headers") or []), self.key):
+        headers = list(scope.get("headers") or [])
+        twice = repeated_credential(headers)
+        if twice is not None:
+            return await self.refuse(scope, receive, send, 400, f"the request has {twice} twice: send one")
+        if key_matches(dict(headers), self.key):
             return await self.app(scope, receive, send)
-        data = json.dumps(self.reply("missing or wrong API key (Authorization: Bearer <key>)")).encode()
+        await self.refuse(scope, receive, send, 401, "missing or wrong API key (Authorization: Bearer <key>)")
+
+    async def refuse(self, scope, receive, send, status: int, message: str) -> None:
+        data = json.dumps(self.reply(message, status)).encode()
+        headers = [(b"content-type", b"application/json")]
+        if status == 401:
+            headers.append((b"www-authenticate", b"Bearer"))
         if scope["type"] == "websocket":
-            return await self.refuse_websocket(scope, receive, send, data)
-        await send({"type": "http.response.start", "status": 401,
-                    "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(data)).encode()),
-                                (b"www-authenticate", b"Bearer")]})
+            return await self.refuse_websocket(scope, receive, send, status, headers, data, message)
+        await send({"type": "http.response.start", "status": status,
+                    "headers": [*headers, (b"content-length", str(len(data)).encode())]})
         await send({"type": "http.response.body", "body": data})
 
     @staticmethod
-    async def refuse_websocket(scope, receive, send, data: bytes) -> None:
-        """The handshake is answered 401 with the JSON body where the server can (ASGI's websocket.http.response
-        extension), else refused (servers answer 403)."""
+    async def refuse_websocket(scope, receive, send, status: int, headers: list, data: bytes, message: str) -> None:
+        """The handshake is answered with the status and the JSON body where the server can (ASGI's
+        websocket.http.response extension), else refused (servers answer 403)."""
         await receive()  # websocket.connect
         if "websocket.http.response" in (scope.get("extensions") or {}):
-            await send({"type": "websocket.http.response.start", "status": 401,
-                        "headers": [(b"content-type", b"application/json"), (b"www-authenticate", b"Bearer")]})
+            await send({"type": "websocket.http.response.start", "status": status, "headers": headers})
             await send({"type": "websocket.http.response.body", "body": data})
         else:
-            await send({"type": "websocket.close", "code": 1008, "reason": "missing or wrong API key"})
+            await send({"type": "websocket.close", "code": 1008, "reason": message[:120]})
 
     @staticmethod
     def is_open(scope) -> bool:
