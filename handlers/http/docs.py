@@ -7,13 +7,17 @@ not served. Without the package /docs falls back to FastAPI's CDN page, with a w
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 
 from fastapi import FastAPI
 from fastapi.openapi.docs import get_swagger_ui_html, get_swagger_ui_oauth2_redirect_html
-from fastapi.staticfiles import StaticFiles
+from fastapi.responses import FileResponse, JSONResponse
 
 log = logging.getLogger("handlers.http")
 ASSETS = "/docs/assets"
+# the files the /docs page loads, and no others: the package also holds Swagger UI's demo page (its own petstore
+# URL), other bundles and source maps, none of which an API server should publish (issue 50 item 12)
+SERVED = {"swagger-ui-bundle.js": "text/javascript", "swagger-ui.css": "text/css", "favicon-32x32.png": "image/png"}
 
 
 def add_docs(app: FastAPI) -> None:
@@ -24,7 +28,16 @@ def add_docs(app: FastAPI) -> None:
     except ImportError:
         log.warning("/docs loads Swagger UI from a CDN: install swagger-ui-bundle-v2 to serve it offline")
     else:
-        app.mount(ASSETS, StaticFiles(directory=str(swagger_ui_path)), name="docs-assets")
+        folder = Path(swagger_ui_path)
+
+        @app.get(ASSETS + "/{name}", include_in_schema=False)
+        async def asset(name: str):
+            if name not in SERVED:
+                return JSONResponse({"error": {"message": f"no docs asset {name!r}", "type": "not_found",
+                                               "code": 404}}, status_code=404)
+            return FileResponse(folder / name, media_type=SERVED[name],
+                                headers={"Cache-Control": "public, max-age=86400"})
+
         assets = {"swagger_js_url": f"{ASSETS}/swagger-ui-bundle.js", "swagger_css_url": f"{ASSETS}/swagger-ui.css",
                   "swagger_favicon_url": f"{ASSETS}/favicon-32x32.png"}
     redirect = app.swagger_ui_oauth2_redirect_url

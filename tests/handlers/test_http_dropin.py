@@ -282,6 +282,8 @@ def test_docs_work_offline(server):
                          ("favicon-32x32.png", "image/png")):
         r = httpx.get(server + "/docs/assets/" + asset)
         assert r.status_code == 200 and ctype in r.headers["content-type"] and len(r.content) > 100, asset
+    for other in ("index.html", "swagger-ui-bundle.js.map", "swagger-initializer.js", "../__init__.py"):
+        assert httpx.get(server + "/docs/assets/" + other).status_code == 404, other  # only what the page loads
     assert httpx.get(server + "/docs/oauth2-redirect").status_code == 200
     schema = httpx.get(server + "/openapi.json").json()
     assert {"/v1/models", "/v1/audio/voices", "/v1/references/update", "/v1/download/{name}"} <= set(schema["paths"])
