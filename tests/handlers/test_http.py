@@ -409,20 +409,22 @@ def test_metrics_and_health(server):
 
 
 def test_health_and_ready_keep_their_keys(server):
-    """The JSON of /health and /ready, key by key and in order, as it was when the engines' stats were dicts."""
-    engine_keys = ["index", "device", "codec_device", "state", "error", "running", "waiting", "max_streams"]
+    """The JSON of /health and /ready, key by key and in order, as it was when the engines' stats were dicts, plus
+    graphs_pending (issue 44: what a settled /ready waits for), added last."""
+    engine_keys = ["index", "device", "codec_device", "state", "error", "running", "waiting", "max_streams",
+                   "graphs_pending"]
     health = httpx.get(server + "/health").json()
     assert list(health) == ["status", "engines"] and [list(e) for e in health["engines"]] == [engine_keys]
     ready = httpx.get(server + "/ready").json()
     assert list(ready) == ["status", "warmup_seconds", "quantization", "kernel_cache", "memory_preset", "max_streams",
-                           "kv_positions", "engines"]
+                           "kv_positions", "graphs_pending", "engines"]
     assert list(ready["memory_preset"]) == ["name", "max_batch", "positions_per_stream", "memory_utilization"]
     assert [list(e) for e in ready["engines"]] == [engine_keys] and ready["engines"] == health["engines"]
     assert isinstance(ready["warmup_seconds"], float) and ready["quantization"] == "bf16 (none)"
     assert ready["kernel_cache"] == "off" and isinstance(ready["kv_positions"], int)
     assert health["engines"][0] | {"running": 0, "waiting": 0} == {
         "index": 0, "device": "cpu", "codec_device": "cpu", "state": "ready", "error": None, "running": 0,
-        "waiting": 0, "max_streams": ready["max_streams"]}
+        "waiting": 0, "max_streams": ready["max_streams"], "graphs_pending": 0}
 
 
 def test_head_answers_like_get_without_a_body(server):
