@@ -43,6 +43,16 @@ def pcm(r: httpx.Response) -> np.ndarray:
     return np.frombuffer(r.content, "<i2").astype(np.int32)
 
 
+def same_audio(a: np.ndarray, b: np.ndarray) -> bool:
+    """The same speech: equal length and >= 40 dB SNR. Not bit-equal: a fresh-clone CI run on 2 busy cores once gave
+    two seed-5 default-voice requests that differed in a few int16 samples (rounding, not tokens: another voice or
+    seed changes every sample). Bit-exactness is the parity command's (the golden vectors)."""
+    if a.shape != b.shape:
+        return False
+    noise = float(np.sum((a - b).astype(np.float64) ** 2))
+    return noise == 0 or 10 * np.log10(float(np.sum(b.astype(np.float64) ** 2)) / noise) >= 40
+
+
 def add_voice(url: str, voice_id: str, seed: int = 3, seconds: float = 0.6) -> httpx.Response:
     return httpx.post(url + "/v1/references/add", data={"id": voice_id, "text": f"hello {voice_id}"}, timeout=60,
                       files={"audio": ("a.wav", wav_bytes(seconds=seconds, seed=seed), "audio/wav")})
@@ -52,7 +62,7 @@ def add_voice(url: str, voice_id: str, seed: int = 3, seconds: float = 0.6) -> h
 def test_openai_voice_names_are_the_models_own_voice(server):
     default = pcm(speech(server, response_format="pcm"))
     for voice in ("alloy", "Shimmer", {"id": "cedar"}, "default"):
-        assert np.array_equal(pcm(speech(server, response_format="pcm", voice=voice)), default), voice
+        assert same_audio(pcm(speech(server, response_format="pcm", voice=voice)), default), voice
 
 
 def test_a_configured_alias_speaks_with_its_stored_voice(server):
@@ -62,8 +72,8 @@ def test_a_configured_alias_speaks_with_its_stored_voice(server):
     assert add_voice(server, "alice").status_code == 201
     try:
         alice = pcm(speech(server, response_format="pcm", voice="alice"))
-        assert np.array_equal(pcm(speech(server, response_format="pcm", voice="NOVA")), alice)
-        assert not np.array_equal(alice, pcm(speech(server, response_format="pcm")))  # a voice, not the default
+        assert same_audio(pcm(speech(server, response_format="pcm", voice="NOVA")), alice)
+        assert not same_audio(alice, pcm(speech(server, response_format="pcm")))  # a voice, not the default
         voices = httpx.get(server + "/v1/audio/voices").json()["voices"]
         by_id = {v["id"]: v for v in voices}
         assert voices[0] == {"id": "default", "name": "default"} and by_id["alice"] == {"id": "alice", "name": "alice"}
