@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import httpx
 import pytest
-from test_http import start_server, stop, wait_ready
+from test_http import served, start_server, stop, wait_ready
 
 BODY_LIMIT = 1_000_000
 
@@ -46,10 +46,8 @@ def test_a_chunked_upload_over_the_body_limit_is_a_413(hardened, path):
 # ---- duplicate credentials ----------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def keyed(tmp_path_factory):
-    proc, url = start_server(tmp_path_factory.mktemp("keyed"), TTS_API_KEY="s3cret")
-    wait_ready(url, proc)
-    yield url
-    stop(proc)
+    with served(tmp_path_factory.mktemp("keyed"), TTS_API_KEY="s3cret") as url:
+        yield url
 
 
 @pytest.mark.parametrize("headers", [

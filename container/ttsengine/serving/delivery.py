@@ -34,7 +34,7 @@ from .protocol import SpeechJob
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
-POLL = 0.25  # seconds between checks whether the client of a whole answer is still there
+POLL = 0.25  # seconds between checks whether a client is still there (a whole answer, a request being planned)
 
 
 @dataclass
@@ -158,17 +158,23 @@ async def generated(stream: Stream) -> SynthesisResult:
     return SynthesisResult.join(parts, stream.sample_rate, stream.seed, stream.plan.reports)
 
 
+async def unless_left(waiting: asyncio.Future[T], gone: Callable[[], Awaitable[bool]] | None, why: str) -> T:
+    """waiting's result, asking gone() every POLL seconds whether the client left; if it did, Abandoned(why) is
+    raised and waiting left running: the caller gives its work up (unless_gone, service.Planning.submit)."""
+    while True:
+        done, _ = await asyncio.wait({waiting}, timeout=POLL)
+        if done:
+            return waiting.result()
+        if gone is not None and await gone():
+            raise Abandoned(why)
+
+
 async def unless_gone(work: Awaitable[T], stream: Stream, gone: Callable[[], Awaitable[bool]]) -> T:
     """Awaits `work` (a whole answer: generated(), whole()), asking gone() every POLL seconds whether the client
     left; if it did, the generation is cancelled and Abandoned raised (nobody would read the answer)."""
     task = asyncio.ensure_future(work)
     try:
-        while True:
-            done, _ = await asyncio.wait({task}, timeout=POLL)
-            if done:
-                return task.result()
-            if await gone():
-                raise Abandoned("the client closed the connection before its answer was ready")
+        return await unless_left(task, gone, "the client closed the connection before its answer was ready")
     finally:
         if not task.done():
             stream.cancel()

@@ -23,6 +23,7 @@ from ..engine.stats import FleetStats
 from ..errors import Abandoned, EngineDown, ShuttingDown, engine_failed
 from ..synthesis.request import SynthesisRequest
 from ..synthesis.stream import Stream
+from .delivery import unless_left
 from .download import ensure_model
 from .failure import ModelFailed, ModelLoading
 from .voices import VoiceStore
@@ -30,7 +31,6 @@ from .voices import VoiceStore
 log = logging.getLogger(__name__)
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 PLANNING_THREADS = 8  # requests planned at once; references are decoded and encoded two at a time (voice_encoder.py)
-POLL = 0.25  # seconds between checks whether a client whose request is planned is still there
 
 
 def setup_logging(level: str) -> None:
@@ -262,8 +262,8 @@ class Planning:
     async def submit(self, submit: Callable[..., Stream], request: SynthesisRequest,
                      gone: Callable[[], Awaitable[bool]] | None = None) -> Stream:
         """submit(request, abandoned=...) in the pool -> its Stream. gone(): whether the client left (e.g. the
-        HTTP request's is_disconnected), asked every POLL seconds while the request waits or is planned; once it
-        says so the request is given up and Abandoned raised. A cancelled caller (the event loop cancelled the
+        HTTP request's is_disconnected), asked every delivery.POLL seconds while the request waits or is planned;
+        once it says so the request is given up and Abandoned raised. A cancelled caller (the event loop cancelled the
         task) gives it up the same way."""
         left = threading.Event()
 
@@ -274,12 +274,7 @@ class Planning:
         future = self._pool.submit(work)
         waiting = asyncio.wrap_future(future)
         try:
-            while True:
-                done, _ = await asyncio.wait({waiting}, timeout=POLL)
-                if done:
-                    return waiting.result()
-                if gone is not None and await gone():
-                    raise Abandoned("the client left before the request was taken in")
+            return await unless_left(waiting, gone, "the client left before the request was taken in")
         except BaseException:
             if not future.done():
                 self._give_up(future, left)
