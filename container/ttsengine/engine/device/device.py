@@ -222,10 +222,9 @@ class Device:
     # ---- while idle -------------------------------------------------------------------------------
     def graphs_pending(self) -> bool:
         """Graphs left for later (lazy start-up) that may be captured now."""
-        if self.graphs is None or (self._gate is not None and not self._gate.is_set()):
+        if self._gate is not None and not self._gate.is_set():
             return False
-        prefill = self.runner.prefill_graphs
-        return bool(self.graphs.pending or self.vocoder.pending_rows or (prefill is not None and prefill.pending))
+        return self.graphs_left() > 0
 
     def graphs_left(self) -> int:
         """How many graphs (decode step, codec, prefill) are still to be captured, the gate aside: what /ready waits
