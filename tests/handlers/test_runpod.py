@@ -201,8 +201,10 @@ def test_worker_loop_streams_batches_reports_progress_and_drains(tmp_path):
         assert "stopped" not in queue.done  # a stopped job posts nothing; its slot is freed
         assert max(len(ids) for _, ids in queue.taken) >= 2, queue.taken  # jobs taken together, batched
         assert any(r.startswith("GET /job-take-batch/fake-worker") for r in queue.requests)
-        a, b = queue.stream_times["stream"], queue.stream_times["long"]  # taken in one batch
-        assert a[0] < b[-1] and b[0] < a[-1], (a, b)  # both streams ran at once: one engine batch
+        # streams ran at once (one engine batch): some two of the streamed jobs overlap in time. Not a fixed pair:
+        # a short job may finish before a long one's text is planned (seen in CI with engine processes)
+        spans = {j: (t[0], t[-1]) for j, t in queue.stream_times.items() if j in ("stream", "long", "stopped")}
+        assert any(a[0] < b[1] and b[0] < a[1] for i, a in spans.items() for j, b in spans.items() if i < j), spans
 
         *pieces, done = queue.streamed["stream"]
         assert done["done"] and done["seed"] == 1 and pieces and pieces[0]["sample_rate"] == 24000
