@@ -24,7 +24,7 @@ from .errors import (
     TTSError,
 )
 from .serving.delivery import audio_bytes, audio_record, sse_events, whole
-from .serving.download import ensure_model
+from .serving.download import ensure_model, model_origin
 from .serving.voices import Voice, VoiceStore, check_id
 from .synthesis.captions import cues as caption_cues
 from .synthesis.captions import render as render_captions
@@ -40,6 +40,6 @@ __all__ = [
     "InputError", "MediaTypeError", "Reference", "EagerEngine", "RunPodConfig", "SageMakerConfig", "ServerConfig",
     "NoAudio", "ShuttingDown",
     "Stream", "SynthesisRequest", "SynthesisResult", "TTSError", "Voice", "VoiceStore", "audio_bytes", "audio_record",
-    "caption_cues", "check_id", "check_output", "encode_audio", "ensure_model", "from_env", "output_rate",
-    "render_captions", "sse_events", "whole",
+    "caption_cues", "check_id", "check_output", "encode_audio", "ensure_model", "from_env", "model_origin",
+    "output_rate", "render_captions", "sse_events", "whole",
 ]

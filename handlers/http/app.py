@@ -49,6 +49,7 @@ def create_app(server: ServerConfig, engine_config: EngineConfig,
                   description="Fish-Speech / OpenAudio S1-mini text to speech.")
     chunk_trace.enable(server.trace_chunks)  # before the metrics: they add the trace series only when on
     app.state.service, app.state.server, app.state.metrics = service, server, HttpMetrics(service)
+    app.state.model_dir, app.state.model = engine_config.model_dir, None  # /ready's "model"
     app.state.downloads = AudioStore(server.data_dir / "downloads", server.download_ttl, server.download_max_bytes,
                                      server.download_max_files)
     # innermost first: the key is checked before anything reads the body; the metrics see every answer, the

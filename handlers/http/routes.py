@@ -17,7 +17,18 @@ from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, Res
 from starlette.concurrency import run_in_threadpool
 from starlette.datastructures import UploadFile as FormFile
 
-from ttsengine import CONTENT_TYPES, ServerConfig, VoiceStore, audio_bytes, check_id, output_rate, sse_events, whole
+from ttsengine import (
+    CONTENT_TYPES,
+    EngineDown,
+    ServerConfig,
+    VoiceStore,
+    audio_bytes,
+    check_id,
+    model_origin,
+    output_rate,
+    sse_events,
+    whole,
+)
 from ttsengine.serving.protocol import (
     FishTTSRequest,
     OpenAISpeechRequest,
@@ -73,24 +84,31 @@ async def health(svc: Svc):
 
 
 @router.get("/ready", tags=["health"])
-async def ready(svc: Svc, server: Server):
+async def ready(request: Request, svc: Svc, server: Server):
     """200 while at least one engine serves (the others may still warm up or be out of service), with each; with
-    TTS_READY_WHEN=settled (default) only once its graphs left for later are captured (503 "warming" before)."""
+    TTS_READY_WHEN=settled (default) only once its graphs left for later are captured (503 "warming" before).
+    `model` says which model is served: its directory and the source it was fetched from (compose's volume)."""
     if svc.error:
         return JSONResponse({"status": "failed", "error": svc.error}, status_code=503)
     if svc.draining:
         return JSONResponse({"status": "draining"}, status_code=503)
     if not svc.ready:
         return JSONResponse({"status": "loading"}, status_code=503)
-    pending = svc.warming(server.ready_when, server.ready_max_wait)  # as svc.stats() below: a quick call
+    try:
+        stats = svc.stats()  # one snapshot for all below: with engine processes each is a round trip to every one
+    except EngineDown as e:
+        return JSONResponse({"status": "failed", "error": str(e)}, status_code=503)
+    pending = svc.warming(server.ready_when, server.ready_max_wait, stats)
     if pending:
         return JSONResponse({"status": "warming", "graphs_pending": pending}, status_code=503)
-    total = svc.stats().total
+    total = stats.total
     preset = total.memory_preset.as_dict() if total.memory_preset is not None else None
-    return {"status": "ready", "warmup_seconds": total.warmup_seconds, "quantization": total.quantization,
-            "kernel_cache": total.kernel_cache, "memory_preset": preset, "max_streams": total.max_streams,
-            "kv_positions": total.kv_positions, "graphs_pending": total.graphs_pending,
-            "engines": svc.health()["engines"]}
+    if getattr(request.app.state, "model", None) is None:  # read once: the served model does not change
+        request.app.state.model = model_origin(request.app.state.model_dir)
+    return {"status": "ready", "model": request.app.state.model, "warmup_seconds": total.warmup_seconds,
+            "quantization": total.quantization, "kernel_cache": total.kernel_cache, "memory_preset": preset,
+            "max_streams": total.max_streams, "kv_positions": total.kv_positions,
+            "graphs_pending": total.graphs_pending, "engines": svc.health(stats)["engines"]}
 
 
 @router.get("/metrics", tags=["health"], response_class=PlainTextResponse)

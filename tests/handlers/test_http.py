@@ -410,14 +410,15 @@ def test_metrics_and_health(server):
 
 def test_health_and_ready_keep_their_keys(server):
     """The JSON of /health and /ready, key by key and in order, as it was when the engines' stats were dicts, plus
-    graphs_pending (issue 44: what a settled /ready waits for), added last."""
+    graphs_pending (issue 44: what a settled /ready waits for), added last, and the model served (issue 47)."""
     engine_keys = ["index", "device", "codec_device", "state", "error", "running", "waiting", "max_streams",
                    "graphs_pending"]
     health = httpx.get(server + "/health").json()
     assert list(health) == ["status", "engines"] and [list(e) for e in health["engines"]] == [engine_keys]
     ready = httpx.get(server + "/ready").json()
-    assert list(ready) == ["status", "warmup_seconds", "quantization", "kernel_cache", "memory_preset", "max_streams",
-                           "kv_positions", "graphs_pending", "engines"]
+    assert list(ready) == ["status", "model", "warmup_seconds", "quantization", "kernel_cache", "memory_preset",
+                           "max_streams", "kv_positions", "graphs_pending", "engines"]
+    assert ready["model"] == {"dir": str(MODEL_DIR), "source": None}  # the test checkpoint has no fetch record
     assert list(ready["memory_preset"]) == ["name", "max_batch", "positions_per_stream", "memory_utilization"]
     assert [list(e) for e in ready["engines"]] == [engine_keys] and ready["engines"] == health["engines"]
     assert isinstance(ready["warmup_seconds"], float) and ready["quantization"] == "bf16 (none)"
@@ -554,6 +555,9 @@ def test_tiny_source_serves_short_answers_without_max_new_tokens(tmp_path):
             return len(r.content)
 
         assert 0 < pcm() <= pcm(max_new_tokens=TINY_MAX_NEW_TOKENS) < pcm(max_new_tokens=4 * TINY_MAX_NEW_TOKENS)
+        model = httpx.get(url + "/ready").json()["model"]  # which model is served, from the fetch's record
+        assert model["dir"] == str(tmp_path / "models" / "current") and model["source"] == "tiny", model
+        assert set(model) == {"dir", "source", "fetched_at"}, model
     finally:
         stop(proc)
 

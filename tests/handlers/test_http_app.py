@@ -22,11 +22,13 @@ class FakeEngine:
     def __init__(self, graphs_pending: int = 0):
         self.ready, self.failure = True, None
         self.graphs_pending = graphs_pending  # what a GPU engine's lazy start-up still has to capture
+        self.asked = 0  # stats() calls: each is a round trip to every engine process when they run in their own
 
     def voice_codes(self, audio: bytes) -> np.ndarray:
         return np.zeros((4, 10), dtype=np.int64)
 
     def stats(self) -> FleetStats:
+        self.asked += 1
         return EngineStats.sum([EngineStats(
             device="cpu", codec_device="cpu", state="ready", warmup_seconds=1.5, quantization="bf16 (none)",
             kernel_cache="off", ttfa_buckets=(0.1,), ttfa_counts=(0, 0), max_streams=4, kv_positions=4096,
@@ -50,9 +52,11 @@ def settle(c: TestClient) -> None:
 def test_loading_then_ready(tmp_path):
     gate = threading.Event()
 
+    engine = FakeEngine()
+
     def slow():
         gate.wait(10)
-        return FakeEngine()
+        return engine
 
     with client(tmp_path, slow) as c:
         assert c.get("/ready").status_code == 503 and c.get("/ready").json() == {"status": "loading"}
@@ -64,10 +68,13 @@ def test_loading_then_ready(tmp_path):
         assert "tts_ready 0" in c.get("/metrics").text
         gate.set()
         settle(c)
+        asked = engine.asked
         ready = c.get("/ready").json()
+        assert engine.asked == asked + 1  # one stats snapshot serves the warming check, the totals and the engines
         engine = {"index": 0, "device": "cpu", "codec_device": "cpu", "state": "ready", "error": None, "running": 0,
                   "waiting": 0, "max_streams": 4, "graphs_pending": 0}
-        assert ready == {"status": "ready", "warmup_seconds": 1.5, "quantization": "bf16 (none)", "kernel_cache": "off",
+        assert ready == {"status": "ready", "model": {"dir": str(EngineConfig().model_dir), "source": None},
+                         "warmup_seconds": 1.5, "quantization": "bf16 (none)", "kernel_cache": "off",
                          "memory_preset": {"name": "cpu", "max_batch": 4, "positions_per_stream": 2048,
                                            "memory_utilization": 1.0}, "max_streams": 4, "kv_positions": 4096,
                          "graphs_pending": 0, "engines": [engine]}

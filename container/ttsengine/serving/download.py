@@ -203,6 +203,14 @@ def read_provenance(model_dir: Path) -> dict | None:
     return record if isinstance(record, dict) and isinstance(record.get("source"), str) else None
 
 
+def model_origin(model_dir: Path) -> dict:
+    """What /ready reports about the model served: its directory and, from PROVENANCE, the source it was fetched
+    from with the Hub revision or S3 ETag (source None: put there by hand or by SageMaker, no record)."""
+    record = read_provenance(model_dir) or {}
+    return {"dir": str(model_dir), "source": record.get("source"),
+            **{k: record[k] for k in ("revision", "etag", "fetched_at") if record.get(k)}}
+
+
 def _same_source(a: str, b: str) -> bool:
     def norm(s: str) -> str:
         s = s.strip()

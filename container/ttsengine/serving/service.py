@@ -148,32 +148,33 @@ class Service:
         the service is not draining."""
         return self.fleet is not None and self.fleet.ready and not self.draining
 
-    def warming(self, when: str, max_wait: float) -> int:
+    def warming(self, when: str, max_wait: float, stats: FleetStats | None = None) -> int:
         """The readiness probes' rule (/ready, SageMaker's /ping; TTS_READY_WHEN): how many graphs the serving engines
         still have to capture before a burst meets them at full speed (0: none, or not waited for). "serving": 0 once
         an engine serves. "settled": their count until none is left, but never longer than max_wait seconds after
         the first engine served (a server under constant load captures the rest at first use: its probe must not
-        fail forever). A failed capture is not left pending (it runs uncaptured), nor is a failed engine's."""
+        fail forever). A failed capture is not left pending (it runs uncaptured), nor is a failed engine's.
+        stats: a snapshot the caller already took (each fleet.stats() is a round trip to every engine process)."""
         if when == "serving" or not self.ready or self.serving_since is None:
             return 0
         if time.monotonic() - self.serving_since > max_wait:
             return 0
         try:
-            engines = self.fleet.stats().engines
+            engines = (stats or self.fleet.stats()).engines
         except EngineDown:
             return 0
         return sum(e.graphs_pending for e in engines if e.state == "ready")
 
-    def health(self) -> dict:
+    def health(self, stats: FleetStats | None = None) -> dict:
         """status ok | degraded (an engine is out of service or still warming up) | loading | failed, with each
         engine's device and state once loaded. An engine's error is one public line (errors.py: engine_failed);
-        its own text is in the server log."""
+        its own text is in the server log. stats: a snapshot the caller already took."""
         if self.error:
             return {"status": "failed", "error": self.error}
         if self.fleet is None:
             return {"status": "loading"}
         try:
-            stats = self.fleet.stats()
+            stats = stats or self.fleet.stats()
         except EngineDown as e:  # the engine process died while we asked (serving/engine_process)
             return {"status": "failed", "error": str(e)}
         state = "draining" if self.draining else stats.total.state
