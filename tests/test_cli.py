@@ -20,6 +20,21 @@ def test_synth_writes_whole_frames(tmp_path):
     assert f"wrote {out}" in proc.stdout and "seed 4" in proc.stdout
 
 
+def test_synth_on_the_tiny_model_needs_no_weights_and_stays_short(tmp_path):
+    # issue 47: `--model tiny` as TTS_MODEL_SOURCE=tiny; without --max-new-tokens the tiny model's short default
+    from ttsengine.serving.download import TINY_MAX_NEW_TOKENS
+
+    out, same = tmp_path / "t.wav", tmp_path / "same.wav"
+    proc = run_cli("ttsengine", "synth", "--model", "tiny", "--text", "Hello there.", "--out", str(out), "--seed", "4")
+    assert proc.returncode == 0, proc.stderr
+    frames = int(re.search(r"(\d+) frames", proc.stdout).group(1))
+    assert 0 < frames <= TINY_MAX_NEW_TOKENS, proc.stdout
+    proc = run_cli("ttsengine", "synth", "--model", str(MODEL_DIR), "--text", "Hello there.", "--out", str(same),
+                   "--seed", "4", "--max-new-tokens", str(TINY_MAX_NEW_TOKENS))
+    assert proc.returncode == 0, proc.stderr
+    assert np.array_equal(sf.read(out)[0], sf.read(same)[0])  # the same model as the checkpoint in tests/assets
+
+
 def test_synth_writes_captions_one_cue_per_text_chunk(tmp_path):
     out, srt, vtt = tmp_path / "c.wav", tmp_path / "c.srt", tmp_path / "sub" / "c.vtt"
     first, second, third = ("The first sentence is right here, long enough.",

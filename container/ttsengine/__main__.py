@@ -6,6 +6,7 @@ Errors print one line (`ttsengine: ...`) and exit 2; nothing prints a stack trac
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
 import sys
 import time
@@ -21,6 +22,7 @@ def _synth(args: argparse.Namespace) -> int:
     import soundfile as sf
 
     from .engine.engine import Engine
+    from .serving.download import default_max_new_tokens
     from .synthesis.request import Reference, SynthesisRequest
 
     if len(args.reference) != len(args.reference_text):
@@ -41,8 +43,9 @@ def _synth(args: argparse.Namespace) -> int:
     if caption_fmt is not None and caption_fmt not in ("srt", "vtt"):
         raise TTSError(f"--captions {args.captions}: unsupported extension (use .srt or .vtt)")
 
-    config = from_env(model_dir=args.model, device=args.device)
-    engine = Engine.load(config)
+    config = from_env(model_dir=_model_dir(args.model), device=args.device)
+    frames = default_max_new_tokens(config.model_dir, config.default_max_new_tokens)  # the tiny model: short
+    engine = Engine.load(dataclasses.replace(config, default_max_new_tokens=frames))
     try:
         stream = engine.submit(SynthesisRequest(
             text=text, references=tuple(refs), seed=args.seed, temperature=args.temperature, top_p=args.top_p,
@@ -69,6 +72,13 @@ def _synth(args: argparse.Namespace) -> int:
     print(f"wrote {args.out}: {len(result.audio)} samples, {seconds:.2f} s at {result.sample_rate} Hz, "
           f"{result.frames} frames, {len(result.chunks)} text chunk(s), seed {result.seed}")
     return 0
+
+
+def _model_dir(model: Path | None) -> Path | None:
+    """--model: a model dir, or `tiny` (the tiny random test model, as TTS_MODEL_SOURCE=tiny: no weights needed)."""
+    from .serving.download import TINY, tiny_model_dir
+
+    return tiny_model_dir() if model is not None and str(model) == TINY else model
 
 
 class _Progress:
@@ -137,7 +147,9 @@ def build_parser() -> argparse.ArgumentParser:
                                "(python -m ttsengine info --help)")
 
     s = sub.add_parser("synth", help="text -> audio file")
-    s.add_argument("--model", type=Path, default=None, help="model dir (default: $TTS_MODEL_DIR or /opt/ml/model)")
+    s.add_argument("--model", type=Path, default=None,
+                   help="model dir (default: $TTS_MODEL_DIR or /opt/ml/model), or `tiny`: the tiny random test model "
+                        "(noise; no weights needed; 64 frames unless --max-new-tokens)")
     s.add_argument("--text")
     s.add_argument("--text-file", type=Path)
     s.add_argument("--reference", action="append", default=[], help="reference audio file (repeatable)")

@@ -1,6 +1,7 @@
 """Checks for the container end-to-end run (scripts/ci/e2e.sh); each prints what it saw and exits non-zero
 with one line saying what failed.
-  e2e_check.py http URL            speech over the OpenAI and fish routes of a running `http` container
+  e2e_check.py http URL [SOURCE]   speech over the OpenAI and fish routes of a running `http` container (and
+                                   /ready's model fetched from SOURCE)
   e2e_check.py serve URL           SageMaker's /ping, /invocations, a streaming invocation, a 4xx
   e2e_check.py runpod IMAGE MODEL  runs `IMAGE runpod` against a fake job queue on this host
 """
@@ -33,8 +34,12 @@ def wait_for(url: str, timeout: float = 300) -> None:
     fail(f"{url} did not answer 200 within {timeout:.0f} s")
 
 
-def check_http(url: str) -> None:
+def check_http(url: str, source: str | None = None) -> None:
+    """source: the model source /ready must name (the compose volume's record), when given."""
     wait_for(url + "/ready", 60)
+    model = httpx.get(url + "/ready", timeout=10).json()["model"]
+    if source is not None and model.get("source") != source:
+        fail(f"/ready serves {model}, not the model from {source}")
     r = httpx.post(url + "/v1/audio/speech", json={"input": "Hello from compose.", "response_format": "wav",
                                                    "seed": 1}, timeout=120)
     if r.status_code != 200 or r.content[:4] != b"RIFF" or len(r.content) < 44 + 2048 * 2:
@@ -42,7 +47,8 @@ def check_http(url: str) -> None:
     f = httpx.post(url + "/v1/tts", json={"text": "Fish route.", "format": "mp3"}, timeout=120)
     if f.status_code != 200 or f.headers["content-type"] != "audio/mpeg":
         fail(f"/v1/tts: {f.status_code} {f.text[:200]}")
-    print(f"http: /v1/audio/speech wav {len(r.content)} bytes, /v1/tts mp3 {len(f.content)} bytes")
+    print(f"http: model {model.get('source')} in {model['dir']}, /v1/audio/speech wav {len(r.content)} bytes, "
+          f"/v1/tts mp3 {len(f.content)} bytes")
 
 
 def check_serve(url: str) -> None:
@@ -113,7 +119,7 @@ def check_runpod(image: str, model: str) -> None:
 if __name__ == "__main__":
     mode = sys.argv[1] if len(sys.argv) > 1 else ""
     if mode == "http":
-        check_http(sys.argv[2])
+        check_http(sys.argv[2], sys.argv[3] if len(sys.argv) > 3 else None)
     elif mode == "serve":
         check_serve(sys.argv[2])
     elif mode == "runpod":

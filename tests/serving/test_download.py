@@ -227,7 +227,8 @@ def test_the_tiny_model_gets_a_short_default_length(tmp_path):
 
     installed = ensure_model(tmp_path / "installed", "tiny")
     copied = complete_model(tmp_path / "models" / "tiny")  # the README's other way: a copy under ./models
-    for d in (installed, copied, MODEL_DIR):
+    fetched = ensure_model(tmp_path / "vol", str(copied))  # that copy fetched as a source of its own (compose)
+    for d in (installed, copied, fetched, MODEL_DIR):
         assert default_max_new_tokens(d, 0) == TINY_MAX_NEW_TOKENS
         assert default_max_new_tokens(d, 300) == 300  # a configured length wins
     other = complete_model(tmp_path / "other")

@@ -4,6 +4,8 @@ to delivery. No engine, no network: voices come from a stand-in store."""
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 
@@ -54,6 +56,27 @@ def test_openai_lists_its_voices():
 def test_every_openai_voice_means_default_without_aliases(voice):
     assert codes_of(openai_job({"input": "hi", "voice": voice}, NoAlloy())) == []
     assert codes_of(openai_job({"input": "hi", "voice": voice.upper()}, None)) == []  # any case, even with no store
+
+
+@pytest.mark.parametrize("voice", ["af_bella", "AM_ADAM", "bf_emma", "jf_alpha", "zm_yunxi", "af_bella+af_sky",
+                                   "af_bella(2)+af_sky(1)", "af_bella(0.5)+bm_george(1.5)"])
+def test_kokoro_voice_names_mean_default(voice):  # Kokoro-FastAPI's clients send them (issue 47)
+    assert codes_of(openai_job({"input": "hi", "voice": voice}, NoAlloy())) == []
+
+
+@pytest.mark.parametrize("voice", ["af_", "xf_bella", "af_bella+", "af_bella(2", "af-bella", "af_bella+nobody"])
+def test_names_only_like_kokoros_are_unknown(voice):
+    with pytest.raises(InputError, match=f"unknown voice {re.escape(repr(voice))}; available: default, alice; "
+                                         "OpenAI's voice names .* and Kokoro's .* mean default"):
+        openai_job({"input": "hi", "voice": voice}, NoAlloy())
+
+
+def test_a_stored_voice_named_like_kokoros_is_that_voice():
+    class Bella(Voices):
+        stored = {"af_bella": ALICE}
+
+    (got,) = codes_of(openai_job({"input": "hi", "voice": "af_bella"}, Bella()))
+    assert np.array_equal(got, ALICE)
 
 
 @pytest.mark.parametrize("voice, aliases, expected", [

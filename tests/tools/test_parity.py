@@ -30,7 +30,8 @@ REALFLAGS = ROOT.parent / "shared" / "golden_realflags"
 GOLDEN_SETS = [
     pytest.param(GOLDEN, id="golden"),
     pytest.param(REALFLAGS, id="realflags", marks=pytest.mark.skipif(
-        not REALFLAGS.is_dir(), reason=f"{REALFLAGS} not found (CI always has it beside the checkout)")),
+        not REALFLAGS.is_dir(), reason=f"{REALFLAGS} not found: run with ../shared (golden_realflags) beside the "
+                                       "checkout")),
 ]
 
 

@@ -46,10 +46,11 @@ def verify_model_dir(path: Path) -> None:
 
 
 def is_tiny(model_dir: Path) -> bool:
-    """model_dir holds the tiny test model: installed by TTS_MODEL_SOURCE=tiny, or a copy of it (same config.json)."""
+    """model_dir holds the tiny test model: installed by TTS_MODEL_SOURCE=tiny, or a copy of it (same config.json),
+    also one fetched from another source (a copy under ./models given as /host-models/NAME)."""
     record = read_provenance(model_dir)
-    if record is not None:
-        return record["source"] == TINY
+    if record is not None and record["source"] == TINY:
+        return True
     try:
         return (Path(model_dir) / "config.json").read_bytes() == (tiny_model_dir() / "config.json").read_bytes()
     except (OSError, DownloadError):

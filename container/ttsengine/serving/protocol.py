@@ -11,6 +11,7 @@ import base64
 import binascii
 import dataclasses
 import json
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Literal
@@ -29,6 +30,13 @@ DEFAULT_VOICES = ("default", "")  # OpenAI-style requests with these voices use 
 # Each means the model's own voice unless TTS_VOICE_ALIASES maps it, or a stored voice has that very id.
 OPENAI_VOICES = ("alloy", "ash", "ballad", "coral", "echo", "fable", "onyx", "nova", "sage", "shimmer", "verse",
                  "marin", "cedar")
+# Kokoro-FastAPI's voice ids: a language letter, f or m, "_", a name (af_bella, bm_george, jf_alpha), alone or mixed
+# ("af_bella+af_sky", "af_bella(2)+af_sky(1)"). Clients written for Kokoro send them by default; like OpenAI's names
+# they mean the model's own voice (S1 has no such speakers), unless an alias or a stored voice takes the name.
+_KOKORO_ONE = r"[abefhijpz][fm]_[a-z]+(?:\(\d+(?:\.\d+)?\))?"
+KOKORO_VOICE = re.compile(rf"{_KOKORO_ONE}(?:\+{_KOKORO_ONE})*")
+# said in every unknown-voice error, so the "available" list is the whole truth
+STANDING_FOR_DEFAULT = "OpenAI's voice names (alloy, nova, ...) and Kokoro's (af_bella, ...) mean default"
 
 
 class VoiceID(BaseModel):
@@ -220,15 +228,15 @@ def _voice_reference(voice: str, voices: VoiceStore | None, alias: str = "") -> 
         available = voices.ids() if voices is not None else []
         via = f"{alias!r} stands for voice {voice!r} (TTS_VOICE_ALIASES), which is not stored" if alias else \
             f"unknown voice {voice!r}"
-        raise InputError(f"{via}; available: {', '.join(['default', *available])}")
+        raise InputError(f"{via}; available: {', '.join(['default', *available])}; {STANDING_FOR_DEFAULT}")
     return (Reference(text=found.text, codes=found.codes),)
 
 
 def voice_references(voice: str | None, voices: VoiceStore | None,
                      aliases: Mapping[str, str] | None = None) -> tuple[Reference, ...]:
     """An OpenAI-style voice name -> the references it means. In order: no name or 'default' (the model's own
-    voice); a configured alias (names in any case); a stored voice of that id; one of OpenAI's names ('default',
-    so clients' "alloy" works); else an unknown voice (400, listing the stored ones)."""
+    voice); a configured alias (names in any case); a stored voice of that id; one of OpenAI's or Kokoro's names
+    ('default', so clients' "alloy" and "af_bella" work); else an unknown voice (400, listing the stored ones)."""
     if voice is None or voice in DEFAULT_VOICES:
         return ()
     target = (aliases or {}).get(voice.lower())
@@ -237,7 +245,7 @@ def voice_references(voice: str | None, voices: VoiceStore | None,
     stored = voices.get(voice) if voices is not None else None
     if stored is not None:
         return (Reference(text=stored.text, codes=stored.codes),)
-    if voice.lower() in OPENAI_VOICES:
+    if voice.lower() in OPENAI_VOICES or KOKORO_VOICE.fullmatch(voice.lower()):
         return ()
     return _voice_reference(voice, voices)
 
