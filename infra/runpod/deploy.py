@@ -5,7 +5,8 @@ Idempotent: the template's name carries a hash of image, start command, disk and
 reuses the template; a changed one gets a new template and the endpoint is switched to it
 (update_endpoint_template); scaling settings that differ are saved on the existing endpoint.
 The spec is checked before any call: request-count scaling must not count a worker for more jobs than the
-smallest GPU pool's worker takes (infra/runpod/pools.py), and a template that keeps its files on
+smallest GPU pool's worker takes (infra/runpod/pools.py; scalerValue "auto", the shipped value, is TARGET_SHARE of
+them, so new workers start while the running ones still have room), and a template that keeps its files on
 /runpod-volume needs a network volume (--volume). --dry-run prints the template and endpoint it would save
 and calls nothing (no key needed). Every field: docs/deploy-runpod.md.
 With a network volume (--volume), the worker keeps the model and the kernel cache on it. With an hf:// model
@@ -22,6 +23,7 @@ import os
 import sys
 from pathlib import Path
 
+from .. import TARGET_SHARE, share_of
 from .pools import POOL_STREAMS, worker_streams
 
 SPEC = Path(__file__).with_name("endpoint.json")
@@ -56,10 +58,28 @@ def load_spec(path: Path, image: str | None, volume: str | None, env: list[str],
     t_env = spec["template"]["env"]
     if str(t_env.get("TTS_MODEL_SOURCE", "")).startswith("hf://") and hf_token and not t_env.get("HF_TOKEN"):
         t_env["HF_TOKEN"] = hf_token
+    resolve_scaler_value(spec)
     if "YOUR_ORG" in spec["template"]["image"]:
         raise DeployError("set the image: --image REGISTRY/fish-tts-server:TAG (or edit endpoint.json)")
     check(spec)
     return spec
+
+
+def resolve_scaler_value(spec: dict) -> None:
+    """scalerValue "auto" (the shipped spec): TARGET_SHARE of the smallest worker's streams on gpuIds, so a new
+    worker starts while the running ones still have room for the burst that comes during its cold start (with the
+    value at 100%, one starts only once they are full). Follows gpuIds, TTS_MAX_BATCH and RUNPOD_CONCURRENCY."""
+    t, e = spec["template"], spec["endpoint"]
+    if e["scalerValue"] != "auto":
+        return
+    if e["scalerType"] != "REQUEST_COUNT":
+        raise DeployError(f"scalerValue auto is for REQUEST_COUNT; {e['scalerType']} needs a number")
+    try:
+        e["scalerValue"] = share_of(worker_streams(e["gpuIds"], t["env"]))
+    except KeyError as err:
+        raise DeployError(f"gpuIds: unknown pool {err} (known: {', '.join(POOL_STREAMS)})") from None
+    except ValueError as err:
+        raise DeployError(f"env: {err}") from None
 
 
 def check(spec: dict) -> None:
@@ -75,10 +95,10 @@ def check(spec: dict) -> None:
             streams = worker_streams(e["gpuIds"], t["env"])
         except ValueError as err:
             raise DeployError(f"env: {err}") from None
-        if not 1 <= e["scalerValue"] <= streams:
+        if not isinstance(e["scalerValue"], int) or not 1 <= e["scalerValue"] <= streams:
             raise DeployError(f"scalerValue {e['scalerValue']}: REQUEST_COUNT counts one worker per scalerValue "
                               f"jobs, and the smallest worker on {e['gpuIds']} takes {streams} at once: use 1 to "
-                              f"{streams}")
+                              f"{streams}, or auto ({TARGET_SHARE:.0%} of them: {share_of(streams)})")
     if not e["networkVolumeId"] and any(str(v).startswith(VOLUME) for v in t["env"].values()):
         raise DeployError(f"the template keeps the model, kernel cache and voices on {VOLUME}: pass --volume ID "
                           "(a network volume in the data center of the GPUs)")

@@ -22,6 +22,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .. import TARGET_SHARE, share_of
 from . import package
 
 # The instance types we suggest: (GPUs, GPU, GB per GPU, the engine's memory preset for that GPU:
@@ -46,7 +47,6 @@ MEASURED_PRESETS = {"h100", "h200"}
 # Autoscaling tracks concurrent requests per instance (SageMaker's high-resolution ConcurrentRequestsPerModel:
 # one model per instance here) at this share of the instance's streams: the rest absorbs a burst while a new
 # instance starts (minutes), and past the streams requests queue instead of slowing every stream.
-TARGET_SHARE = 0.65
 CONCURRENCY_METRIC = "SageMakerVariantConcurrentRequestsPerModelHighResolution"
 SCALE_IN_COOLDOWN_S = 600  # streams last minutes and each instance drains; a removed instance costs a warm start
 SCALE_OUT_COOLDOWN_S = 60
@@ -204,11 +204,6 @@ def target_concurrency(instance_type: str) -> int:
                           f"(about {TARGET_SHARE:.0%} of the streams it serves)")
     gpus, _, _, _, streams = INSTANCE_TYPES[instance_type]
     return share_of(gpus * streams)
-
-
-def share_of(streams: int) -> int:
-    """TARGET_SHARE of an instance's streams, at least one request (also `ttsengine plan`'s SageMaker target)."""
-    return max(1, round(streams * TARGET_SHARE))
 
 
 def autoscale(aas, spec: DeploySpec) -> None:

@@ -12,6 +12,7 @@ import pytest
 import yaml
 from conftest import ROOT, run_cli
 
+from infra import TARGET_SHARE
 from infra.kubernetes import render as rd
 from ttsengine.config import ENV_VARS, ServerConfig
 
@@ -141,7 +142,7 @@ def test_the_autoscaler_queries_the_servers_stream_gauges(directory):
     used = set(re.findall(r"\b(tts_\w+)\{", query))
     assert used == {"tts_active_streams", "tts_queue_depth", "tts_max_streams"} and used <= gauges
     # a ratio of the slots in use, the same target whatever GPU a pod has
-    assert trigger["metricType"] == "Value" and 0.6 <= float(trigger["metadata"]["threshold"]) <= 0.7
+    assert trigger["metricType"] == "Value" and float(trigger["metadata"]["threshold"]) == TARGET_SHARE  # as others
     assert set(re.findall(r'namespace="([^"]+)"', query)) == {so["metadata"]["namespace"]}
     assert 1 <= so["spec"]["minReplicaCount"] <= so["spec"]["maxReplicaCount"]
     down = so["spec"]["advanced"]["horizontalPodAutoscalerConfig"]["behavior"]["scaleDown"]

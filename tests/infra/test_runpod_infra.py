@@ -13,6 +13,8 @@ import pytest
 from conftest import ROOT, run_cli
 from fake_runpod_cloud import FakeRunPodCloud
 
+from infra import TARGET_SHARE
+from infra.runpod.deploy import load_spec
 from infra.runpod.pools import POOL_GPUS, POOL_STREAMS, worker_streams
 from ttsengine import RunPodConfig
 from ttsengine.engine import presets
@@ -67,7 +69,8 @@ RUNPOD_SPEC_SCHEMA = {
                 "idleTimeout": {"type": "integer", "minimum": 1},
                 "flashboot": {"type": "boolean"},
                 "scalerType": {"enum": ["QUEUE_DELAY", "REQUEST_COUNT"]},
-                "scalerValue": {"type": "integer", "minimum": 1},
+                # ours: "auto" is resolved by deploy.py before anything is sent (TARGET_SHARE of the worker's streams)
+                "scalerValue": {"anyOf": [{"type": "integer", "minimum": 1}, {"const": "auto"}]},
                 "allowedCudaVersions": {"type": "string", "pattern": _csv.format(
                     "(" + "|".join(re.escape(v) for v in CUDA_VERSIONS) + ")")},
             },
@@ -93,13 +96,17 @@ def _cuda(version: str) -> tuple[int, int]:
     return int(major), int(minor)
 
 
-def test_endpoint_json_is_what_runpod_accepts_and_scales_on_the_workers_streams():
+def test_endpoint_json_is_what_runpod_accepts_and_scales_with_headroom():
     spec = json.loads(SPEC.read_text())
     jsonschema.validate(spec, RUNPOD_SPEC_SCHEMA)
     t, e = spec["template"], spec["endpoint"]
     assert e["scalerType"] == "REQUEST_COUNT" and e["flashboot"] is True
-    # one worker per `scalerValue` jobs: exactly the jobs the smallest worker takes at once
-    assert e["scalerValue"] == worker_streams(e["gpuIds"], t["env"]) == 96
+    # one worker per `scalerValue` jobs: 65% of the jobs the smallest worker takes at once (issue 48: at 100% a new
+    # worker starts only once the running ones are full, and the burst during its cold start is refused)
+    resolved = load_spec(SPEC, IMAGE, "vol1", [])
+    jsonschema.validate(resolved, RUNPOD_SPEC_SCHEMA)
+    assert e["scalerValue"] == "auto" and worker_streams(e["gpuIds"], t["env"]) == 96
+    assert resolved["endpoint"]["scalerValue"] == round(96 * TARGET_SHARE) == 62
     # the network volume holds the model, the kernel cache and the voices (the image's ENV would otherwise put
     # them on the container disk, lost at every cold start); the gated model's token comes from a secret
     assert all(t["env"][k].startswith("/runpod-volume/") for k in ("TTS_MODEL_DIR", "TTS_CACHE_DIR", "TTS_DATA_DIR"))
@@ -131,18 +138,30 @@ def test_dry_run_needs_no_key_and_checks_the_spec(tmp_path):
     assert out.returncode == 0, out.stderr
     plan = json.loads(out.stdout)
     assert plan["template"]["imageName"] == IMAGE and plan["template"]["name"].startswith("fish-tts-")
-    assert plan["endpoint"]["scalerType"] == "REQUEST_COUNT" and plan["endpoint"]["scalerValue"] == 96
+    assert plan["endpoint"]["scalerType"] == "REQUEST_COUNT" and plan["endpoint"]["scalerValue"] == 62
     assert plan["endpoint"]["flashBootType"] == "FLASHBOOT" and plan["endpoint"]["networkVolumeId"] == "vol1"
     assert plan["worker_streams"] == 96
 
     no_volume = run_cli("infra.runpod.deploy", "--dry-run", "--image", IMAGE, env=no_key)
     assert no_volume.returncode == 1 and "--volume" in no_volume.stderr
     spec = json.loads(SPEC.read_text())
-    spec["endpoint"]["gpuIds"] = "ADA_24,ADA_48_PRO"  # an L4 worker takes 48 jobs
+    spec["endpoint"]["gpuIds"] = "ADA_24,ADA_48_PRO"  # an L4 worker takes 48 jobs: auto follows
+    (tmp_path / "auto.json").write_text(json.dumps(spec))
+    auto = run_cli("infra.runpod.deploy", "--dry-run", "--spec", str(tmp_path / "auto.json"), "--image", IMAGE,
+                   "--volume", "v", env=no_key)
+    assert auto.returncode == 0 and json.loads(auto.stdout)["endpoint"]["scalerValue"] == 31, auto.stderr
+    spec["endpoint"]["scalerValue"] = 96  # a number is taken as it is, up to the smallest worker's streams
     (tmp_path / "s.json").write_text(json.dumps(spec))
     too_many = run_cli("infra.runpod.deploy", "--dry-run", "--spec", str(tmp_path / "s.json"), "--image", IMAGE,
                        "--volume", "v", env=no_key)
-    assert too_many.returncode == 1 and "scalerValue 96" in too_many.stderr and "1 to 48" in too_many.stderr
+    assert too_many.returncode == 1 and "scalerValue 96" in too_many.stderr and "1 to 48, or auto (65%" in \
+        too_many.stderr, too_many.stderr
+    spec["endpoint"]["scalerType"] = "QUEUE_DELAY"
+    spec["endpoint"]["scalerValue"] = "auto"
+    (tmp_path / "q.json").write_text(json.dumps(spec))
+    queue_delay = run_cli("infra.runpod.deploy", "--dry-run", "--spec", str(tmp_path / "q.json"), "--image", IMAGE,
+                          "--volume", "v", env=no_key)
+    assert queue_delay.returncode == 1 and "scalerValue auto is for REQUEST_COUNT" in queue_delay.stderr
     smaller = run_cli("infra.runpod.deploy", "--dry-run", "--spec", str(tmp_path / "s.json"), "--image", IMAGE,
                       "--volume", "v", "--env", "RUNPOD_CONCURRENCY=96", env=no_key)
     assert smaller.returncode == 0, smaller.stderr  # the worker is told to take 96
@@ -175,7 +194,7 @@ def test_deploy_creates_then_is_idempotent_then_updates(cloud):
     assert any("updateEndpointTemplate" in q for q in cloud.queries)
     # the save carries FlashBoot and the CUDA versions (the endpoint list does not return them to compare)
     assert ep["flashBootType"] == "FLASHBOOT" and ep["allowedCudaVersions"] == spec["allowedCudaVersions"]
-    assert ep["scalerType"] == "REQUEST_COUNT" and ep["scalerValue"] == spec["scalerValue"]
+    assert ep["scalerType"] == "REQUEST_COUNT" and ep["scalerValue"] == 62  # "auto" resolved
 
 
 def test_deploy_forwards_hf_token(cloud, tmp_path):

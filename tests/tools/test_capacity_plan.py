@@ -46,7 +46,7 @@ def test_instance_counts_from_a_bench(bench, tmp_path):
     assert by["sagemaker"]["settings"]["TargetValue"] == 21  # round(0.65 x 32)
     assert by["sagemaker"]["peak_instances"] == 5  # ceil(100 / 21)
     assert by["sagemaker"]["cost_per_hour_at_peak"] == 10.0  # 5 x $2
-    assert by["runpod"]["settings"]["scalerValue"] == 32 and by["runpod"]["peak_instances"] == 4  # ceil(100 / 32)
+    assert by["runpod"]["settings"]["scalerValue"] == 21 and by["runpod"]["peak_instances"] == 5  # as SageMaker
     assert by["kubernetes"]["peak_instances"] == 4  # 0.65 of the pod's 48 slots = 31.2: ceil(100 / 31.2)
     assert (tmp_path / "out" / "plan.html").read_text().startswith("<html>")
     assert json.loads((tmp_path / "out" / "plan.json").read_text())["gpu"] == "l4"

@@ -40,20 +40,23 @@ def sagemaker(streams: int) -> Policy:
 
 
 def runpod(streams: int) -> Policy:
-    """REQUEST_COUNT keeps (jobs queued + running) / scalerValue workers; scalerValue is the worker's streams
-    (docs/deploy-runpod.md: a new worker starts when the running ones are full), the most infra's check allows.
-    An idle worker stops after idleTimeout."""
+    """REQUEST_COUNT keeps (jobs queued + running) / scalerValue workers; scalerValue "auto" (the shipped spec) is
+    TARGET_SHARE of the worker's streams, as deploy.py resolves it: a new worker starts while the running ones still
+    have room. A number in the spec is taken as it is. An idle worker stops after idleTimeout."""
     _, rp = _infra()
     try:
         endpoint = json.loads(rp.SPEC.read_text())["endpoint"]
     except (OSError, ValueError, KeyError) as e:
         raise TTSError(f"{rp.SPEC}: {e}") from None
     idle = float(endpoint["idleTimeout"])
-    return Policy("runpod", streams,
-                  {"scalerType": "REQUEST_COUNT", "scalerValue": streams, "RUNPOD_CONCURRENCY": streams,
+    configured = endpoint["scalerValue"]
+    value = rp.share_of(streams) if configured == "auto" else min(int(configured), streams)
+    how = f"auto: {rp.TARGET_SHARE:.0%} of the worker's streams" if configured == "auto" else "as set in the spec"
+    return Policy("runpod", value,
+                  {"scalerType": "REQUEST_COUNT", "scalerValue": value, "RUNPOD_CONCURRENCY": streams,
                    "idleTimeout": endpoint["idleTimeout"]},
                   in_window_s=max(60.0, idle), min_instances=max(1, int(endpoint["workersMin"])),
-                  source="infra/runpod/endpoint.json, deploy.check: scalerValue <= the worker's streams")
+                  source=f"infra/runpod/endpoint.json ({how}), deploy.resolve_scaler_value")
 
 
 def keda(slots: int, scaled_object: Path | None = None) -> Policy:
