@@ -164,6 +164,9 @@ WAV = b"RIFF....WAVEfmt "
     ({"text": "Hi.", "references": [{"audio": base64.b64encode(WAV).decode(), "text": "t"}]}, dict(refs=1)),
     ({"text": "Hi.", "references": [{"audio": WAV}]}, dict(refs=1)),  # msgpack: raw bytes, text optional
     ({"text": "Hi.", "reference_id": "alice", "references": [{"audio": WAV}]}, dict(refs=1)),  # the id wins
+    ({"text": "Hi.", "reference_id": "default"}, dict(refs=0)),  # the model's own voice, as the 400's list says
+    ({"text": "Hi.", "reference_id": ""}, dict(refs=0)),
+    ({"text": "Hi.", "reference_id": "default", "references": [{"audio": WAV}]}, dict(refs=1)),  # inline ones then
     ({"text": "Hi.", "use_memory_cache": "on", "normalize": False}, dict(format="wav")),  # accepted, unused
     ({"text": "Hi.", "latency": "balanced"}, dict(format="wav")),  # fish-speech's client always sends it
 ])

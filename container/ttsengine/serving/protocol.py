@@ -282,7 +282,9 @@ def _audio_bytes(value: bytes | str, where: str) -> bytes:
 
 def fish_job(body: dict | FishTTSRequest, voices: VoiceStore | None, *, strict: bool = True) -> SpeechJob:
     req = body if isinstance(body, FishTTSRequest) else validate(FishTTSRequest, body, strict)
-    if req.reference_id:  # takes precedence over inline references, as upstream
+    # a stored voice's id takes precedence over inline references, as upstream; "default" (what the "available"
+    # list of an unknown voice names) is the model's own voice, as for OpenAI's `voice`: no stored voice then
+    if req.reference_id and req.reference_id not in DEFAULT_VOICES:
         refs = _voice_reference(req.reference_id, voices)
     else:
         refs = tuple(Reference(text=r.text, audio=_audio_bytes(r.audio, f"references.{i}.audio"))
