@@ -78,6 +78,21 @@ def number_or_off(unit: str = "seconds") -> Kind:
     return Kind(float, "a number", check)
 
 
+def rtf_or_auto() -> Kind:
+    """auto (None: decided at start from the device) or a real-time factor in 0..100, 0 switching the test off."""
+    def parse(text: str) -> float | None:
+        return None if text.lower() == "auto" else float(text)
+
+    def check(value) -> str | None:
+        if value is None:
+            return None
+        if not math.isfinite(value) or not 0 <= value <= 100:
+            return f"{value} is not auto or a number in 0..100 (0: off)"
+        return None
+
+    return Kind(parse, "auto or a number", check)
+
+
 def _api_key(value) -> str | None:
     """Printable ASCII only: HTTP headers carry bytes, and clients encode other characters differently (Latin-1
     or UTF-8), so a key with them would match for some clients and lock the others out of every route."""
@@ -222,6 +237,7 @@ class EngineConfig:
     memory_preset: str = "auto"  # engine/presets.py: auto (from the GPU's name and memory) | a preset's name
     max_batch: int = 0  # concurrent streams on the device; 0 = the preset's
     max_queue: int = 0  # requests waiting for a slot before new ones get "busy"; 0 = auto (2 x max_batch)
+    admit_rtf: float | None = None  # goodput admission (control/goodput.py): None = auto (1.2 on a GPU, off on CPU)
     kv_cache_tokens: int = 0  # KV positions in the paged cache; 0 = the preset's, within the memory share
     gpu_memory_utilization: float = 0.0  # the engine's share of the GPU's memory (vLLM's meaning); 0 = the preset's
     prefill_tokens: int = 4096  # prompt tokens prefilled per engine step at most (keeps running streams moving)
@@ -283,6 +299,10 @@ ENGINE_VARS = (
         "concurrent streams per GPU; 0 = the memory preset's (docs/configuration.md, 'Memory presets')"),
     Var("TTS_MAX_QUEUE", "max_queue", integer(0, 100_000, note=" (0 = auto)"),
         "requests allowed to wait for a slot before new ones get 'busy'; 0 = 2 x max batch"),
+    Var("TTS_ADMIT_RTF", "admit_rtf", rtf_or_auto(),
+        "goodput admission: a new stream is refused (503, Retry-After) while the engine's measured step and codec "
+        "times say the streams together would fall below this x real time; auto = 1.2 on a GPU, off on a CPU "
+        "(never real time there); 0 = off (the slots and TTS_MAX_QUEUE alone decide)"),
     Var("TTS_KV_CACHE_TOKENS", "kv_cache_tokens", integer(0, 1 << 24, note=" (0 = auto)"),
         "KV-cache positions shared by all streams; 0 = the preset's positions per stream x max batch, within the "
         "GPU memory share"),

@@ -237,6 +237,9 @@ ENGINE_COUNTERS = (
     ("tts_requests_completed_total", lambda s: s.requests_done, "requests completed"),
     ("tts_requests_cancelled_total", lambda s: s.cancelled, "requests cancelled (the client went away)"),
     ("tts_requests_rejected_total", lambda s: s.rejected, "requests refused because every engine was full"),
+    ("tts_requests_refused_capacity_total", lambda s: s.refused_capacity,
+     "engine refusals by goodput admission: one more stream would have slowed the streams below TTS_ADMIT_RTF x "
+     "real time"),
     ("tts_references_encoded_total", lambda s: s.references_encoded,
      "reference audio clips run through the codec's encoder (the encoded-reference cache missed)"),
 )

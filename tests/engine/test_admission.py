@@ -1,6 +1,7 @@
 """What an engine lets in (issue 50): its capacity is its free slots plus its queue places, so a burst onto idle
 slots is taken whole, also when the loop has not yet moved any of it into the slots; a fleet's is its engines'
-summed. Real engines on CPU with the tiny checkpoint."""
+summed; goodput admission (TTS_ADMIT_RTF) refuses what its measured steps say would fall below real time. Real
+engines on CPU with the tiny checkpoint."""
 
 from __future__ import annotations
 
@@ -11,6 +12,8 @@ import pytest
 from conftest import MODEL_DIR
 
 from ttsengine import BusyError, Engine, EngineConfig, Fleet, SynthesisRequest
+from ttsengine.engine.loader import load
+from ttsengine.engine.settings import BatchSettings
 
 LONG = SynthesisRequest(text="Long.", seed=1, max_new_tokens=2000)
 
@@ -73,3 +76,41 @@ def test_a_fleet_takes_all_its_engines_room():
         end(streams)
     finally:
         fleet.close()
+
+
+def test_goodput_admission_refuses_what_would_fall_below_real_time():
+    """TTS_ADMIT_RTF (issue 50): with the floor at 100x real time a step must take under 0.47 ms, which no CPU step
+    does. Nothing is timed before the first request, so it goes in; once its decode steps are timed the next one is
+    refused as at capacity although a slot is free, the router sees no room, and the engines of a fleet say why.
+    At 0 (off) the slots alone decide, as before. auto is off on a CPU."""
+    fleet = Fleet.load(EngineConfig(model_dir=MODEL_DIR, devices="cpu,cpu", max_batch=4, admit_rtf=100))
+    try:
+        assert fleet.wait_all(60)
+        first = [fleet.engines[i].submit(LONG, ignore_stop=True) for i in (0, 1)]
+        until(lambda: all(e.budget.step_seconds for e in fleet.engines))  # decode steps timed on both
+        with pytest.raises(BusyError, match=r"^every engine is at capacity \(2 streams running, 0 waiting; the "
+                                            r"first: a step for 2 streams would take [\d.]+ ms, over the 0.464 ms "
+                                            r"that keep each at 100x real time\); retry shortly$"):
+            fleet.submit(LONG)
+        engine = fleet.engines[0]
+        with pytest.raises(BusyError, match=r"^the engine is at capacity: a step for 2 streams"):
+            engine.submit(LONG)
+        assert engine.occupancy() == (0, 0) and len(engine.scheduler.running) == 1  # 3 slots free, no room
+        stats = fleet.stats()
+        # engine refusals for capacity summed; rejected is the fleet's own count: one request no engine took
+        assert stats.total.refused_capacity == 3 and stats.total.rejected == 1
+        end(first)
+    finally:
+        fleet.close()
+    eng = Engine.load(EngineConfig(model_dir=MODEL_DIR, device="cpu", max_batch=2, admit_rtf=0))
+    try:
+        assert eng.settings.admit_rtf == 0
+        first = eng.submit(LONG, ignore_stop=True)
+        until(lambda: eng.budget.step_seconds)
+        second = eng.submit(LONG, ignore_stop=True)  # off: a free slot is enough
+        assert eng.metrics.refused_capacity == 0
+        end([first, second])
+    finally:
+        eng.close()
+    auto = EngineConfig(model_dir=MODEL_DIR, device="cpu")
+    assert auto.admit_rtf is None and BatchSettings.resolve(auto, load(auto)).admit_rtf == 0

@@ -25,6 +25,7 @@ from ..synthesis.request import SynthesisRequest
 from ..synthesis.stream import Stream
 from .audio_feed import AudioFeed, CodecRounds, Task, chunk_sizes
 from .control.faults import FaultCounter, simulated
+from .control.goodput import Goodput
 from .control.prefill_budget import PrefillBudget
 from .control.prefix_cache import PrefixCache, prefix_key
 from .control.scheduler import Job, Scheduler
@@ -77,7 +78,10 @@ class Engine:
                              VOCODER_GRAPH_ROWS)
         self.audio = AudioFeed(self.vocoder, rounds, s.max_slots, s.first_chunk_frames, s.stream_chunk_frames)
         self.eos = checkpoint.tokenizer.im_end_id
-        self.intake = Intake(self.scheduler, s.max_queue, s.max_slots, str(self.device.device), self.metrics)
+        goodput = Goodput(s.admit_rtf, frame_seconds, s.bucket, self.budget.step_seconds,
+                          lambda: self.vocoder.backlog, s.stream_chunk_frames)
+        self.intake = Intake(self.scheduler, s.max_queue, s.max_slots, str(self.device.device), self.metrics,
+                             goodput)
         self._thread: threading.Thread | None = None
         self.ready = threading.Event()
         self.warmup_seconds: float | None = None

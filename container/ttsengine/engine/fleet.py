@@ -15,7 +15,7 @@ import itertools
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import numpy as np
 import torch
@@ -25,6 +25,7 @@ from ..errors import SEE_LOGS, BusyError, EngineDown
 from ..synthesis.plan import Plan
 from ..synthesis.request import SynthesisRequest
 from ..synthesis.stream import Stream
+from .control.goodput import AT_CAPACITY
 from .engine import Engine
 from .loader import load_all
 from .placement import engine_configs
@@ -127,14 +128,18 @@ class Fleet:
             if self.failure:
                 raise EngineDown(self.failure)
             raise BusyError("no engine is ready yet; retry shortly")
+        refusals: list[BusyError] = []
         for engine in order:
             try:
                 return engine.submit(request, ignore_stop=ignore_stop, abandoned=abandoned)
-            except (BusyError, EngineDown):  # full, or went down since route(): the next one
+            except BusyError as e:  # full: the next one
+                refusals.append(e)
+            except EngineDown:  # went down since route(): the next one
                 continue
         with self._lock:
             self.rejected += 1
-        raise busy(len(order), sum(len(e.scheduler.running) for e in order), sum(e.occupancy()[1] for e in order))
+        raise busy(len(order), sum(len(e.scheduler.running) for e in order), sum(e.occupancy()[1] for e in order),
+                   refusals)
 
     def synthesize(self, request: SynthesisRequest | Plan):
         return self.submit(request).result()
@@ -199,8 +204,13 @@ def best_first(room: dict[int, tuple[int, int]], n: int, turn: int, affinity: in
     return order
 
 
-def busy(members: int, running: int, waiting: int) -> BusyError:
-    """The refusal when every engine refused a request (the same words for one process or several)."""
+def busy(members: int, running: int, waiting: int, refusals: Sequence[BaseException] = ()) -> BusyError:
+    """The refusal when every engine refused a request (the same words for one process or several). When each
+    refused for capacity (goodput admission: more streams would fall below real time), the first one's reason."""
+    if refusals and all(str(e).startswith(AT_CAPACITY) for e in refusals):
+        return BusyError(str(refusals[0]) if members == 1 else
+                         f"every engine is at capacity ({running} streams running, {waiting} waiting; the first: "
+                         f"{str(refusals[0])[len(AT_CAPACITY):].removesuffix('; retry shortly')}); retry shortly")
     return BusyError(f"the engine{'s are' if members > 1 else ' is'} busy ({running} streams running, {waiting} "
                      "waiting); retry shortly")
 

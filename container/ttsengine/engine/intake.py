@@ -15,15 +15,18 @@ from collections.abc import Callable
 from ..errors import SEE_LOGS, BusyError, EngineDown, ShuttingDown
 from ..synthesis.stream import Stream
 from .audio_feed import Task
+from .control.goodput import AT_CAPACITY, Goodput
 from .control.scheduler import Scheduler
 from .metrics import EngineMetrics
 
 
 class Intake:
-    def __init__(self, scheduler: Scheduler, max_queue: int, slots: int, where: str, metrics: EngineMetrics):
-        """where: the engine's device, for the messages; metrics: counts the requests refused as busy."""
+    def __init__(self, scheduler: Scheduler, max_queue: int, slots: int, where: str, metrics: EngineMetrics,
+                 goodput: Goodput | None = None):
+        """where: the engine's device, for the messages; metrics: counts the requests refused as busy; goodput:
+        refuses a stream that would slow the streams below real time (None: slots and queue alone decide)."""
         self.scheduler, self.max_queue, self.slots, self.where = scheduler, max_queue, slots, where
-        self.metrics = metrics
+        self.metrics, self.goodput = metrics, goodput
         self.cv = threading.Condition()
         self._tasks: deque[Task] = deque()
         self._forget: deque[str] = deque()  # prefix keys to drop (a voice deleted or replaced)
@@ -42,10 +45,16 @@ class Intake:
                 raise ShuttingDown("the server is shutting down; retry shortly")
             waiting = self._waiting()
             # room: the free slots (a burst lands here before the loop moves it into them) plus the queue places
+            running = len(self.scheduler.running)
             if waiting >= self.scheduler.free_slots + self.max_queue:
                 self.metrics.rejected += 1
-                raise BusyError(f"the engine is busy ({len(self.scheduler.running)} streams running, {waiting} "
-                                "waiting); retry shortly")
+                raise BusyError(f"the engine is busy ({running} streams running, {waiting} waiting); retry shortly")
+            # the streams that would decode together once this one runs (the queue beyond the slots waits instead)
+            why = self.goodput.refuses(min(running + waiting + 1, self.slots), running) if self.goodput else None
+            if why is not None:
+                self.metrics.rejected += 1
+                self.metrics.refused_capacity += 1
+                raise BusyError(f"{AT_CAPACITY}{why}; retry shortly")
             self._tasks.append(task)
             self._streams.add(task.stream)
             self.cv.notify_all()
@@ -56,10 +65,13 @@ class Intake:
             self.cv.notify_all()
 
     def occupancy(self) -> tuple[int, int]:
-        """(slots not spoken for, requests waiting)."""
+        """(slots not spoken for, requests waiting); with goodput admission, the slots it would still fill."""
         with self.cv:
-            waiting = self._waiting()
-            return self.slots - len(self.scheduler.running) - waiting, waiting
+            waiting, running = self._waiting(), len(self.scheduler.running)
+            free = self.slots - running - waiting
+            if self.goodput is not None and free > 0:
+                free = self.goodput.room(running + waiting, running, self.slots)
+            return free, waiting
 
     @property
     def waiting(self) -> int:

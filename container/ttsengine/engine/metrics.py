@@ -25,6 +25,7 @@ class EngineMetrics:
     requests_done: int = 0
     cancelled: int = 0
     rejected: int = 0
+    refused_capacity: int = 0  # of those, refused by goodput admission (control/goodput.py)
     failed_streams: int = 0  # requests ended by an engine error (a failed step, the engine taken down)
     warmup_seconds: float | None = None
     ttfa_counts: list[int] = field(default_factory=lambda: [0] * (len(TTFA_BUCKETS) + 1))
@@ -81,6 +82,7 @@ class EngineMetrics:
             running=running, waiting=waiting, frames_per_second=self.frames_per_second(), steps=self.steps,
             frames=self.frames, prefill_tokens=self.prefill_tokens, vocoded_frames=self.vocoded_frames,
             requests_done=self.requests_done, cancelled=self.cancelled, rejected=self.rejected,
+            refused_capacity=self.refused_capacity,
             failed_streams=self.failed_streams, step_seconds=self.step_seconds, prefill_seconds=self.prefill_seconds,
             vocoder_seconds=self.vocoder_seconds, loop_seconds=self.loop_seconds,
             step_wait_seconds=self.step_wait_seconds, warmup_seconds=self.warmup_seconds,

@@ -16,6 +16,7 @@ from ..model.kernels.small_linear import SMALL_LINEAR_MAX_ROWS
 from ..model.kernels.triton_support import triton_available, triton_major
 from ..model.loading.checkpoint import Checkpoint
 from . import features
+from .control.goodput import ADMIT_RTF
 from .device.runner import RunnerConfig
 from .device.vocoder import CodecSwitches
 from .features import Platform
@@ -92,6 +93,7 @@ def choose_preset(config: EngineConfig, device: torch.device) -> Preset:
 class BatchSettings:
     runner: RunnerConfig
     max_queue: int
+    admit_rtf: float  # goodput admission's floor (control/goodput.py); 0 = off
     prefill_tokens: int  # the largest prefill budget per step (engine/control/prefill_budget.py may use less)
     prefix_cache: bool  # share cached prompt prefixes' KV pages (engine/control/prefix_cache.py)
     first_chunk_frames: int
@@ -161,6 +163,8 @@ class BatchSettings:
         if config.prefill_group not in PREFILL_GROUPS:  # likewise
             raise ConfigError(f"prefill_group={config.prefill_group}: give one of "
                               f"{', '.join(map(str, PREFILL_GROUPS))} (TTS_PREFILL_GROUP)")
+        if config.admit_rtf is not None and not 0 <= config.admit_rtf <= 100:  # likewise
+            raise ConfigError(f"admit_rtf={config.admit_rtf}: give 0 (off) to 100, or None for auto (TTS_ADMIT_RTF)")
         max_batch = config.max_batch or preset.max_batch
         utilization = config.gpu_memory_utilization or preset.memory_utilization
         mc = model.cfg
@@ -208,7 +212,8 @@ class BatchSettings:
                               penalty_window=ckpt.family.RULES.penalty_window, triton_attention=triton_attention,
                               fused=fused, gemv_rows=config.layer_gemv_rows or auto_gemv_rows(model, fused),
                               prefill_group=config.prefill_group)
-        return BatchSettings(runner=runner, max_queue=config.max_queue or 2 * max_batch,
+        admit_rtf = config.admit_rtf if config.admit_rtf is not None else ADMIT_RTF if cuda else 0.0
+        return BatchSettings(runner=runner, max_queue=config.max_queue or 2 * max_batch, admit_rtf=admit_rtf,
                              prefill_tokens=config.prefill_tokens, prefix_cache=config.prefix_cache,
                              first_chunk_frames=config.first_chunk_frames,
                              stream_chunk_frames=config.stream_chunk_frames, cuda_graphs=graphs,

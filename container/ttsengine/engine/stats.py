@@ -39,6 +39,7 @@ class EngineStats:
     requests_done: int = _counter()
     cancelled: int = _counter()
     rejected: int = _counter()  # refused as busy
+    refused_capacity: int = _counter()  # of those, by goodput admission: more would fall below TTS_ADMIT_RTF
     failed_streams: int = _counter()  # requests ended by an engine error
     references_encoded: int = _counter()  # reference audio run through the codec's encoder (cache misses)
     step_seconds: float = _counter(0.0)

@@ -109,6 +109,8 @@ class Vocoder:
         self.merge_rows = merge_rows
         self.on_decoded, self.on_finished = on_decoded, on_finished
         self._q: queue.SimpleQueue = queue.SimpleQueue()
+        self.frames_queued = 0  # real frames put in decode commands (loop thread)
+        self.frames_done = 0  # of those, decoded or failed (worker thread)
         self._cuda = self.device.type == "cuda"
         self._stream = torch.cuda.Stream(self.device) if self._cuda else None
         self.pinned_copy = pinned_copy
@@ -184,7 +186,14 @@ class Vocoder:
     # ---- loop thread ------------------------------------------------------------------------------
     def decode(self, slots: list[int], codes: np.ndarray, deliveries: list[Delivery]) -> None:
         """codes: int64 [b, n, K] for the streams in `slots` (one row each)."""
+        self.frames_queued += sum(d.frames for d in deliveries)
         self._q.put(("decode", slots, codes, deliveries))
+
+    @property
+    def backlog(self) -> int:
+        """Frames queued for decoding and not decoded yet (goodput admission: the codec has fallen behind). Two
+        counters, each written by one thread only, so no lock."""
+        return max(0, self.frames_queued - self.frames_done)
 
     def reset(self, slot: int) -> None:
         self._q.put(("reset", slot))
@@ -328,6 +337,9 @@ class Vocoder:
                     if kind == "decode":
                         for d in cmd[3]:
                             d.stream.finish(RuntimeError(f"audio decoding failed: {type(e).__name__}: {e}"))
+                finally:
+                    if kind == "decode":  # a merged command carries the deliveries of every decode it took
+                        self.frames_done += sum(d.frames for d in cmd[3])
 
     def _finish(self, cmd: tuple) -> None:
         # counted before the stream ends: whoever waits on the stream then sees the count that includes it (the

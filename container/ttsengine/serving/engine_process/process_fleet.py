@@ -84,10 +84,13 @@ class ProcessFleet:
             if self.failure:
                 raise EngineDown(self.failure)
             raise BusyError("no engine is ready yet; retry shortly")
+        refusals: list[BusyError] = []
         for member in order:
             try:
                 return member.submit(request, ignore_stop=ignore_stop, abandoned=abandoned)
-            except (BusyError, EngineDown):  # full, or went down since route(): the next one
+            except BusyError as e:  # full: the next one
+                refusals.append(e)
+            except EngineDown:  # went down since route(): the next one
                 continue
         with self._lock:
             self.rejected += 1
@@ -98,7 +101,7 @@ class ProcessFleet:
             except EngineDown:
                 continue
             running, waiting = running + total.running, waiting + total.waiting
-        raise busy(len(order), running, waiting)
+        raise busy(len(order), running, waiting, refusals)
 
     def synthesize(self, request: SynthesisRequest):
         return self.submit(request).result()

@@ -1,0 +1,86 @@
+"""Goodput admission: a new stream is taken only while the engine expects every admitted stream to stay at least
+`rtf` x real time (TTS_ADMIT_RTF; issue 50). Past that, a listener is better served by a 503 and Retry-After than
+by a stream that stutters, and so are the streams already playing.
+
+Two tests, from what the engine measured itself (no constants of a GPU):
+- the step: each loop iteration makes one frame for every decoding stream, so with N streams the decode step at
+  N's batch bucket must take at most frame_seconds / rtf. Its time comes from PrefillBudget's table (iterations
+  without prefill, per bucket). A bucket not timed yet takes the nearest timed one above it, else the largest
+  timed one B scaled by bucket / B: a step costs a fixed part plus a part per row, so the scaled time bounds it
+  from above. Scaling by more than TRUSTED_SCALE is not trusted (a 1-row step says little about 256 rows): past
+  it the estimate stays at the scaled time there, so mostly the slots decide, as without this gate. A step is
+  never faster with more rows: the slowest timed bucket at or below is a floor (timings are noisy).
+- the codec: it turns frames into audio on its own thread. When the frames sent to it and not yet decoded exceed
+  BACKLOG_CHUNKS of the largest audio chunk per running stream, it is behind already: nothing more goes in until
+  it catches up.
+Pure Python; the tables are written by the loop thread and read here on the API threads (a dict copy is atomic
+under the GIL).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+ADMIT_RTF = 1.2  # TTS_ADMIT_RTF=auto on a GPU: the issue's floor for every stream; a CPU is never real time: off
+BACKLOG_CHUNKS = 3  # codec frames waiting per running stream, in largest chunks, that mean it has fallen behind
+TRUSTED_SCALE = 2  # a timed bucket predicts buckets up to this many times its size
+AT_CAPACITY = "the engine is at capacity: "  # how such a refusal begins (a BusyError: 503, Retry-After)
+
+
+@dataclass
+class Goodput:
+    rtf: float  # every stream at least this x real time; 0: off (slots alone decide)
+    frame_seconds: float  # one frame of audio
+    bucket: Callable[[int], int]  # streams -> the decode step's batch bucket
+    step_seconds: Mapping[int, float]  # PrefillBudget.step_seconds: a decode step per bucket (the loop writes it)
+    codec_backlog: Callable[[], int]  # frames sent to the codec and not yet decoded
+    chunk_frames: int  # the largest audio chunk
+
+    def refuses(self, streams: int, running: int) -> str | None:
+        """Why `streams` decoding together (the running ones, the admitted waiting ones and the new one, at most
+        the slots) would fall below rtf x real time; None when they would not (or nothing says so yet)."""
+        if self.rtf <= 0:
+            return None
+        step = self.predicted_step(streams)
+        budget = self.frame_seconds / self.rtf
+        if step is not None and step > budget:
+            count = f"{streams} stream{'s' if streams != 1 else ''}"
+            return (f"a step for {count} would take {step * 1e3:.3g} ms, over the {budget * 1e3:.3g} ms that keep "
+                    f"each at {self.rtf:g}x real time")
+        backlog = self.codec_backlog()
+        if running and backlog > BACKLOG_CHUNKS * self.chunk_frames * running:
+            return f"the codec is {backlog} frames behind the {running} running streams"
+        return None
+
+    def predicted_step(self, streams: int) -> float | None:
+        """Seconds of a decode step for `streams` rows, from the timed buckets; None when none predicts it."""
+        timed = dict(self.step_seconds)  # one consistent copy while the loop thread writes
+        if not timed or streams <= 0:
+            return None
+        bucket = self.bucket(streams)
+        # a step is never faster with more rows: the slowest timed bucket at or below this one is a floor
+        floor = max((t for b, t in timed.items() if b <= bucket), default=None)
+        if bucket in timed:
+            return timed[bucket]
+        above = [b for b in timed if b > bucket]
+        if above:
+            return timed[min(above)]
+        largest = max(timed)
+        # scaled from the largest timed bucket, but not past TRUSTED_SCALE times it: beyond, the estimate stays what
+        # it is there (never lower, so refusals stay monotone in streams: the router's search relies on it)
+        return max(floor or 0.0, timed[largest] * min(bucket / largest, TRUSTED_SCALE))
+
+    def room(self, streams: int, running: int, slots: int) -> int:
+        """How many more streams may join the `streams` admitted (at most the free slots): the router's hint."""
+        free = max(0, slots - streams)
+        if self.rtf <= 0 or free == 0 or self.refuses(slots, running) is None:
+            return free
+        lo, hi = 0, free  # refuses() is monotone in streams: the largest n with streams + n admitted
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            if self.refuses(streams + mid, running) is None:
+                lo = mid
+            else:
+                hi = mid - 1
+        return lo

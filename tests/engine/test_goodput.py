@@ -1,0 +1,77 @@
+"""Goodput admission's rule (engine/control/goodput.py, issue 50) as a table: which stream counts it refuses from
+measured step times per bucket and the codec's backlog, and the room it reports to the router. Pure Python."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from ttsengine.engine.control.goodput import BACKLOG_CHUNKS, Goodput
+
+FRAME = 1 / 21.5  # seconds of audio per frame
+BUDGET = FRAME / 1.2  # the step that keeps each stream at 1.2x real time: 38.8 ms
+BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+
+
+def bucket(n: int) -> int:
+    return next(b for b in BUCKETS if b >= n)
+
+
+def gate(steps: dict[int, float], rtf: float = 1.2, backlog: int = 0) -> Goodput:
+    return Goodput(rtf, FRAME, bucket, steps, lambda: backlog, chunk_frames=8)
+
+
+def test_nothing_measured_or_off_refuses_nothing():
+    assert gate({}).refuses(256, 0) is None
+    assert gate({256: 1.0}, rtf=0).refuses(256, 200) is None  # TTS_ADMIT_RTF=0
+    assert gate({256: 1.0}, rtf=0, backlog=10**6).refuses(256, 200) is None
+
+
+@pytest.mark.parametrize("steps, streams, refused", [
+    ({64: 0.020}, 64, False),  # timed, under the budget
+    ({64: 0.040}, 64, True),  # timed, over it
+    ({64: 0.040}, 33, True),  # 33 streams run in bucket 64
+    ({32: 0.015, 128: 0.045}, 64, True),  # untimed 64: the nearest timed bucket above (45 ms) bounds it
+    ({32: 0.015, 128: 0.030}, 64, False),
+    ({128: 0.025}, 256, True),  # beyond the largest, within 2x: scaled, 25 x 256 / 128 = 50 ms: over
+    ({128: 0.018}, 256, False),  # 36 ms: under
+    ({128: 0.020}, 256, True),  # 40 ms: over
+    ({4: 0.010}, 256, False),  # 64x the largest timed bucket: its 2x (20 ms) stands, the slots decide
+    ({4: 0.020}, 256, True),  # ... and refuses when that is over the budget already (as at 8 streams)
+    ({4: 0.050}, 256, True),  # but a smaller bucket already slower than the budget is a floor
+])
+def test_the_step_rule(steps, streams, refused):
+    why = gate(steps).refuses(streams, running=streams - 1)
+    assert (why is not None) == refused, why
+    if why:
+        assert f"a step for {streams} streams would take" in why and "38.8 ms that keep each at 1.2x real time" in why
+
+
+def test_the_codec_backlog_rule():
+    limit = BACKLOG_CHUNKS * 8 * 10  # 10 running streams, chunks of 8 frames
+    assert gate({}, backlog=limit).refuses(11, 10) is None
+    why = gate({}, backlog=limit + 1).refuses(11, 10)
+    assert why == f"the codec is {limit + 1} frames behind the 10 running streams"
+    assert gate({}, backlog=10**6).refuses(1, 0) is None  # nothing running: a backlog of ended streams only
+
+
+def test_room_is_the_largest_count_admitted():
+    g = gate({16: 0.010, 32: 0.030, 64: 0.045})  # 33..64 streams would be too slow
+    assert g.room(20, 20, 256) == 12  # up to 32 in all
+    assert g.room(40, 40, 256) == 0
+    assert gate({64: 0.010}).room(10, 10, 64) == 54  # every free slot
+    assert gate({64: 0.010}, rtf=0).room(10, 10, 64) == 54
+    assert gate({}, backlog=10**6).room(10, 10, 64) == 0  # the codec is behind: nothing
+
+
+def test_refusal_is_monotone_in_streams():
+    """What the router's binary search relies on: once n streams are refused, so are n + 1."""
+    rng = random.Random(5)
+    for _ in range(300):
+        fixed, per_row = rng.uniform(0.001, 0.02), rng.uniform(0.00001, 0.0005)
+        # noisy timings: a larger bucket may have been timed faster than a smaller one
+        timed = {b: fixed + per_row * b * rng.uniform(0.7, 1.3) for b in rng.sample(BUCKETS, rng.randint(1, 5))}
+        g = gate(timed)
+        verdicts = [g.refuses(n, n - 1) is not None for n in range(1, 257)]
+        assert verdicts == sorted(verdicts), (timed, verdicts.index(True))
