@@ -316,9 +316,10 @@ def test_each_dataclass_is_described_by_its_table():
         assert {f.name for f in fields(cls)} == {v.field for v in table} | internal, cls.__name__
     names = [v.name for table in TABLES for v in table]
     shared = {n for n in names if names.count(n) > 1}
-    # one Var in two tables each: stored voices, the SIGTERM drain and how requests are read, for the servers
-    # and RunPod
-    assert shared == {"TTS_DATA_DIR", "TTS_DRAIN_SECONDS", "TTS_VOICE_ALIASES", "TTS_STRICT_FIELDS"}
+    # one Var in two tables each: stored voices, the SIGTERM drain, how requests are read and when work is taken
+    # (settled), for the servers and RunPod
+    assert shared == {"TTS_DATA_DIR", "TTS_DRAIN_SECONDS", "TTS_VOICE_ALIASES", "TTS_STRICT_FIELDS",
+                      "TTS_READY_WHEN", "TTS_READY_MAX_WAIT"}
     for name in shared:
         assert len({id(v) for table in TABLES for v in table if v.name == name}) == 1
 

@@ -499,6 +499,14 @@ VOICE_ALIASES = Var("TTS_VOICE_ALIASES", "voice_aliases", Kind(_pairs, "NAME=VOI
 STRICT_FIELDS = Var("TTS_STRICT_FIELDS", "strict_fields", toggle(auto=False),
                     "on: an unknown request field is a 400 | auto (= off): it is ignored and named (HTTP and serve: "
                     "X-Ignored-Fields; RunPod: ignored_fields in the output)")
+READY_WHEN = Var("TTS_READY_WHEN", "ready_when", choice("settled", "serving"),
+                 "when /ready (and SageMaker's /ping) says 200, and a RunPod worker or SageMaker's model_fn starts "
+                 "taking work: settled (default) once the engines have captured every CUDA graph left for later, so a "
+                 "burst sent then is served at full speed | serving: as soon as an engine serves (sooner, but the "
+                 "first burst pays the captures)")
+READY_MAX_WAIT = Var("TTS_READY_MAX_WAIT", "ready_max_wait", positive_number(),
+                     "seconds settled may hold /ready (RunPod: the first job) back after the first engine serves; then "
+                     "200 with graphs_pending > 0, the rest captured at first use (default 120)")
 DRAIN_SECONDS = Var("TTS_DRAIN_SECONDS", "drain_seconds", integer(0, 3600),
                     "on SIGTERM: seconds the requests (RunPod: jobs) in flight may take to finish while new ones "
                     "get 503 (default 30; 0 cuts them at once); a second signal cuts them too")
@@ -552,13 +560,8 @@ SERVER_VARS = (
     Var("TTS_LIVE_SEND_BUFFER", "live_send_buffer", integer(1024),
         "bytes of audio a live WebSocket may hold for a client that does not read it; past them the session is "
         "cancelled and the socket closed (1008; default 8388608)"),
-    Var("TTS_READY_WHEN", "ready_when", choice("settled", "serving"),
-        "when /ready (and SageMaker's /ping) says 200: settled (default) once the engines have captured every CUDA "
-        "graph left for later, so a burst sent then is served at full speed | serving: as soon as an engine serves "
-        "(sooner, but the first burst pays the captures)"),
-    Var("TTS_READY_MAX_WAIT", "ready_max_wait", positive_number(),
-        "seconds settled may hold /ready back after the first engine serves; then 200 with graphs_pending > 0 "
-        "(default 120)"),
+    READY_WHEN,
+    READY_MAX_WAIT,
     Var("TTS_TRACE_CHUNKS", "trace_chunks", toggle(auto=False),
         "on: /metrics adds each audio piece's time from the engine to the socket and the CPU per thread (default off)",
         dev=True),
@@ -601,6 +604,8 @@ class RunPodConfig:
     drain_seconds: int = 30  # on SIGTERM: the jobs in flight get this long, then end with an error item
     voice_aliases: tuple[tuple[str, str], ...] = ()  # as ServerConfig's: the same bodies work on every adapter
     strict_fields: bool = False
+    ready_when: str = "settled"  # as ServerConfig's: the worker takes jobs once the lazy graphs are captured
+    ready_max_wait: float = 120.0
 
     @staticmethod
     def from_env(env: Mapping[str, str] | None = None, defaults: Mapping[str, object] | None = None) -> RunPodConfig:
@@ -620,6 +625,8 @@ RUNPOD_VARS = (
     DRAIN_SECONDS,
     VOICE_ALIASES,
     STRICT_FIELDS,
+    READY_WHEN,
+    READY_MAX_WAIT,
     Var("RUNPOD_WEBHOOK_POST_OUTPUT", "progress_updates", PRESENT,
         "set by RunPod's job queue (not its local test API): progress updates have somewhere to go"),
 )

@@ -75,8 +75,10 @@ def _statuses(fn):
 @_statuses
 def model_fn(model_dir: str) -> Service:
     """Loads the model directory onto the GPU (CPU without one) and warms the engine up."""
-    _settings()  # a bad TTS_VOICE_ALIASES / TTS_STRICT_FIELDS fails the load, not the first request
-    return service_for(from_env(model_dir=Path(model_dir))).load()
+    server = _settings()  # a bad TTS_VOICE_ALIASES / TTS_STRICT_FIELDS fails the load, not the first request
+    service = service_for(from_env(model_dir=Path(model_dir))).load()
+    service.settle(server.ready_when, server.ready_max_wait)  # the toolkit's /ping says 200 once model_fn returns
+    return service
 
 
 @_statuses

@@ -24,8 +24,8 @@ export TTS_DATA_DIR
 LOG=$(mktemp)
 rm -rf models/tiny  # a fresh clone has none; a rerun in the same clone fetches it again
 echo "no-docker: README: $serve_line   (TTS_PORT=$TTS_PORT)"
-eval "$serve_line" >"$LOG" 2>&1 &
-PID=$!
+bash -c "$serve_line" >"$LOG" 2>&1 &  # one simple command: bash execs it, so $! is the server (eval in a
+PID=$!                                 # background subshell left the server running past the trap's kill)
 trap 'kill $PID 2>/dev/null || true; wait $PID 2>/dev/null || true; rm -f "$LOG"' EXIT
 python - "$TTS_PORT" "$PID" <<'PY' || { echo "no-docker: the server failed; its log:" >&2; tail -30 "$LOG" >&2; exit 1; }
 import io, sys, time, wave

@@ -129,3 +129,33 @@ def test_engine_loader_fetches_the_model_first_only_with_a_source(monkeypatch, t
     assert calls == [("load",), ("load",)]
     engine_loader(config, DownloadConfig(hf_token="t", model_source="hf://a/b"))()
     assert calls[2:] == [("fetch", tmp_path, "hf://a/b", "t"), ("load",)]
+
+
+class CapturingEngine(FakeEngine):
+    """An engine still capturing lazily made CUDA graphs: `pending` of them, one fewer each stats() call."""
+
+    def __init__(self, pending: int):
+        super().__init__()
+        self.pending = pending
+
+    def stats(self) -> FleetStats:
+        now, self.pending = self.pending, max(0, self.pending - 1)
+        return EngineStats.sum([EngineStats(device="cuda:0", codec_device="cuda:0", state="ready",
+                                            graphs_pending=now)])
+
+
+def test_settle_waits_for_the_graphs_as_ready_does():
+    """RunPod's worker and SageMaker's model_fn take work once load() returns: settle() holds them while /ready
+    would say "warming" (issue 44), and not past TTS_READY_MAX_WAIT, nor at all with TTS_READY_WHEN=serving."""
+    engine = CapturingEngine(pending=3)
+    svc = Service(lambda: engine, None).load()
+    svc.settle("settled", 60, poll=0.01)
+    assert engine.pending == 0 and svc.warming("settled", 60) == 0
+    engine = CapturingEngine(pending=1000)
+    svc = Service(lambda: engine, None).load()
+    t0 = time.monotonic()
+    svc.settle("settled", 0.2, poll=0.01)  # a server under load captures the rest at first use
+    assert 0.15 < time.monotonic() - t0 < 5 and engine.pending > 0
+    engine = CapturingEngine(pending=1000)
+    svc = Service(lambda: engine, None).load()
+    assert svc.settle("serving", 60, poll=0.01) < 0.1 and engine.pending == 1000

@@ -165,6 +165,18 @@ class Service:
             return 0
         return sum(e.graphs_pending for e in engines if e.state == "ready")
 
+    def settle(self, when: str, max_wait: float, poll: float = 0.5) -> float:
+        """For adapters that start taking work themselves once loaded (RunPod's worker, SageMaker's model_fn): waits
+        while warming() says graphs are pending, as /ready would answer 503 -> seconds waited."""
+        start, said = time.monotonic(), None
+        while pending := self.warming(when, max_wait):
+            if pending != said:
+                log.info("%d CUDA graph(s) left to capture before taking work (TTS_READY_WHEN=settled, at most "
+                         "TTS_READY_MAX_WAIT=%gs)", pending, max_wait)
+                said = pending
+            time.sleep(poll)
+        return time.monotonic() - start
+
     def health(self, stats: FleetStats | None = None) -> dict:
         """status ok | degraded (an engine is out of service or still warming up) | loading | failed, with each
         engine's device and state once loaded. An engine's error is one public line (errors.py: engine_failed);
