@@ -4,8 +4,9 @@
 
 Each snippet block is executed with its BASE replaced by the URL; then every TTS object it made speaks a few
 sentences: LiveKit's through stream() (or synthesize() for OpenAI's), with no room; Pipecat's in a two-processor
-pipeline (TTSSpeakFrame in, audio frames counted), with no transport. Prints seconds of audio and the rate per
-service; exits 1 when one made no audio or failed. Needs the framework installed in the running interpreter
+pipeline (TTSSpeakFrame in, audio frames counted), with no transport. Prints one line per service: seconds of audio,
+the rate, and any error (a service that fails does not stop the others); exits 1 when one made no audio or failed.
+scripts/ci/agents.sh runs it in CI. Needs the framework installed in the running interpreter
 (livekit-agents with the fishaudio, elevenlabs and openai plugins; pipecat-ai[elevenlabs,fish,openai]) and, for the
 Fish services, a stored voice `alice` on the server.
 """
@@ -36,19 +37,33 @@ async def livekit(url: str) -> dict:
         for name, tts in snippet("livekit", url).items():
             if hasattr(tts, "_session"):
                 tts._session = http  # outside a LiveKit job: the session an agent's job would give it
-            if tts.capabilities.streaming:
-                stream = tts.stream()
-                for piece in TEXT:
-                    stream.push_text(piece)
-                stream.end_input()
-                events = [ev async for ev in stream]
-                await stream.aclose()
-            else:
-                events = [ev async for ev in tts.synthesize("".join(TEXT))]
+            try:
+                events = await asyncio.wait_for(speak(tts), 120)
+            except Exception as e:  # noqa: BLE001 - reported as this service's result; the others still run
+                results[name] = (0.0, None, one_line(e))
+                continue
             samples = sum(ev.frame.samples_per_channel for ev in events)
             results[name] = (samples / events[-1].frame.sample_rate if events else 0.0,
                              events[-1].frame.sample_rate if events else None)
     return results
+
+
+async def speak(tts) -> list:
+    """A LiveKit TTS object's audio events for TEXT: stream() with the text in pieces, or synthesize()."""
+    if not tts.capabilities.streaming:
+        return [ev async for ev in tts.synthesize("".join(TEXT))]
+    stream = tts.stream()
+    try:
+        for piece in TEXT:
+            stream.push_text(piece)
+        stream.end_input()
+        return [ev async for ev in stream]
+    finally:
+        await stream.aclose()
+
+
+def one_line(e: BaseException) -> str:
+    return f"{type(e).__name__}: {' '.join(str(e).split())}"[:300]
 
 
 async def pipecat(url: str) -> dict:
@@ -75,9 +90,16 @@ async def pipecat(url: str) -> dict:
     for name, tts in snippet("pipecat", url).items():
         count = Count()
         task = PipelineTask(Pipeline([tts, count]), params=PipelineParams(audio_out_sample_rate=24000))
+        # a service's errors go upstream, to the task, not to the processor after it
+        task.add_event_handler("on_pipeline_error", lambda _task, frame, c=count: c.errors.append(frame.error))
         await task.queue_frames([TTSSpeakFrame("".join(TEXT)), EndFrame()])
-        await asyncio.wait_for(PipelineRunner(handle_sigint=False).run(task), 120)
-        results[name] = (count.samples / count.rate if count.rate else 0.0, count.rate, *count.errors)
+        try:
+            await asyncio.wait_for(PipelineRunner(handle_sigint=False).run(task), 120)
+        except Exception as e:  # noqa: BLE001 - reported as this service's result; the others still run
+            count.errors.append(one_line(e))
+        errors = dict.fromkeys(" ".join(str(e).split()) for e in count.errors)  # each once (the retries repeat them)
+        results[name] = (count.samples / count.rate if count.rate else 0.0, count.rate,
+                         *(["; ".join(errors)] if errors else []))
     return results
 
 
