@@ -430,6 +430,7 @@ class ServerConfig:
     # serving/network/body_limit.py); 0 switches each off
     idle_timeout: float = 5.0  # a connection with no request under way: a new one, or one between requests
     header_timeout: float = 10.0  # from a request's first byte to the end of its headers
+    max_connections: int = 0  # open at once (WebSockets too); past it a new one gets a 503; 0 = the fd limit - 256
     body_min_rate: float = 1024.0  # bytes/s a request body must average once body_rate_grace has passed
     body_rate_grace: float = 10.0
     body_timeout: float = 600.0  # a whole request body, however fast it arrives
@@ -544,6 +545,10 @@ SERVER_VARS = (
     Var("TTS_HEADER_TIMEOUT", "header_timeout", number_or_off(),
         "seconds from a request's first byte to the end of its headers; then 408 and the connection is closed "
         "(default 10; 0: no limit)"),
+    Var("TTS_MAX_CONNECTIONS", "max_connections", integer(0, 1 << 24, note=" (0 = auto)"),
+        "connections open at once, WebSockets included; a new one past it is answered 503 (JSON, Retry-After) and "
+        "closed before its request is read, so a flood cannot take the descriptors the server needs for its own "
+        "files; 0 (default) = the process's file-descriptor limit less 256"),
     Var("TTS_BODY_MIN_RATE", "body_min_rate", number_or_off("bytes per second"),
         "bytes per second a request body must average from when the server starts reading it, once "
         "TTS_BODY_RATE_GRACE has passed; slower is a 408 (default 1024; 0: no minimum)"),

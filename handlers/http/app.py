@@ -82,7 +82,8 @@ def create_app(server: ServerConfig, engine_config: EngineConfig,
 
 
 def body_error_kind(status: int) -> str:
-    return "too_large" if status == 413 else "invalid_request_error"  # 408: the headers or body came too slowly
+    """413 too large; 503 too many connections open; 408 (the headers or body came too slowly) and the rest."""
+    return {413: "too_large", 503: "server_busy"}.get(status, "invalid_request_error")
 
 
 def openapi(app: FastAPI) -> dict:

@@ -15,7 +15,7 @@ from urllib.parse import urlparse
 import httpx
 import pytest
 from test_drain import start_serve
-from test_http import start_server, stop, wait_ready
+from test_http import server_log, start_server, stop, wait_ready
 
 IDLE, HEADER, GRACE, MIN_RATE = 1.0, 2.0, 1.0, 1024
 DEADLINES = {"TTS_IDLE_TIMEOUT": str(IDLE), "TTS_HEADER_TIMEOUT": str(HEADER), "TTS_BODY_RATE_GRACE": str(GRACE),
@@ -169,3 +169,44 @@ def test_serve_cuts_slow_headers_and_slow_bodies_too(tmp_path):
     finally:
         proc.terminate()
         proc.wait(timeout=20)
+
+
+def _until_answer(url: str, path: str, status: int, timeout: float = 20) -> httpx.Response:
+    end = time.monotonic() + timeout
+    while True:
+        r = httpx.get(url + path, timeout=10)
+        if r.status_code == status or time.monotonic() > end:
+            return r
+        time.sleep(0.05)
+
+
+@pytest.mark.parametrize("adapter", ["http", "serve"])
+def test_connections_past_the_cap_get_a_json_503_and_a_websocket_counts_until_it_closes(tmp_path, adapter):
+    # issue 50: no cap on open connections let a flood take every file descriptor. TTS_MAX_CONNECTIONS=3: three idle
+    # sockets held open (no idle timeout here), and the fourth connection is answered 503 before its request is read
+    env = {"TTS_MAX_CONNECTIONS": "3", "TTS_IDLE_TIMEOUT": "0"}
+    proc, url = start_serve(tmp_path, **env) if adapter == "serve" else start_server(tmp_path, **env)
+    health = "/ping" if adapter == "serve" else "/health"
+    try:
+        if adapter == "http":
+            wait_ready(url, proc)
+        held = [connect(url) for _ in range(3)]
+        r = _until_answer(url, health, 503)
+        assert r.status_code == 503 and r.headers["retry-after"] == "1", r.text
+        error = r.json()["error"]
+        assert error["message"] == "the server has 3 connections open (TTS_MAX_CONNECTIONS=3); retry shortly"
+        assert error["code"] == 503 and error.get("type", "server_busy") == "server_busy", error
+        held.pop().close()  # one leaves: the next connection is served
+        assert _until_answer(url, health, 200).status_code == 200
+        if adapter == "http":  # a WebSocket is counted as long as it is open, after its upgrade too
+            from websockets.sync.client import connect as ws_connect
+
+            with ws_connect(url.replace("http", "ws") + "/v1/tts/live"):
+                assert _until_answer(url, health, 503).status_code == 503  # 2 held + the socket
+            assert _until_answer(url, health, 200).status_code == 200
+        for s in held:
+            s.close()
+    finally:
+        stop(proc)
+    log = (tmp_path / "serve.log").read_text() if adapter == "serve" else server_log(proc)
+    assert "refused a connection from" in log and "Traceback" not in log

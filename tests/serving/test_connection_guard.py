@@ -76,3 +76,23 @@ def test_headers_in_time_are_served_and_the_next_request_is_timed_afresh(port):
             time.sleep(IDLE * 0.6)  # within the keep-alive
             s.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
             assert s.recv(65536).startswith(b"HTTP/1.1 200")
+
+
+def test_the_automatic_connection_cap_raises_the_soft_fd_limit_first():
+    """TTS_MAX_CONNECTIONS=0 on a host that starts processes at a low soft limit: the soft limit goes up to the hard
+    one and the cap is that less FD_RESERVE, not 1024 - 256 (which would refuse a GPU's 1,000 streams)."""
+    import resource
+    import subprocess
+    import sys
+
+    _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard == resource.RLIM_INFINITY or hard < 2048:
+        pytest.skip(f"this machine's hard open-file limit is {hard}: nothing to raise the soft one to")
+    code = ("import resource; from ttsengine.serving.network.connection_guard import FD_RESERVE, "
+            "auto_max_connections as a; cap = a(); print(cap, resource.getrlimit(resource.RLIMIT_NOFILE)[0], "
+            "FD_RESERVE)")
+    out = subprocess.run(["bash", "-c", f"ulimit -Sn 300 && {sys.executable} -c '{code}'"], capture_output=True,
+                         text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    cap, soft, reserve = map(int, out.stdout.split())
+    assert soft == min(hard, 1 << 20) and cap == soft - reserve

@@ -17,10 +17,11 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import resource
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-from ...errors import InputError
+from ...errors import InputError, TTSError
 
 log = logging.getLogger(__name__)
 
@@ -31,11 +32,55 @@ class HeaderTimeout(InputError):
     status = 408
 
 
+class TooManyConnections(TTSError):
+    """TTS_MAX_CONNECTIONS connections are open: a new one is answered 503 and closed."""
+
+    status = 503
+
+
+FD_RESERVE = 256  # file descriptors kept for what is not a connection: model and voice files, engine processes'
+# pipes, audio encoders, downloads
+
+
+def auto_max_connections() -> int:
+    """TTS_MAX_CONNECTIONS=0, at a server's start: the process's file-descriptor limit less FD_RESERVE (at least
+    64), so a flood of connections gets 503s before the server runs out of descriptors for its own files. The soft
+    limit is raised to the hard one first (many hosts start processes at 1024 soft, which would cap a GPU serving
+    1,000 streams below its slots)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    want = min(hard, 1 << 20) if hard != resource.RLIM_INFINITY else 1 << 20
+    if soft != resource.RLIM_INFINITY and soft < want:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
+            soft = want
+        except (ValueError, OSError) as e:  # a sandbox may forbid it: the limit stays, and so does the cap's share
+            log.info("could not raise the open-file limit from %d to %d: %s", soft, want, e)
+    return max(64, soft - FD_RESERVE) if soft != resource.RLIM_INFINITY else 1 << 20
+
+
+@dataclass
+class OpenConnections:
+    """The server's open connections (the event loop's thread alone counts them: no lock)."""
+
+    count: int = 0
+    refused: int = 0
+
+
 @dataclass(frozen=True)
 class Deadlines:
     idle: float = 0.0  # seconds a new connection may wait before its first byte; 0: no limit
     header: float = 0.0  # seconds from a request's first byte to the end of its headers; 0: no limit
-    reply: Callable[[InputError], dict] = lambda e: {"error": {"message": str(e), "code": e.status}}
+    reply: Callable[[TTSError], dict] = lambda e: {"error": {"message": str(e), "code": e.status}}
+    max_connections: int = 0  # open at once, WebSockets included; past it a new one gets a 503; 0: no limit
+    open: OpenConnections = field(default_factory=OpenConnections)
+
+    def too_many(self) -> bytes:
+        """The whole 503 for a connection past max_connections, written before any request is read."""
+        busy = TooManyConnections(f"the server has {self.open.count} connections open (TTS_MAX_CONNECTIONS="
+                                  f"{self.max_connections}); retry shortly")
+        data = json.dumps(self.reply(busy), separators=(",", ":")).encode()
+        return (b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\nretry-after: 1\r\n"
+                b"content-length: %d\r\nconnection: close\r\n\r\n" % len(data)) + data
 
     def late_headers(self) -> bytes:
         """The whole 408 response, written straight to the transport (there is no request for the app to answer)."""
@@ -56,15 +101,30 @@ class ConnectionGuard(asyncio.Protocol):
         self.timer: asyncio.TimerHandle | None = None
         self.head_of: object | None = None  # while headers are timed: the request in progress when they began
         self.timing_head = False
+        self.refused = False  # over max_connections: answered 503 and closed, nothing forwarded
 
     # ---- asyncio.Protocol, forwarded ----
     def connection_made(self, transport) -> None:
         self.transport = transport
+        limits = self.deadlines
+        if limits.max_connections and limits.open.count >= limits.max_connections:
+            self.refused = True
+            limits.open.refused += 1
+            if limits.open.refused in (1, 10, 100) or limits.open.refused % 1000 == 0:  # a flood: a few lines
+                log.warning("refused a connection from %s: %d open (TTS_MAX_CONNECTIONS=%d); %d refused so far",
+                            transport.get_extra_info("peername"), limits.open.count, limits.max_connections,
+                            limits.open.refused)
+            transport.write(limits.too_many())
+            transport.close()
+            return
+        limits.open.count += 1
         self.inner.connection_made(transport)
         if self.deadlines.idle:
             self._arm(self.deadlines.idle, self._idle)
 
     def data_received(self, data: bytes) -> None:
+        if self.refused:
+            return
         if not self.timing_head and self._between_requests():  # a request's first byte: its headers' clock starts
             self._disarm()  # the idle clock of a new connection, if it still runs
             if self.deadlines.header:
@@ -72,21 +132,39 @@ class ConnectionGuard(asyncio.Protocol):
                 self.timing_head, self.head_of = True, self._request()
         self.inner.data_received(data)
         upgraded = self.transport.get_protocol() is not self  # to a WebSocket, which keeps its own timeouts
+        if upgraded:
+            self._count_until_lost(self.transport.get_protocol())
         if upgraded or (self.timing_head and self._request() is not self.head_of):  # or the headers are complete
             self._disarm()
 
     def eof_received(self) -> bool | None:
-        return self.inner.eof_received()
+        return None if self.refused else self.inner.eof_received()
 
     def connection_lost(self, exc: Exception | None) -> None:
+        if self.refused:
+            return
         self._disarm()
+        self.deadlines.open.count -= 1
         self.inner.connection_lost(exc)
 
     def pause_writing(self) -> None:
-        self.inner.pause_writing()
+        if not self.refused:
+            self.inner.pause_writing()
 
     def resume_writing(self) -> None:
-        self.inner.resume_writing()
+        if not self.refused:
+            self.inner.resume_writing()
+
+    def _count_until_lost(self, protocol: asyncio.BaseProtocol) -> None:
+        """The connection became a WebSocket: its protocol, not this one, hears of its end. It stays counted until
+        then (the count moves with the connection: this protocol's own connection_lost will not come)."""
+        lost, opened = protocol.connection_lost, self.deadlines.open
+
+        def connection_lost(exc: Exception | None) -> None:
+            opened.count -= 1
+            lost(exc)
+
+        protocol.connection_lost = connection_lost  # an instance attribute: this connection's protocol only
 
     # ---- the deadlines ----
     def _request(self) -> object | None:
