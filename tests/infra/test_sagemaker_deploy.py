@@ -4,8 +4,6 @@ moto cannot run the container, so the tests check the calls and the parameters i
 from __future__ import annotations
 
 import copy
-import os
-import shutil
 import subprocess
 import sys
 import time
@@ -331,39 +329,6 @@ def test_cli_errors_are_one_line(aws, tmp_path):
     noregion["AWS_DEFAULT_REGION"] = ""
     proc = run_cli("infra.sagemaker.deploy", "delete", "--name", "x", env=noregion)
     assert proc.returncode == 1 and "no AWS region" in proc.stderr
-
-
-def test_cloudformation_template_passes_cfn_lint():
-    from conftest import ROOT
-
-    exe = shutil.which("cfn-lint", path=os.pathsep.join([os.path.dirname(sys.executable), os.environ["PATH"]]))
-    if exe is None:
-        pytest.skip("cfn-lint is a dev dependency")
-    proc = subprocess.run([exe, str(ROOT / "infra" / "sagemaker" / "endpoint.yaml")], capture_output=True, text=True)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-
-
-def test_template_and_tool_create_the_same_resources():
-    """The template mirrors deploy(): same variant name, health-check timeout default, autoscaling metric."""
-    import yaml
-    from conftest import ROOT
-
-    class Loader(yaml.SafeLoader):
-        pass
-
-    Loader.add_multi_constructor("!", lambda loader, suffix, node: None)
-    t = yaml.load((ROOT / "infra" / "sagemaker" / "endpoint.yaml").read_text(), Loader=Loader)
-    (variant,) = t["Resources"]["EndpointConfig"]["Properties"]["ProductionVariants"]
-    assert variant["VariantName"] == dp.VARIANT
-    assert t["Parameters"]["StartupTimeoutSeconds"]["Default"] == dp.DeploySpec.startup_timeout_s
-    assert set(t["Parameters"]["InstanceType"]["AllowedValues"]) == set(dp.INSTANCE_TYPES)
-    policy = t["Resources"]["ScalingPolicy"]["Properties"]["TargetTrackingScalingPolicyConfiguration"]
-    assert policy["PredefinedMetricSpecification"]["PredefinedMetricType"] == dp.CONCURRENCY_METRIC
-    assert policy["ScaleInCooldown"] == dp.SCALE_IN_COOLDOWN_S and policy["ScaleOutCooldown"] == dp.SCALE_OUT_COOLDOWN_S
-    # the template's per-type targets are the tool's
-    assert {k: v["Target"] for k, v in t["Mappings"]["StreamTargets"].items()} == \
-        {name: dp.target_concurrency(name) for name in dp.INSTANCE_TYPES}
-    assert t["Resources"]["ScalableTarget"]["Properties"]["ScalableDimension"] == dp.SCALABLE_DIMENSION
 
 
 def test_ecr_repository_and_login_token(aws):
