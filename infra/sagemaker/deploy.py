@@ -28,7 +28,7 @@ from pathlib import Path
 
 from .. import TARGET_SHARE, share_of
 from . import autoscale, components, package
-from .autoscale import CONCURRENCY_METRIC, SCALE_IN_COOLDOWN_S, SCALE_OUT_COOLDOWN_S  # noqa: F401 - tests use them
+from .autoscale import CONCURRENCY_METRIC, SCALE_IN_COOLDOWN_S, SCALE_OUT_COOLDOWN_S  # noqa: F401 - plan, tests
 from .autoscale import VARIANT_DIMENSION as SCALABLE_DIMENSION  # noqa: F401
 from .components import VARIANT
 
