@@ -156,6 +156,8 @@ def check(spec: DeploySpec) -> None:
                           "finds none")
     if spec.max_instances and floor is not None and floor > spec.max_instances:
         raise DeployError(f"--min-instances {floor} is above --max-instances {spec.max_instances}")
+    if spec.max_instances:
+        scaling(spec)  # a type outside the table needs --target-concurrency: say so before creating anything
 
 
 def endpoint_config(spec: DeploySpec, config_name: str, model_name: str) -> dict:

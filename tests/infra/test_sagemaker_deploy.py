@@ -307,6 +307,7 @@ def test_realtime_scale_to_zero_hosts_an_inference_component(aws, tmp_path, reco
     (["--max-instances", "3", "--min-instances", "0"], "needs --scale-to-zero"),
     (["--max-instances", "2", "--min-instances", "3"], "above --max-instances"),
     (["--scale-to-zero", "--max-instances", "3", "--instance-type", "ml.x9.large"], "not in the instance table"),
+    (["--max-instances", "3", "--instance-type", "ml.x9.large"], "--target-concurrency"),
 ])
 def test_scaling_combinations_that_cannot_work_are_one_line(args, says, capsys):
     code = dp.main(["deploy", "--name", "x", "--image", "i", "--role", "r", "--model-data", "s3://b/m.tar.gz",
