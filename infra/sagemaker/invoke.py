@@ -1,8 +1,10 @@
-"""`python -m infra.sagemaker.invoke --name ENDPOINT --text "..." --out hello.wav [--stream]`
+"""`python -m infra.sagemaker.invoke --name ENDPOINT --text "..." --out hello.wav [--stream] [--component NAME]`
 
 Calls a deployed endpoint with boto3: invoke_endpoint (the whole file, Accept chosen from --out's
 extension), or with --stream invoke_endpoint_with_response_stream (JSON-lines records of base64 audio,
-written as they arrive; the first bytes land on disk while the rest is still being generated).
+written as they arrive; the first bytes land on disk while the rest is still being generated). An endpoint
+deployed real-time with --scale-to-zero hosts the model as an inference component, which each call names
+(--component ENDPOINT-tts); at zero copies it refuses calls until one has started (minutes): retry.
 """
 
 from __future__ import annotations
@@ -34,20 +36,20 @@ def records(parts: Iterable[bytes]) -> Iterator[dict]:
         yield json.loads(buf)
 
 
-def invoke(runtime, name: str, body: dict, out: Path, stream: bool) -> dict:
+def invoke(runtime, name: str, body: dict, out: Path, stream: bool, component: str | None = None) -> dict:
     fmt, accept = ACCEPT.get(out.suffix.lower(), (None, None))
     if fmt is None:
         raise ValueError(f"--out {out}: use one of {', '.join(ACCEPT)}")
     key = "response_format" if "input" in body else "format"
     body = {**body, key: fmt}
+    target = {"EndpointName": name, **({"InferenceComponentName": component} if component else {})}
     t0 = time.perf_counter()
     if not stream:
-        r = runtime.invoke_endpoint(EndpointName=name, ContentType="application/json", Accept=accept,
-                                    Body=json.dumps(body))
+        r = runtime.invoke_endpoint(**target, ContentType="application/json", Accept=accept, Body=json.dumps(body))
         data = r["Body"].read()
         out.write_bytes(data)
         return {"bytes": len(data), "seconds": round(time.perf_counter() - t0, 3)}
-    r = runtime.invoke_endpoint_with_response_stream(EndpointName=name, ContentType="application/json",
+    r = runtime.invoke_endpoint_with_response_stream(**target, ContentType="application/json",
                                                      Body=json.dumps({**body, "stream": True}))
     first, total, done = None, 0, {}
     parts = (event["PayloadPart"]["Bytes"] for event in r["Body"] if "PayloadPart" in event)
@@ -74,6 +76,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--stream", action="store_true", help="InvokeEndpointWithResponseStream")
     ap.add_argument("--seed", type=int)
     ap.add_argument("--reference-id", help="a stored voice")
+    ap.add_argument("--component", help="the inference component (deploy --scale-to-zero real-time: ENDPOINT-tts)")
     ap.add_argument("--region")
     ap.add_argument("--endpoint-url", help="SageMaker Runtime URL (local tests)")
     args = ap.parse_args(argv)
@@ -84,7 +87,7 @@ def main(argv: list[str] | None = None) -> int:
             **({"reference_id": args.reference_id} if args.reference_id else {})}
     try:
         runtime = boto3.client("sagemaker-runtime", region_name=args.region, endpoint_url=args.endpoint_url)
-        result = invoke(runtime, args.name, body, args.out, args.stream)
+        result = invoke(runtime, args.name, body, args.out, args.stream, args.component)
     except (ValueError, RuntimeError) as e:
         print(f"invoke: {e}", file=sys.stderr)
         return 1

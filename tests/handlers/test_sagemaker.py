@@ -244,6 +244,31 @@ def test_invoke_cli_through_sagemaker_runtime_api(serve, tmp_path):
     assert bad.returncode == 1 and "use one of" in bad.stderr and "Traceback" not in bad.stderr
 
 
+def test_invoke_names_the_inference_component(tmp_path):
+    """A real-time endpoint deployed with --scale-to-zero hosts the model as an inference component: each call
+    names it (InferenceComponentName); without --component none is named."""
+    import io
+
+    from infra.sagemaker.invoke import invoke
+
+    seen = []
+
+    class Runtime:
+        def invoke_endpoint(self, **kw):
+            seen.append(kw)
+            return {"Body": io.BytesIO(b"RIFF")}
+
+        def invoke_endpoint_with_response_stream(self, **kw):
+            seen.append(kw)
+            return {"Body": [{"PayloadPart": {"Bytes": b'{"done": true}\n'}}]}
+
+    invoke(Runtime(), "tts", {"text": "x"}, tmp_path / "a.wav", False, component="tts-tts")
+    invoke(Runtime(), "tts", {"text": "x"}, tmp_path / "b.wav", True, component="tts-tts")
+    invoke(Runtime(), "tts", {"text": "x"}, tmp_path / "c.wav", False)
+    assert [(kw["EndpointName"], kw.get("InferenceComponentName")) for kw in seen] == \
+        [("tts", "tts-tts"), ("tts", "tts-tts"), ("tts", None)]
+
+
 def test_stream_records_survive_any_payload_split():
     from infra.sagemaker.invoke import records
 
