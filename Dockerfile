@@ -60,6 +60,8 @@ RUN if [ "$BAKE_MODEL" = "1" ]; then \
         cp -r /opt/ml/baked/. /opt/ml/model/ && python3 -c "from ttsengine.serving.download import verify_model_dir; verify_model_dir('/opt/ml/model')"; \
     fi; rm -rf /opt/ml/baked
 EXPOSE 8080
+# SageMaker opens /invocations-bidirectional-stream (serve: Fish's live protocol) only for images that say so
+LABEL com.amazonaws.sagemaker.capabilities.bidirectional-streaming=true
 # by mode (read from PID 1's command line): http -> /health, serve -> /ping, runpod -> the worker is alive
 HEALTHCHECK --interval=30s --timeout=5s --start-period=600s --retries=3 CMD ["python3", "-m", "handlers.healthcheck"]
 ENTRYPOINT ["python3", "-m", "handlers"]

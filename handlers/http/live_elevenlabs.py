@@ -40,11 +40,11 @@ from ttsengine.serving.live.elevenlabs import (
     parse_settings,
     ulaw,
 )
+from ttsengine.serving.live.metrics import speaking
 from ttsengine.serving.live.outbox import Outbox, Overflow
 from ttsengine.serving.live.session import LiveSession, Segment
 
 from .live import origin_allowed
-from .live_metrics import speaking
 
 log = logging.getLogger("handlers.http")
 router = APIRouter()

@@ -8,7 +8,8 @@
 - with TTS_TRACE_CHUNKS=on only (ttsengine.serving.chunk_trace): each audio piece's stages from the engine to the
   transport (tts_trace_chunk_seconds by stage) and the process's CPU seconds per thread role
   (tts_trace_thread_cpu_seconds_total), for finding where the time goes under load;
-- LiveMetrics (live_metrics.py): the live WebSockets' sessions, segments, per-segment first audio and barge-in.
+- LiveMetrics (ttsengine/serving/live/metrics.py): the live WebSockets' sessions, segments, per-segment first
+  audio and barge-in.
 Labels are bounded: route templates (never a raw path), voice kinds (never a voice id).
 """
 
@@ -32,10 +33,10 @@ from prometheus_client.metrics_core import (
 from ttsengine import EngineStats, Stream
 from ttsengine.serving import chunk_trace
 from ttsengine.serving.delivery import Tally
+from ttsengine.serving.live.metrics import LiveMetrics
 from ttsengine.serving.protocol import SpeechJob
 from ttsengine.serving.service import Service
 
-from .live_metrics import LiveMetrics
 from .thread_cpu import thread_cpu
 
 log = logging.getLogger("handlers.http")

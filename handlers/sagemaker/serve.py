@@ -16,14 +16,18 @@ import json
 import logging
 import sys
 
-from fastapi import FastAPI, Request
+from fastapi import FastAPI, Request, WebSocket
 from fastapi.responses import JSONResponse, Response, StreamingResponse
+from prometheus_client import CollectorRegistry
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import ClientDisconnect
+from starlette.websockets import WebSocketState
 
 from ttsengine import SageMakerConfig, ServerConfig, TTSError, audio_bytes, audio_record, from_env, output_rate
 from ttsengine.serving.delivery import generated, unless_gone
 from ttsengine.serving.failure import failure
+from ttsengine.serving.live.fish_socket import FishConnection
+from ttsengine.serving.live.metrics import LiveMetrics
 from ttsengine.serving.network.body_limit import BodyLimit
 from ttsengine.serving.network.listen import HeadAsGet, port_problem
 from ttsengine.serving.protocol import ignored_header
@@ -82,6 +86,7 @@ def create_app(server: ServerConfig, service: Service) -> FastAPI:
         await run_in_threadpool(service.close)
 
     app = FastAPI(title="fish-tts-server (SageMaker)", lifespan=lifespan, docs_url=None, redoc_url=None)
+    live_metrics = LiveMetrics(CollectorRegistry())  # serve has no /metrics: the live series stay in the process
     app.add_middleware(BodyLimit, limit=server.max_body_bytes, reply=lambda e: error_body(e.status, str(e)),
                        read_timeout=server.read_timeout, min_rate=server.body_min_rate,
                        rate_grace=server.body_rate_grace, body_timeout=server.body_timeout)
@@ -99,6 +104,15 @@ def create_app(server: ServerConfig, service: Service) -> FastAPI:
         if pending:
             return error(503, f"the model is warming up: {pending} CUDA graph(s) still to capture")
         return {"status": "ready"}
+
+    @app.websocket("/invocations-bidirectional-stream")
+    async def bidirectional(ws: WebSocket):
+        """InvokeEndpointWithBidirectionalStream: SageMaker's sidecar opens this socket for each stream and passes
+        each request payload part as one message (binary parts as binary); Fish's live protocol runs on it, as on
+        the HTTP server's /v1/tts/live. SageMaker authenticates the caller (SigV4): no key, no Origin here."""
+        await ws.accept()
+        await FishConnection(ws, lambda: ws.application_state == WebSocketState.DISCONNECTED, service, server,
+                             live_metrics).run()
 
     # the second path is SageMaker Runtime's own (InvokeEndpoint), so boto3 with endpoint_url= can call
     # this server directly in local tests
