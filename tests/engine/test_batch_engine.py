@@ -206,6 +206,23 @@ def test_channels_last_codec_equals_the_reference(eager_engine):
         auto.close()
 
 
+@pytest.mark.parametrize("layout", ["", ",+codec_channels_last"])
+def test_the_codec_kv_ring_equals_the_reference(eager_engine, layout):
+    # TTS_FEATURES=+codec_kv_ring (off by default until measured on a GPU: issue 46): the codec transformer's keys and
+    # values in a ring per row, written in place; streams longer than the tiny codec's window wrap the ring many times
+    from conftest import MODEL_DIR
+
+    from ttsengine import Engine, EngineConfig
+
+    eng = Engine.load(EngineConfig(model_dir=MODEL_DIR, device="cpu", max_batch=2, features="+codec_kv_ring" + layout))
+    try:
+        assert eng.settings.codec.kv_ring and eng.vocoder.codec.ring_chunk == max(eng.vocoder.chunk_sizes)
+        serve_all(eng, eager_engine, [SynthesisRequest(text=f"Ring {i}.", seed=70 + i, max_new_tokens=12 + 9 * i)
+                                      for i in range(3)])
+    finally:
+        eng.close()
+
+
 @pytest.mark.parametrize("overlap", [True, False])
 def test_overlapped_and_serial_steps_equal_the_reference_and_free_every_page(eager_engine, overlap):
     # overlap_step: step k+1 is launched before step k's frames are read, so a stream that ends at step k makes

@@ -258,8 +258,48 @@ def test_codec_batch_past_the_largest_graph_keeps_each_rows_audio():
     assert (whole[:2] - whole[2:4]).abs().max().item() > 1e-2  # distinct rows: the aliasing would show
 
 
+def test_codec_kv_ring_in_graphs_equals_the_plain_codec_fp32(exact_fp32):
+    # codec_kv_ring: the transformer's keys and values written in place into each row's ring inside the captured
+    # graphs (slots join and leave; 32 frames wrap the tiny codec's ring of 3 + 8 several times), against the plain
+    # state decoded uncaptured
+    import threading
+
+    from ttsengine.engine.device.vocoder import Vocoder
+    from ttsengine.engine.loader import load
+
+    codec = load(cfg(dtype="float32", codec_dtype="float32")).codec
+    g = torch.Generator(device="cpu").manual_seed(5)
+    codes = torch.cat([torch.randint(0, 32, (4, 1, 32), generator=g), torch.randint(0, 16, (4, 3, 32), generator=g)],
+                      dim=1).cuda()
+    schedule = [([0, 1, 2], 0), ([0, 2, 3], 8), ([1, 3], 16), ([0, 1, 2, 3], 24)]  # (slots, first frame) per chunk
+
+    def run(ring: bool, graphs: bool) -> list:
+        voc = Vocoder(codec, 4, 4096, (8,), (1, 2, 4), threading.RLock(), lambda f, s: None, lambda s: None,
+                      kv_ring=ring)
+        voc.plan_graphs(4 if graphs else 0)
+        out: list = []
+
+        def body():
+            if graphs:
+                voc.capture()
+            for slots, f in schedule:
+                out.append(voc.decode_padded(slots, codes[slots, :, f:f + 8]).clone())
+            torch.cuda.current_stream().synchronize()
+        try:
+            with torch.inference_mode(), no_tf32():
+                voc.call(body)
+            return out
+        finally:
+            voc.close()
+
+    got, want = run(True, True), run(False, False)
+    for a, b in zip(got, want):
+        assert a.shape == b.shape and (a - b).abs().max().item() < 1e-4
+
+
+@pytest.mark.parametrize("ring", [0, 8], ids=["plain", "kv_ring"])
 @pytest.mark.parametrize("time_major", [False, True], ids=["channels", "time_major"])
-def test_streaming_decode_bf16_adds_no_error_beyond_bf16(time_major):
+def test_streaming_decode_bf16_adds_no_error_beyond_bf16(time_major, ring):
     """Streamed and whole decodes in bf16, each against an fp32 whole decode: streaming must not be
     noticeably worse than bf16 itself (SNR within 1 dB), channel-major or time-major (channels-last cuDNN convs,
     the Triton time-major Snake)."""
@@ -277,7 +317,7 @@ def test_streaming_decode_bf16_adds_no_error_beyond_bf16(time_major):
         ref = load(cfg(codec_dtype="float32")).codec.decode(codes)[:, 0].float()
         codec = load(cfg(codec_dtype="bfloat16")).codec
         whole = codec.decode(codes)[:, 0].float()
-        dec = StreamingCodec(codec, 4, 4096, time_major=time_major)
+        dec = StreamingCodec(codec, 4, 4096, time_major=time_major, ring_chunk=ring)
         if time_major:
             from ttsengine.model.kernels.snake import snake_triton_time_major
 

@@ -1,6 +1,7 @@
 """The codec streamed chunk by chunk (model/codec/streaming.py) equals decoding all frames at once (fp32 on
 CPU, tight tolerance), at every chunk size, with rows joining, leaving and being reused; channel-major and
-time-major (channels-last convolutions) alike."""
+time-major (channels-last convolutions) alike, and with the transformer's keys and values in a ring (codec_kv_ring;
+a ring of 3 takes the longer chunks in pieces)."""
 
 from __future__ import annotations
 
@@ -19,15 +20,19 @@ def random_codes(batch: int, frames: int, seed: int) -> torch.Tensor:
     return torch.cat([sem, res], dim=1)
 
 
+RING = pytest.mark.parametrize("ring", [0, 8, 3], ids=["plain", "ring8", "ring3"])  # feature codec_kv_ring
+
+
+@RING
 @pytest.mark.parametrize("time_major", [False, True], ids=["channels", "time_major"])
 @pytest.mark.parametrize("chunks", [[1] * 9, [4, 8, 8, 3], [23], [2, 5, 1, 7, 8], [3, 20]])
-def test_streamed_equals_whole(eager_engine, chunks, time_major):
+def test_streamed_equals_whole(eager_engine, chunks, time_major, ring):
     codec = eager_engine.ckpt.codec
     total = sum(chunks)
     codes = random_codes(3, total, seed=len(chunks))
     with torch.inference_mode():
         whole = codec.decode(codes)[:, 0]
-        dec = StreamingCodec(codec, rows=5, max_frames=4096, time_major=time_major)
+        dec = StreamingCodec(codec, rows=5, max_frames=4096, time_major=time_major, ring_chunk=ring)
         slots = torch.tensor([3, 0, 4])
         parts, start = [], 0
         for k in chunks:
@@ -38,13 +43,14 @@ def test_streamed_equals_whole(eager_engine, chunks, time_major):
     assert (streamed - whole).abs().max().item() < TOL
 
 
+@RING
 @pytest.mark.parametrize("time_major", [False, True], ids=["channels", "time_major"])
-def test_streams_in_one_batch_do_not_interfere(eager_engine, time_major):
+def test_streams_in_one_batch_do_not_interfere(eager_engine, time_major, ring):
     """Two streams at different positions decoded together, one joining later, one reset and reused."""
     codec = eager_engine.ckpt.codec
     a, b = random_codes(1, 16, 1), random_codes(1, 12, 2)
     with torch.inference_mode():
-        dec = StreamingCodec(codec, rows=2, max_frames=4096, time_major=time_major)
+        dec = StreamingCodec(codec, rows=2, max_frames=4096, time_major=time_major, ring_chunk=ring)
         out_a = [dec.codes_to_audio(torch.tensor([0]), a[:, :, :4])]
         out_b = []
         for i in range(3):  # b starts 4 frames later, decoded in the same calls as a

@@ -71,7 +71,8 @@ class Engine:
         self.vocoder = Vocoder(checkpoint.codec, s.runner.max_slots, checkpoint.config.max_seq_len,
                                chunk_sizes(s.first_chunk_frames, s.stream_chunk_frames), s.buckets, self.capture_lock,
                                self.metrics.vocoded, self.metrics.completed, s.codec_channels_last,
-                               merge_rows=s.codec_merge_rows, pinned_copy=s.codec_pinned_copy, gate=capture_gate)
+                               merge_rows=s.codec_merge_rows, pinned_copy=s.codec_pinned_copy, gate=capture_gate,
+                               kv_ring=s.codec.kv_ring)
         self.capture_gate = capture_gate
         self.device = (device or _real_device)(self)
         rounds = CodecRounds(s.first_chunk_frames, s.stream_chunk_frames, frame_seconds, s.codec_rounds,

@@ -49,6 +49,7 @@ CODEC_MERGE = "codec_merge"
 CODEC_ROUNDS = "codec_rounds"
 CODEC_PINNED_COPY = "codec_pinned_copy"
 CODEC_CACHE = "codec_cache"
+CODEC_KV_RING = "codec_kv_ring"
 
 
 @dataclass(frozen=True)
@@ -172,6 +173,9 @@ FEATURES = (
             "tuning in graph captures only", "engine/engine.py", requires=(CUDA,), default=False),
     Feature(CODEC_CHANNELS_LAST, CODEC, "the streaming codec time-major with channels-last convolutions",
             "channel-major convolutions", "model/codec/streaming.py", auto=(CUDA, TUNED_CODEC), keyed=True),
+    Feature(CODEC_KV_RING, CODEC, "the codec transformer's keys and values in a ring per row, new ones written only",
+            "the window's keys gathered, joined and written back whole each call", "model/codec/streaming.py",
+            default=False),
     Feature(CODEC_MERGE, CODEC, "codec decodes queued behind a busy codec thread join into one call",
             "one call per decode step", "engine/device/vocoder.py `set_merge`"),
     Feature(CODEC_ROUNDS, CODEC, "later audio chunks of every stream go to the codec together",

@@ -69,7 +69,8 @@ def codec_switches(on: frozenset[str]) -> CodecSwitches:
     only where cuDNN tunes the codec's convolutions: its untuned heuristics pick an algorithm ~35x slower for two
     dilated convs at a few rows (the codec far slower at one stream: docs/performance.md, "Codec")."""
     return CodecSwitches(compile=features.CODEC_COMPILE in on, snake_kernel=features.SNAKE_KERNEL in on,
-                         cudnn_autotune=cudnn_autotune_mode(on), channels_last=features.CODEC_CHANNELS_LAST in on)
+                         cudnn_autotune=cudnn_autotune_mode(on), channels_last=features.CODEC_CHANNELS_LAST in on,
+                         kv_ring=features.CODEC_KV_RING in on)
 
 
 def auto_gemv_rows(model, fused: frozenset[str]) -> int:

@@ -51,7 +51,8 @@ def _vocoder(codec: Codec, streams: int, chunk: int, mode: str, graphs: bool, tu
     if switches.compile:  # one compile per row count: only the two the measurement runs
         buckets = (1, graph_rows if graphs else streams)
     voc = Vocoder(codec, streams, 8192, (chunk,), tuple(b for b in buckets if b <= streams), threading.RLock(),
-                  lambda frames, seconds: None, lambda stream: None, time_major=switches.channels_last)
+                  lambda frames, seconds: None, lambda stream: None, time_major=switches.channels_last,
+                  kv_ring=switches.kv_ring)
     voc.apply(switches)  # as Engine.__init__ does
     if graphs:
         voc.plan_graphs(graph_rows)

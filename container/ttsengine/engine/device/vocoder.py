@@ -46,10 +46,11 @@ class CodecSwitches:
     snake_kernel: bool  # Snake as one Triton kernel
     cudnn_autotune: str  # cudnn_autotune_mode
     channels_last: bool  # time-major, channels-last convolutions
+    kv_ring: bool = False  # the transformer's keys and values in a ring per row (feature codec_kv_ring)
 
     def describe(self) -> str:
         """-> e.g. "time-major, Snake kernel, cuDNN tuned in graph captures" (bench --codec-only's engine mode)."""
-        parts = ["time-major" if self.channels_last else "channel-major"]
+        parts = ["time-major" if self.channels_last else "channel-major"] + ["KV ring"] * self.kv_ring
         parts += ["compiled"] * self.compile + ["Snake kernel"] * self.snake_kernel
         parts.append({"off": "cuDNN untuned", "graphs": "cuDNN tuned in graph captures",
                       "process": "cuDNN tuned everywhere"}[self.cudnn_autotune])
@@ -89,14 +90,16 @@ class Vocoder:
                  buckets: tuple[int, ...], capture_lock: threading.RLock,
                  on_decoded: Callable[[int, float], None], on_finished: Callable[[AudioSink], None],
                  time_major: bool = False, *, merge_rows: int = 0, pinned_copy: bool = True,
-                 gate: threading.Event | None = None):
+                 gate: threading.Event | None = None, kv_ring: bool = False):
         """max_frames: the longest stream a slot decodes; capture_lock: held by every CUDA graph capture (reentrant:
         the codec holds it around first uses that may capture);
         on_decoded(frames, seconds) after each decode; on_finished(stream) when a stream completed; time_major:
         the streaming codec's layout (StreamingCodec, feature codec_channels_last); merge_rows: queued decodes join
         into calls of up to this many rows (0: off; feature codec_merge); pinned_copy: audio reaches the host through
-        a pinned buffer (feature codec_pinned_copy); gate: graphs left for later wait for it (fleet.py)."""
-        self.codec = StreamingCodec(codec, slots + 1, max_frames, time_major)
+        a pinned buffer (feature codec_pinned_copy); gate: graphs left for later wait for it (fleet.py); kv_ring: the
+        transformer's keys and values in a ring sized for the largest chunk (feature codec_kv_ring)."""
+        self.codec = StreamingCodec(codec, slots + 1, max_frames, time_major,
+                                    ring_chunk=max(chunk_sizes) if kv_ring else 0)
         self.device, self.frame_length = self.codec.device, self.codec.frame_length
         self.chunk_sizes, self.buckets = tuple(sorted(chunk_sizes)), tuple(sorted(buckets))
         self.scratch = slots  # one extra state row that padding rows read and write

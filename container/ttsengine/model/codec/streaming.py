@@ -7,7 +7,11 @@ State per row (rows of preallocated buffers, gathered and scattered by row index
 - every transposed conv: the last (kernel - stride) output samples not yet complete (overlap-add;
   the bias is added once, to completed samples only; a whole decode drops the final tail too);
 - the window-limited transformer (post_module): its last (window - 1) keys and values per layer,
-  plus the row's absolute frame position (RoPE and the window mask use absolute positions).
+  plus the row's absolute frame position (RoPE and the window mask use absolute positions). With a ring
+  (ring_chunk; feature codec_kv_ring) the keys and values stay in place instead, in a ring of
+  window - 1 + ring_chunk positions per row: a call writes its new ones only and attends over the row's ring
+  (position p in slot p % size), where the plain state is gathered, concatenated and written back whole on every
+  call (94% of a row's state at S1's sizes: issue 46).
 Snake, LayerNorm, pointwise layers and codebook lookups are per-sample and need nothing.
 One walker for both memory layouts (channel-major [b, C, n] or time-major [b, n, C] activations): the layout
 (layout.py) is the axis of time and the few ops whose form depends on it.
@@ -39,7 +43,7 @@ from .transformer import CodecTransformer
 
 
 def _state_shapes(module: nn.Module, prefix: str, out: dict[str, tuple[int, ...]],
-                  layout: ChannelMajor | TimeMajor) -> None:
+                  layout: ChannelMajor | TimeMajor, ring: int = 0) -> None:
     if isinstance(module, CausalConv):
         if module.stride != 1:
             raise ValueError(f"{prefix}: streaming needs stride-1 causal convs in the decoder")
@@ -50,8 +54,9 @@ def _state_shapes(module: nn.Module, prefix: str, out: dict[str, tuple[int, ...]
             out[prefix] = layout.state_shape(module.conv.out_channels, module.trim)
     elif isinstance(module, CodecTransformer):
         c = module.cfg
-        for i in range(c.n_layer):
-            out[f"{prefix}.{i}.k"] = out[f"{prefix}.{i}.v"] = (c.n_head, c.window - 1, c.head_dim)
+        for i in range(c.n_layer):  # ring: [positions, heads, d] per row, a (row, slot) one contiguous block
+            shape = (c.window - 1 + ring, c.n_head, c.head_dim) if ring else (c.n_head, c.window - 1, c.head_dim)
+            out[f"{prefix}.{i}.k"] = out[f"{prefix}.{i}.v"] = shape
     elif isinstance(module, ConvNeXtBlock):
         _state_shapes(module.dwconv, prefix + ".dwconv", out, layout)
     elif isinstance(module, ResidualUnit):
@@ -64,10 +69,12 @@ def _state_shapes(module: nn.Module, prefix: str, out: dict[str, tuple[int, ...]
 class StreamingCodec:
     """Chunk-by-chunk decode for `rows` streams; each row keeps its own state between calls."""
 
-    def __init__(self, codec: Codec, rows: int, max_frames: int, time_major: bool = False):
+    def __init__(self, codec: Codec, rows: int, max_frames: int, time_major: bool = False, ring_chunk: int = 0):
         """max_frames: the longest stream (frames) a row will decode; sizes the RoPE table. time_major: the
         activations run as [b, T, C] and every conv as a channels-last (NHWC) cuDNN convolution on them
-        (TTS_CODEC_CHANNELS_LAST; layout.TimeMajor), else [b, C, T] as the modules run them."""
+        (TTS_CODEC_CHANNELS_LAST; layout.TimeMajor), else [b, C, T] as the modules run them. ring_chunk: keep the
+        transformer's keys and values in a ring sized for calls of up to this many frames (longer ones go through
+        it in pieces); 0: the plain state (feature codec_kv_ring)."""
         self.codec = codec
         self.time_major = time_major
         # the swappable ops (layout.Kernels), read by the layout at every call. snake(x, alpha, out=None): the
@@ -82,7 +89,10 @@ class StreamingCodec:
         p = next(codec.parameters())
         self.device, self.dtype = p.device, p.dtype
         shapes: dict[str, tuple[int, ...]] = {}
-        _state_shapes(codec.quantizer.post_module, "post", shapes, self.layout)
+        self.ring_chunk = ring_chunk
+        _state_shapes(codec.quantizer.post_module, "post", shapes, self.layout, ring_chunk)
+        # the ring's buffers are read and written in place (_transformer_ring), never gathered whole
+        self.in_place = {k for k in shapes if k.startswith("post.")} if ring_chunk else set()
         _state_shapes(codec.quantizer.upsample, "up", shapes, self.layout)
         _state_shapes(codec.decoder.model, "dec", shapes, self.layout)
         self.state = {k: torch.zeros(rows, *s, dtype=self.dtype, device=self.device) for k, s in shapes.items()}
@@ -100,11 +110,15 @@ class StreamingCodec:
 
     def codes_to_audio(self, rows: Tensor, codes: Tensor) -> Tensor:
         """rows: int64 [b] (distinct); codes: int64 [b, n, K] -> audio [b, K * frame_length]."""
-        state = {k: v.index_select(0, rows) for k, v in self.state.items()}
+        state = {k: v.index_select(0, rows) for k, v in self.state.items() if k not in self.in_place}
         pos = self.position.index_select(0, rows)
         q, lay = self.codec.quantizer, self.layout
         z = q.codes_to_latent(codes).to(self.dtype)  # [b, C, K]
-        h = lay.from_time_major(self._transformer(q.post_module, z.transpose(1, 2), state, "post", pos))
+        if self.ring_chunk:
+            h = self._transformer_ring(q.post_module, z.transpose(1, 2), rows, pos)
+        else:
+            h = self._transformer(q.post_module, z.transpose(1, 2), state, "post", pos)
+        h = lay.from_time_major(h)
         h = self._walk(q.upsample, h, state, "up")
         audio = lay.to_time_major(self._walk(self.codec.decoder.model, h, state, "dec"))[:, :, 0]  # [b, T]
         for k, v in state.items():
@@ -204,6 +218,35 @@ class StreamingCodec:
             keys = torch.cat([state[f"{prefix}.{i}.k"], k.transpose(1, 2)], dim=2)
             values = torch.cat([state[f"{prefix}.{i}.v"], v.transpose(1, 2)], dim=2)
             state[f"{prefix}.{i}.k"], state[f"{prefix}.{i}.v"] = keys[:, :, -(W - 1):], values[:, :, -(W - 1):]
+            y = attend(q.transpose(1, 2), keys, values, mask)
+            y = att.wo(y.transpose(1, 2).reshape(b, K, att.n_head * att.head_dim))
+            h = h + layer.attention_layer_scale(y)
+            h = h + layer.ffn_layer_scale(layer.feed_forward(layer.ffn_norm(h)))
+        return t.norm(h)
+
+    def _transformer_ring(self, t: CodecTransformer, h: Tensor, rows: Tensor, pos: Tensor) -> Tensor:
+        # as _transformer, with each layer's keys and values in the rows' rings of self.state ([rows, S, H, d]):
+        # the call's new ones written into slots (position % S), then the whole ring of each row attended, a slot's
+        # absolute position told by the mask (a slot not written yet is masked; reset left it zero, so finite)
+        W, S, cap = t.cfg.window, t.cfg.window - 1 + self.ring_chunk, self.ring_chunk
+        b, K, _ = h.shape
+        if K > cap:  # longer than the ring takes at once: in pieces, each seeing the ones before (causal)
+            return torch.cat([self._transformer_ring(t, h[:, s:s + cap], rows, pos + s) for s in range(0, K, cap)], 1)
+        q_pos = pos[:, None] + torch.arange(K, device=h.device)  # [b, K]
+        where = (rows[:, None] * S + q_pos % S).reshape(-1)  # [b*K] (row, slot) in a ring buffer's [rows * S, ...]
+        newest = q_pos[:, -1:]  # [b, 1] the last position written
+        k_pos = newest - (newest - torch.arange(S, device=h.device)) % S  # [b, S] the position each slot holds
+        d = q_pos[:, :, None] - k_pos[:, None, :]
+        mask = ((d >= 0) & (d < W) & (k_pos[:, None, :] >= 0))[:, None]  # [b, 1, K, S]
+        rope = self.rope[q_pos]  # [b, K, d/2, 2]
+        for i, layer in enumerate(t.layers):
+            att = layer.attention
+            q, k, v = att.project(layer.attention_norm(h), rope)  # [b, K, H, d]
+            ring_k, ring_v = self.state[f"post.{i}.k"], self.state[f"post.{i}.v"]  # [rows, S, H, d]
+            ring_k.view(-1, *ring_k.shape[2:]).index_copy_(0, where, k.reshape(b * K, *k.shape[2:]))
+            ring_v.view(-1, *ring_v.shape[2:]).index_copy_(0, where, v.reshape(b * K, *v.shape[2:]))
+            keys = ring_k.index_select(0, rows).transpose(1, 2)  # [b, H, S, d], d contiguous
+            values = ring_v.index_select(0, rows).transpose(1, 2)
             y = attend(q.transpose(1, 2), keys, values, mask)
             y = att.wo(y.transpose(1, 2).reshape(b, K, att.n_head * att.head_dim))
             h = h + layer.attention_layer_scale(y)
