@@ -223,6 +223,25 @@ def test_the_codec_kv_ring_equals_the_reference(eager_engine, layout):
         eng.close()
 
 
+def test_sparse_codec_rows_equal_the_reference(eager_engine):
+    # TTS_FEATURES=+codec_sparse_rows (off by default until measured on a GPU: issue 44): codec calls padded to 1, 4,
+    # 16 or 64 rows, half the graphs to capture; two streams here decode in calls padded to 4 rows
+    from conftest import MODEL_DIR
+
+    from ttsengine import Engine, EngineConfig
+    from ttsengine.engine.settings import codec_buckets
+
+    assert codec_buckets((1, 2, 4, 8, 16, 32, 64, 128, 256), True) == (1, 4, 16, 64, 256)
+    assert codec_buckets((2, 4, 8, 16, 24), True) == (4, 16, 24) and codec_buckets((1, 2), False) == (1, 2)
+    eng = Engine.load(EngineConfig(model_dir=MODEL_DIR, device="cpu", max_batch=4, features="+codec_sparse_rows"))
+    try:
+        assert eng.vocoder.buckets == (1, 4) and eng.settings.buckets == (1, 2, 4)
+        serve_all(eng, eager_engine, [SynthesisRequest(text=f"Sparse {i}.", seed=80 + i, max_new_tokens=10 + 6 * i)
+                                      for i in range(2)])
+    finally:
+        eng.close()
+
+
 @pytest.mark.parametrize("overlap", [True, False])
 def test_overlapped_and_serial_steps_equal_the_reference_and_free_every_page(eager_engine, overlap):
     # overlap_step: step k+1 is launched before step k's frames are read, so a stream that ends at step k makes

@@ -38,7 +38,7 @@ from .device.vocoder import VOCODER_GRAPH_ROWS, Vocoder
 from .intake import Intake
 from .loader import load
 from .metrics import EngineMetrics
-from .settings import BatchSettings, snake_kernel_usable
+from .settings import BatchSettings, codec_buckets, snake_kernel_usable
 from .stats import EngineStats
 
 IDLE_BEFORE_CAPTURE = 0.25  # s the loop waits idle before capturing a lazy graph (about what one capture takes)
@@ -69,7 +69,8 @@ class Engine:
         self.budget = PrefillBudget(s.prefill_tokens, frame_seconds, s.runner.page_size)
         self.metrics = EngineMetrics()
         self.vocoder = Vocoder(checkpoint.codec, s.runner.max_slots, checkpoint.config.max_seq_len,
-                               chunk_sizes(s.first_chunk_frames, s.stream_chunk_frames), s.buckets, self.capture_lock,
+                               chunk_sizes(s.first_chunk_frames, s.stream_chunk_frames),
+                               codec_buckets(s.buckets, s.codec.sparse_rows), self.capture_lock,
                                self.metrics.vocoded, self.metrics.completed, s.codec_channels_last,
                                merge_rows=s.codec_merge_rows, pinned_copy=s.codec_pinned_copy, gate=capture_gate,
                                kv_ring=s.codec.kv_ring)

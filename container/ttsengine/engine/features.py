@@ -50,6 +50,7 @@ CODEC_ROUNDS = "codec_rounds"
 CODEC_PINNED_COPY = "codec_pinned_copy"
 CODEC_CACHE = "codec_cache"
 CODEC_KV_RING = "codec_kv_ring"
+CODEC_SPARSE_ROWS = "codec_sparse_rows"
 
 
 @dataclass(frozen=True)
@@ -176,6 +177,8 @@ FEATURES = (
     Feature(CODEC_KV_RING, CODEC, "the codec transformer's keys and values in a ring per row, new ones written only",
             "the window's keys gathered, joined and written back whole each call", "model/codec/streaming.py",
             default=False),
+    Feature(CODEC_SPARSE_ROWS, CODEC, "codec calls padded to 1, 4, 16 or 64 rows: half the CUDA graphs to capture",
+            "1, 2, 4, 8, 16, 32 or 64 rows", "engine/settings.py `codec_buckets`", default=False),
     Feature(CODEC_MERGE, CODEC, "codec decodes queued behind a busy codec thread join into one call",
             "one call per decode step", "engine/device/vocoder.py `set_merge`"),
     Feature(CODEC_ROUNDS, CODEC, "later audio chunks of every stream go to the codec together",

@@ -70,7 +70,16 @@ def codec_switches(on: frozenset[str]) -> CodecSwitches:
     dilated convs at a few rows (the codec far slower at one stream: docs/performance.md, "Codec")."""
     return CodecSwitches(compile=features.CODEC_COMPILE in on, snake_kernel=features.SNAKE_KERNEL in on,
                          cudnn_autotune=cudnn_autotune_mode(on), channels_last=features.CODEC_CHANNELS_LAST in on,
-                         kv_ring=features.CODEC_KV_RING in on)
+                         kv_ring=features.CODEC_KV_RING in on, sparse_rows=features.CODEC_SPARSE_ROWS in on)
+
+
+def codec_buckets(buckets: tuple[int, ...], sparse: bool) -> tuple[int, ...]:
+    """The row counts codec calls are padded to: the engine's batch buckets, or with codec_sparse_rows the powers of 4
+    among them and the largest. Each (rows, chunk size) is a CUDA graph whose capture tunes cuDNN per shape (~1-2 s
+    each: issue 44); 1, 4, 16, 64 halve them, at up to 4x padded rows for mid-sized calls."""
+    if not sparse:
+        return buckets
+    return tuple(b for b in buckets if b == buckets[-1] or (b & (b - 1) == 0 and b.bit_length() % 2 == 1))
 
 
 def auto_gemv_rows(model, fused: frozenset[str]) -> int:

@@ -47,10 +47,12 @@ class CodecSwitches:
     cudnn_autotune: str  # cudnn_autotune_mode
     channels_last: bool  # time-major, channels-last convolutions
     kv_ring: bool = False  # the transformer's keys and values in a ring per row (feature codec_kv_ring)
+    sparse_rows: bool = False  # calls padded to powers of 4 rows: half the graphs (feature codec_sparse_rows)
 
     def describe(self) -> str:
         """-> e.g. "time-major, Snake kernel, cuDNN tuned in graph captures" (bench --codec-only's engine mode)."""
         parts = ["time-major" if self.channels_last else "channel-major"] + ["KV ring"] * self.kv_ring
+        parts += ["rows 1/4/16/64"] * self.sparse_rows
         parts += ["compiled"] * self.compile + ["Snake kernel"] * self.snake_kernel
         parts.append({"off": "cuDNN untuned", "graphs": "cuDNN tuned in graph captures",
                       "process": "cuDNN tuned everywhere"}[self.cudnn_autotune])
