@@ -18,6 +18,7 @@ from pathlib import Path
 import torch
 
 from ..engine.device.vocoder import VOCODER_GRAPH_ROWS, CodecSwitches, Vocoder
+from ..engine.settings import codec_buckets
 from ..model.codec import Codec
 
 # each mode may end in "+cudnn" (cudnn.benchmark on for the whole run) or "+tuned" (on only while the codec's
@@ -47,7 +48,7 @@ def _vocoder(codec: Codec, streams: int, chunk: int, mode: str, graphs: bool, tu
     if not graphs and switches.cudnn_autotune == "graphs":  # tuned in graph captures: none to tune in
         switches = replace(switches, cudnn_autotune="off")
     graph_rows = min(streams, VOCODER_GRAPH_ROWS) if mode == ENGINE else streams  # the engine's largest graph
-    buckets = tuple(sorted({1, 2, 4, 8, 16, 32, 64, 128, 256, 512, streams}))
+    buckets = codec_buckets(tuple(sorted({1, 2, 4, 8, 16, 32, 64, 128, 256, 512, streams})), switches.sparse_rows)
     if switches.compile:  # one compile per row count: only the two the measurement runs
         buckets = (1, graph_rows if graphs else streams)
     voc = Vocoder(codec, streams, 8192, (chunk,), tuple(b for b in buckets if b <= streams), threading.RLock(),
