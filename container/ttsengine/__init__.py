@@ -11,6 +11,7 @@ from .engine.engine import Engine
 from .engine.fleet import Fleet
 from .engine.stats import EngineStats, FleetStats
 from .errors import (
+    AtCapacity,
     BusyError,
     CancelledError,
     CheckpointError,
@@ -34,7 +35,8 @@ from .synthesis.request import Reference, SynthesisRequest
 from .synthesis.stream import Stream
 
 __all__ = [
-    "AudioChunk", "AudioEncoder", "BusyError", "CONTENT_TYPES", "CancelledError", "CheckpointError", "ChunkReport",
+    "AtCapacity", "AudioChunk", "AudioEncoder", "BusyError", "CONTENT_TYPES", "CancelledError", "CheckpointError",
+    "ChunkReport",
     "ConfigError", "DownloadConfig", "DownloadError", "EncodedAudio", "Engine", "EngineConfig", "EngineDown",
     "EngineStats", "FORMATS", "Fleet", "FleetStats",
     "InputError", "MediaTypeError", "Reference", "EagerEngine", "RunPodConfig", "SageMakerConfig", "ServerConfig",

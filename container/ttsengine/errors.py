@@ -56,6 +56,11 @@ class BusyError(TTSError):
     status = 503
 
 
+class AtCapacity(BusyError):
+    """Goodput admission (TTS_ADMIT_RTF) refused a new stream: with it the streams would fall below real time. A
+    caller that can wait for room (RunPod's worker, whose jobs would otherwise fail) tries again shortly."""
+
+
 class EngineDown(TTSError):
     """The engine (one GPU's) failed and was taken out of service; another engine, or a restart, serves."""
 

@@ -43,7 +43,7 @@ def main(argv: list[str] | None = None) -> int:
         log.info("the tiny test model: requests without max_new_tokens make %d frames (TTS_DEFAULT_MAX_NEW_TOKENS)",
                  frames)
         engine_config = dataclasses.replace(engine_config, default_max_new_tokens=frames)
-    from ttsengine.serving.network.connection_guard import Deadlines, auto_max_connections
+    from ttsengine.serving.network.connection_guard import Deadlines, max_connections
     from ttsengine.serving.network.shutdown import serve
 
     from .app import body_error_kind, create_app
@@ -52,7 +52,7 @@ def main(argv: list[str] | None = None) -> int:
     app = create_app(server, engine_config)
     deadlines = Deadlines(server.idle_timeout, server.header_timeout,
                           reply=lambda e: error_body(str(e), body_error_kind(e.status), e.status),
-                          max_connections=server.max_connections or auto_max_connections())
+                          max_connections=max_connections(server.max_connections))
     serve(app, app.state.service, server.host, server.port, engine_config.log_level.lower(), server.drain_seconds,
           deadlines)
     return 0

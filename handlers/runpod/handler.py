@@ -21,9 +21,11 @@ import asyncio
 import base64
 import json
 import logging
+import time
 from dataclasses import dataclass
 
 from ttsengine import (
+    AtCapacity,
     Fleet,
     InputError,
     RunPodConfig,
@@ -45,6 +47,8 @@ log = logging.getLogger("handlers.runpod")
 PIECE_BYTES = 3 * (1 << 18)  # 768 KiB of audio -> exactly 1 MiB of base64
 OPTIONS = ("stream", "upload")
 PROGRESS_EVERY_S = 0.5
+CAPACITY_WAIT_S = 60.0  # a job refused for capacity waits this long for room before it fails (503, retry)
+CAPACITY_RETRY_S = 0.5
 
 
 class OutputTooLarge(InputError):
@@ -152,10 +156,19 @@ class JobHandler:
     async def _submit(self, request):
         """A Service plans in its own threads and gives the request up when RunPod stops the job meanwhile (this
         task cancelled: no reference encoded further, no stream generated for nobody); a bare fleet (tests) in a
-        worker thread."""
-        if isinstance(self.engine, Service):
-            return await self.engine.admit(request)
-        return await asyncio.to_thread(self.engine.submit, request)
+        worker thread. A job refused for capacity (goodput admission: the streams would fall below real time) waits
+        here for room, up to CAPACITY_WAIT_S, as it would in RunPod's queue, instead of failing: RunPod counts it as
+        running, so its scaler starts workers meanwhile."""
+        deadline = time.monotonic() + CAPACITY_WAIT_S
+        while True:
+            try:
+                if isinstance(self.engine, Service):
+                    return await self.engine.admit(request)
+                return await asyncio.to_thread(self.engine.submit, request)
+            except AtCapacity:
+                if time.monotonic() >= deadline:
+                    raise
+                await asyncio.sleep(CAPACITY_RETRY_S)
 
     async def _streamed(self, stream, speech: SpeechJob):
         fmt, index, total = speech.format, 0, 0

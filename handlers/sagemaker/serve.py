@@ -205,11 +205,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"handlers serve: {problem}", file=sys.stderr)
         return 2
     setup_logging(engine_config.log_level)
-    from ttsengine.serving.network.connection_guard import Deadlines, auto_max_connections
+    from ttsengine.serving.network.connection_guard import Deadlines, max_connections
     from ttsengine.serving.network.shutdown import serve as serve_draining
 
     deadlines = Deadlines(server.idle_timeout, server.header_timeout, reply=lambda e: error_body(e.status, str(e)),
-                          max_connections=server.max_connections or auto_max_connections())
+                          max_connections=max_connections(server.max_connections))
     serve_draining(create_app(server, service), service, "0.0.0.0", server.port, engine_config.log_level.lower(),
                    server.drain_seconds, deadlines)
     return 0

@@ -196,7 +196,10 @@ def component_spec(spec: DeploySpec, model_name: str) -> dict:
 def scaling(spec: DeploySpec) -> autoscale.Scaling:
     mode = autoscale.ASYNC if spec.async_output else autoscale.COMPONENTS if spec.components else autoscale.REALTIME
     floor = 0 if spec.scale_to_zero else (1 if spec.min_instances is None else spec.min_instances)
-    target = spec.target_concurrency or target_concurrency(spec.instance_type)
+    # async: the backlog an instance can run at once is capped (ASYNC_MAX_CONCURRENCY): its share of that, not of
+    # the streams (a p5's 65% of 2,048 streams would sit above the 1,000 it may run, and scale out only past them)
+    table = share_of(async_concurrency(spec.instance_type)) if mode == autoscale.ASYNC else None
+    target = spec.target_concurrency or table or target_concurrency(spec.instance_type)
     return autoscale.Scaling(spec.name, mode, floor, spec.max_instances, float(target), spec.scale_in)
 
 

@@ -96,6 +96,8 @@ def test_goodput_admission_refuses_what_would_fall_below_real_time():
         with pytest.raises(BusyError, match=r"^the engine is at capacity: a step for 2 streams"):
             engine.submit(LONG)
         assert engine.occupancy() == (0, 0) and len(engine.scheduler.running) == 1  # 3 slots free, no room
+        # a live session's next segment (admitted) is never refused for capacity: only new streams are
+        first.append(engine.submit(SynthesisRequest(text="Next sentence.", seed=2, admitted=True)))
         stats = fleet.stats()
         # engine refusals for capacity summed; rejected is the fleet's own count: one request no engine took
         assert stats.total.refused_capacity == 3 and stats.total.rejected == 1

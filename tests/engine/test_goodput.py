@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from ttsengine.engine.control.goodput import BACKLOG_CHUNKS, Goodput
+from ttsengine.engine.control.goodput import BACKLOG_CHUNKS, FRESH_S, Goodput
 
 FRAME = 1 / 21.5  # seconds of audio per frame
 BUDGET = FRAME / 1.2  # the step that keeps each stream at 1.2x real time: 38.8 ms
@@ -65,13 +65,38 @@ def test_room_is_the_largest_count_admitted():
     assert gate({}, backlog=10**6).room(10, 10, 64) == 0  # the codec is behind: nothing
 
 
+def test_a_smaller_bucket_timed_slower_is_a_floor_everywhere():
+    # noisy timings invert buckets: 64 timed at 40 ms and 128 at 38 ms must not let 65-128 streams in while refusing
+    # 64 (the router would see room that submit then refuses)
+    g = gate({64: 0.040, 128: 0.038})
+    assert all(g.refuses(n, n - 1) is not None for n in range(2, 129))  # below 64: bounded by 64's 40 ms
+    assert g.room(1, 1, 256) == 0
+    one = gate({1: 0.040, 2: 0.038})
+    assert one.refuses(2, 1) is not None and one.refuses(3, 2) is not None
+
+
+def test_an_idle_engine_refuses_nothing():
+    # nothing running: nothing to protect and no timing of the current load; the slots decide
+    g = gate({1: 0.100, 256: 1.0}, backlog=10**6)
+    assert g.refuses(256, 0) is None and g.room(0, 0, 256) == 256
+
+
+def test_old_timings_stop_counting():
+    # a bucket timed slow once and refused since never runs again: after FRESH_S its timing no longer refuses
+    now = [100.0]
+    g = Goodput(1.2, FRAME, bucket, {64: 0.050}, lambda: 0, 8, timed_at={64: 100.0}, clock=lambda: now[0])
+    assert g.refuses(64, 63) is not None
+    now[0] += FRESH_S + 1
+    assert g.refuses(64, 63) is None and g.predicted_step(64) is None
+
+
 def test_refusal_is_monotone_in_streams():
     """What the router's binary search relies on: once n streams are refused, so are n + 1."""
     rng = random.Random(5)
     for _ in range(300):
         fixed, per_row = rng.uniform(0.001, 0.02), rng.uniform(0.00001, 0.0005)
-        # noisy timings: a larger bucket may have been timed faster than a smaller one
-        timed = {b: fixed + per_row * b * rng.uniform(0.7, 1.3) for b in rng.sample(BUCKETS, rng.randint(1, 5))}
+        # noisy timings: a larger bucket may have been timed faster than a smaller one (the whole time varies)
+        timed = {b: (fixed + per_row * b) * rng.uniform(0.5, 1.5) for b in rng.sample(BUCKETS, rng.randint(1, 5))}
         g = gate(timed)
         verdicts = [g.refuses(n, n - 1) is not None for n in range(1, 257)]
         assert verdicts == sorted(verdicts), (timed, verdicts.index(True))

@@ -71,21 +71,27 @@ def test_a_burst_onto_idle_slots_is_taken_whole(tmp_path, process):  # a server 
 
 @pytest.mark.parametrize("process", ["off", "on"])
 def test_goodput_admission_answers_503_when_streams_would_fall_below_real_time(tmp_path, process):
-    # TTS_ADMIT_RTF=100: a step must take under 0.46 ms, which no CPU step does. The first request finds nothing
-    # timed and is served; its steps time the bucket, so the next is a 503 with Retry-After that says why, counted
-    # in tts_requests_refused_capacity_total, although every slot is free
+    # TTS_ADMIT_RTF=100: a step must take under 0.46 ms, which no CPU step does. A long stream runs (an idle engine
+    # refuses nothing: no stream to protect); once its steps are timed, the next request is a 503 with Retry-After
+    # that says why, counted in tts_requests_refused_capacity_total, although 3 of 4 slots are free
     short = {"input": "Hi.", "response_format": "pcm", "max_new_tokens": 8, "seed": 1}
     with served(tmp_path, TTS_ENGINE_PROCESS=process, TTS_MAX_BATCH="4", TTS_ADMIT_RTF="100") as url:
-        first = httpx.post(url + "/v1/audio/speech", json=short, timeout=60)
-        assert first.status_code == 200 and len(first.content) > 0, first.text
-        r = httpx.post(url + "/v1/audio/speech", json=short, timeout=60)
-        assert r.status_code == 503 and r.headers["retry-after"], r.text
-        error = r.json()["error"]
-        assert error["type"] == "server_busy" and error["message"].startswith(
-            "the engine is at capacity: a step for 1 stream would take"), error
-        assert "that keep each at 100x real time; retry shortly" in error["message"], error
-        assert _metric(url, "tts_requests_refused_capacity_total") == 1
-        assert _metric(url, "tts_active_streams") == 0  # refused with every slot free: the measured step decided
+        playing = raw_post(url, LONG)
+        try:
+            until(lambda: _metric(url, "tts_active_streams") == 1 and _metric(url, "tts_frames_total") > 4,
+                  what="the long stream decoding")
+            r = httpx.post(url + "/v1/audio/speech", json=short, timeout=60)
+            assert r.status_code == 503 and r.headers["retry-after"], r.text
+            error = r.json()["error"]
+            assert error["type"] == "server_busy" and error["message"].startswith(
+                "the engine is at capacity: a step for 2 streams would take"), error
+            assert "that keep each at 100x real time; retry shortly" in error["message"], error
+            assert _metric(url, "tts_requests_refused_capacity_total") == 1
+            assert status_line(playing).startswith(b"HTTP/1.1 200")  # the stream playing is not touched
+        finally:
+            playing.close()
+        until(lambda: _metric(url, "tts_active_streams") == 0, what="the long stream gone")
+        assert httpx.post(url + "/v1/audio/speech", json=short, timeout=60).status_code == 200  # idle: served
 
 
 def click_flac(seconds: float, seed: int, rate: int = 16000) -> bytes:

@@ -10,6 +10,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 import httpx
@@ -331,3 +332,33 @@ def test_hub_files_follow_the_conventions_and_their_inputs_are_valid():
         job_from_body(body, None, check_only=True)  # raises on a field the worker would reject
         assert t["timeout"] >= 60_000  # milliseconds: a cold start downloads and compiles
     assert "handlers.runpod.worker" in (ROOT / ".runpod" / "handler.py").read_text()
+
+
+def test_a_job_refused_for_capacity_waits_for_room_instead_of_failing(tmp_path, monkeypatch):
+    # goodput admission (TTS_ADMIT_RTF=100: no CPU step is fast enough) refuses a new stream while another runs; a
+    # RunPod job would then fail, though RunPod's queue is where it should wait: the handler retries until room comes
+    # (the running stream ends) or CAPACITY_WAIT_S passes, then fails with the 503
+    from ttsengine import EngineConfig, Fleet
+
+    fleet = Fleet.load(EngineConfig(model_dir=MODEL_DIR, device="cpu", max_batch=4, admit_rtf=100,
+                                    default_max_new_tokens=16))
+    try:
+        assert fleet.wait_all(60)
+        handler = rp.JobHandler(fleet, None, RunPodConfig(data_dir=tmp_path))
+        playing = fleet.submit(SynthesisRequest(text="Long.", seed=1, max_new_tokens=3000), ignore_stop=True)
+        engine = fleet.engines[0]
+        deadline = time.monotonic() + 60
+        while not engine.budget.step_seconds:  # its decode steps timed: the next stream is refused
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        monkeypatch.setattr(rp, "CAPACITY_WAIT_S", 0.5)
+        (refused,) = run_job(handler, {"text": "Refused.", "seed": 2})
+        assert error_of(refused)["status"] == 503 and "at capacity" in error_of(refused)["error_message"]
+        monkeypatch.setattr(rp, "CAPACITY_WAIT_S", 60.0)
+        threading.Timer(1.0, playing.cancel).start()  # room comes a second later
+        t0 = time.monotonic()
+        (item,) = run_job(handler, {"text": "Waited.", "seed": 3})
+        assert "audio" in item and time.monotonic() - t0 >= 0.9, item
+        assert base64.b64decode(item["audio"])[:4] == b"RIFF"
+    finally:
+        fleet.close()

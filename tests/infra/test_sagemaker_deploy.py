@@ -366,3 +366,12 @@ def test_the_instance_table_follows_the_memory_presets():
         assert 0.6 <= dp.target_concurrency(name) / (gpus * streams) <= 0.7, name
     with pytest.raises(dp.DeployError, match="--target-concurrency"):
         dp.target_concurrency("ml.x1.unknown")
+
+
+def test_an_async_target_is_a_share_of_what_an_instance_may_run_at_once():
+    # a p5 serves 2,048 streams, but an async instance runs at most 1,000 at once (SageMaker's cap): its backlog
+    # target is 65% of those 1,000, not 65% of 2,048 (1,331: above what it may run, so it would scale out late)
+    base = dict(name="p5", image="i", role="r", instance_type="ml.p5.48xlarge", max_instances=4)
+    assert dp.scaling(dp.DeploySpec(**base)).target == 1331
+    assert dp.scaling(dp.DeploySpec(**base, async_output="s3://b/out/")).target == 650
+    assert dp.scaling(dp.DeploySpec(**base, async_output="s3://b/out/", target_concurrency=80)).target == 80

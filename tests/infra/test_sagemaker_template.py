@@ -17,6 +17,7 @@ import pytest
 import yaml
 from conftest import ROOT
 
+from infra import share_of
 from infra.sagemaker import components
 from infra.sagemaker import deploy as dp
 
@@ -126,7 +127,8 @@ def test_the_template_tables_are_the_tools():
     assert t["Parameters"]["StartupTimeoutSeconds"]["Default"] == dp.DeploySpec.startup_timeout_s
     assert set(t["Parameters"]["InstanceType"]["AllowedValues"]) == set(dp.INSTANCE_TYPES)
     assert t["Mappings"]["InstanceTypes"] == {
-        name: {"Target": dp.target_concurrency(name), "Streams": dp.async_concurrency(name), "Gpus": gpus,
+        name: {"Target": dp.target_concurrency(name), "Streams": dp.async_concurrency(name),
+               "AsyncTarget": share_of(dp.async_concurrency(name)), "Gpus": gpus,
                "CopyMemoryMb": components.COPY_MEMORY_MB_PER_GPU * gpus}
         for name, (gpus, *_) in dp.INSTANCE_TYPES.items()}
 

@@ -21,7 +21,7 @@ import numpy as np
 import torch
 
 from ..config import EngineConfig
-from ..errors import SEE_LOGS, BusyError, EngineDown
+from ..errors import SEE_LOGS, AtCapacity, BusyError, EngineDown
 from ..synthesis.plan import Plan
 from ..synthesis.request import SynthesisRequest
 from ..synthesis.stream import Stream
@@ -207,8 +207,8 @@ def best_first(room: dict[int, tuple[int, int]], n: int, turn: int, affinity: in
 def busy(members: int, running: int, waiting: int, refusals: Sequence[BaseException] = ()) -> BusyError:
     """The refusal when every engine refused a request (the same words for one process or several). When each
     refused for capacity (goodput admission: more streams would fall below real time), the first one's reason."""
-    if refusals and all(str(e).startswith(AT_CAPACITY) for e in refusals):
-        return BusyError(str(refusals[0]) if members == 1 else
+    if refusals and all(isinstance(e, AtCapacity) for e in refusals):
+        return AtCapacity(str(refusals[0]) if members == 1 else
                          f"every engine is at capacity ({running} streams running, {waiting} waiting; the first: "
                          f"{str(refusals[0])[len(AT_CAPACITY):].removesuffix('; retry shortly')}); retry shortly")
     return BusyError(f"the engine{'s are' if members > 1 else ' is'} busy ({running} streams running, {waiting} "

@@ -12,7 +12,7 @@ import threading
 from collections import deque
 from collections.abc import Callable
 
-from ..errors import SEE_LOGS, BusyError, EngineDown, ShuttingDown
+from ..errors import SEE_LOGS, AtCapacity, BusyError, EngineDown, ShuttingDown
 from ..synthesis.stream import Stream
 from .audio_feed import Task
 from .control.goodput import AT_CAPACITY, Goodput
@@ -50,11 +50,12 @@ class Intake:
                 self.metrics.rejected += 1
                 raise BusyError(f"the engine is busy ({running} streams running, {waiting} waiting); retry shortly")
             # the streams that would decode together once this one runs (the queue beyond the slots waits instead)
-            why = self.goodput.refuses(min(running + waiting + 1, self.slots), running) if self.goodput else None
+            why = None if self.goodput is None or task.plan.admitted else \
+                self.goodput.refuses(min(running + waiting + 1, self.slots), running)
             if why is not None:
                 self.metrics.rejected += 1
                 self.metrics.refused_capacity += 1
-                raise BusyError(f"{AT_CAPACITY}{why}; retry shortly")
+                raise AtCapacity(f"{AT_CAPACITY}{why}; retry shortly")
             self._tasks.append(task)
             self._streams.add(task.stream)
             self.cv.notify_all()

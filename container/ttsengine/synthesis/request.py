@@ -38,6 +38,8 @@ class SynthesisRequest:
     max_new_tokens: int | None = None  # frames per text chunk; 0 = as many as the context allows
     chunk_length: int | None = None  # characters per text chunk; None: the engine's setting
     keep_codes: bool = False  # each text chunk's kept codes stay on the plan (a live session's next context, checks)
+    admitted: bool = False  # the follow-up of a stream already admitted (a live session's next segment): goodput
+    # admission does not refuse it, so a conversation under way is never cut off mid-turn (the slots still decide)
 
 
 @dataclass(frozen=True)

@@ -19,12 +19,14 @@ under the GIL).
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 ADMIT_RTF = 1.2  # TTS_ADMIT_RTF=auto on a GPU: the issue's floor for every stream; a CPU is never real time: off
 BACKLOG_CHUNKS = 3  # codec frames waiting per running stream, in largest chunks, that mean it has fallen behind
 TRUSTED_SCALE = 2  # a timed bucket predicts buckets up to this many times its size
+FRESH_S = 30.0  # a bucket's timing counts this long after it was taken: then a refused size is tried again
 AT_CAPACITY = "the engine is at capacity: "  # how such a refusal begins (a BusyError: 503, Retry-After)
 
 
@@ -36,11 +38,14 @@ class Goodput:
     step_seconds: Mapping[int, float]  # PrefillBudget.step_seconds: a decode step per bucket (the loop writes it)
     codec_backlog: Callable[[], int]  # frames sent to the codec and not yet decoded
     chunk_frames: int  # the largest audio chunk
+    timed_at: Mapping[int, float] = field(default_factory=dict)  # PrefillBudget.timed_at: when each was last timed
+    clock: Callable[[], float] = time.monotonic
 
     def refuses(self, streams: int, running: int) -> str | None:
         """Why `streams` decoding together (the running ones, the admitted waiting ones and the new one, at most
-        the slots) would fall below rtf x real time; None when they would not (or nothing says so yet)."""
-        if self.rtf <= 0:
+        the slots) would fall below rtf x real time; None when they would not (or nothing says so yet). Nothing
+        running: nothing to protect (and no timing of the current load), so the slots decide."""
+        if self.rtf <= 0 or running == 0:
             return None
         step = self.predicted_step(streams)
         budget = self.frame_seconds / self.rtf
@@ -55,21 +60,27 @@ class Goodput:
 
     def predicted_step(self, streams: int) -> float | None:
         """Seconds of a decode step for `streams` rows, from the timed buckets; None when none predicts it."""
-        timed = dict(self.step_seconds)  # one consistent copy while the loop thread writes
+        now = self.clock()
+        timed_at = dict(self.timed_at)
+        # one consistent copy while the loop thread writes; only recent timings: a bucket timed slow once (run before
+        # its graph was captured, or beside a busy codec) and refused since would never run again to be re-timed
+        timed = {b: t for b, t in dict(self.step_seconds).items() if now - timed_at.get(b, now) <= FRESH_S}
         if not timed or streams <= 0:
             return None
         bucket = self.bucket(streams)
-        # a step is never faster with more rows: the slowest timed bucket at or below this one is a floor
-        floor = max((t for b, t in timed.items() if b <= bucket), default=None)
+        # a step is never faster with more rows: the slowest timed bucket at or below this one is a floor, in every
+        # case (timings are noisy: without it a smaller count could be refused where a larger one is let in, and the
+        # router's search relies on refusals being monotone in streams)
+        floor = max((t for b, t in timed.items() if b <= bucket), default=0.0)
         if bucket in timed:
-            return timed[bucket]
+            return max(floor, timed[bucket])
         above = [b for b in timed if b > bucket]
         if above:
-            return timed[min(above)]
+            return max(floor, timed[min(above)])
         largest = max(timed)
         # scaled from the largest timed bucket, but not past TRUSTED_SCALE times it: beyond, the estimate stays what
-        # it is there (never lower, so refusals stay monotone in streams: the router's search relies on it)
-        return max(floor or 0.0, timed[largest] * min(bucket / largest, TRUSTED_SCALE))
+        # it is there
+        return max(floor, timed[largest] * min(bucket / largest, TRUSTED_SCALE))
 
     def room(self, streams: int, running: int, slots: int) -> int:
         """How many more streams may join the `streams` admitted (at most the free slots): the router's hint."""

@@ -16,6 +16,7 @@ stream decoding nothing is at stake: the whole limit. Pure Python.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 
 HEADROOM = 0.8  # of the frame period: the codec shares the GPU with the step, and timings jitter
@@ -32,6 +33,7 @@ class PrefillBudget:
     frame_seconds: float  # one frame of audio
     floor: int  # positions per step at least
     step_seconds: dict[int, float] = field(default_factory=dict)  # per batch bucket: an iteration without prefill
+    timed_at: dict[int, float] = field(default_factory=dict)  # per batch bucket: time.monotonic() of its last timing
     token_seconds: float | None = None  # one prefilled position
 
     def tokens(self, bucket: int) -> int:
@@ -55,6 +57,7 @@ class PrefillBudget:
             return  # a prefill without a step never synced: its time is launch time, not work
         if prefilled == 0:
             self.step_seconds[bucket] = _average(self.step_seconds.get(bucket), seconds)
+            self.timed_at[bucket] = time.monotonic()  # goodput admission trusts recent timings only
         elif bucket in self.step_seconds:
             extra = max(seconds - self.step_seconds[bucket], 0.0) / prefilled
             self.token_seconds = _average(self.token_seconds, extra)

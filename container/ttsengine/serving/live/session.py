@@ -184,8 +184,11 @@ class LiveSession:
         refs = self.job.request.references + ((self._context,) if self._context is not None else ())
         # the kept codes become the next segment's context
         # abandoned: a session cancelled while this is planned stops before its next reference is encoded
+        # admitted: after its first segment a session is a conversation under way; goodput admission refuses new
+        # sessions at capacity, never the next sentence of one that is speaking
         stream = self._submit(dataclasses.replace(self.job.request, text=segment, references=refs,
-                                                  keep_codes=self.chain), abandoned=self._is_cancelled)
+                                                  keep_codes=self.chain, admitted=self.segments > 0),
+                              abandoned=self._is_cancelled)
         self.segments += 1
         self._last = stream
         return stream

@@ -42,11 +42,11 @@ FD_RESERVE = 256  # file descriptors kept for what is not a connection: model an
 # pipes, audio encoders, downloads
 
 
-def auto_max_connections() -> int:
-    """TTS_MAX_CONNECTIONS=0, at a server's start: the process's file-descriptor limit less FD_RESERVE (at least
-    64), so a flood of connections gets 503s before the server runs out of descriptors for its own files. The soft
-    limit is raised to the hard one first (many hosts start processes at 1024 soft, which would cap a GPU serving
-    1,000 streams below its slots)."""
+def max_connections(configured: int = 0) -> int:
+    """TTS_MAX_CONNECTIONS at a server's start: `configured`, or (0) the process's file-descriptor limit less
+    FD_RESERVE (at least 64), so a flood of connections gets 503s before the server runs out of descriptors for its
+    own files. Either way the soft limit is raised to the hard one first (many hosts start processes at 1024 soft,
+    which would cap a GPU serving 1,000 streams below its slots, or fail an explicit cap above it with EMFILE)."""
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     want = min(hard, 1 << 20) if hard != resource.RLIM_INFINITY else 1 << 20
     if soft != resource.RLIM_INFINITY and soft < want:
@@ -55,15 +55,28 @@ def auto_max_connections() -> int:
             soft = want
         except (ValueError, OSError) as e:  # a sandbox may forbid it: the limit stays, and so does the cap's share
             log.info("could not raise the open-file limit from %d to %d: %s", soft, want, e)
+    if configured:
+        return configured
     return max(64, soft - FD_RESERVE) if soft != resource.RLIM_INFINITY else 1 << 20
 
 
 @dataclass
 class OpenConnections:
-    """The server's open connections (the event loop's thread alone counts them: no lock)."""
+    """The server's open connections, as their transports (the event loop's thread alone touches them: no lock). A
+    connection leaves when its protocol hears it is lost; one whose protocol this guard no longer sees (upgraded to a
+    WebSocket where the guard did not notice) leaves once its transport is closing, checked before any refusal."""
 
-    count: int = 0
+    transports: set = field(default_factory=set)
     refused: int = 0
+
+    @property
+    def count(self) -> int:
+        return len(self.transports)
+
+    def full(self, cap: int) -> bool:
+        if len(self.transports) >= cap:
+            self.transports = {t for t in self.transports if not t.is_closing()}
+        return len(self.transports) >= cap
 
 
 @dataclass(frozen=True)
@@ -107,7 +120,7 @@ class ConnectionGuard(asyncio.Protocol):
     def connection_made(self, transport) -> None:
         self.transport = transport
         limits = self.deadlines
-        if limits.max_connections and limits.open.count >= limits.max_connections:
+        if limits.max_connections and limits.open.full(limits.max_connections):
             self.refused = True
             limits.open.refused += 1
             if limits.open.refused in (1, 10, 100) or limits.open.refused % 1000 == 0:  # a flood: a few lines
@@ -117,7 +130,7 @@ class ConnectionGuard(asyncio.Protocol):
             transport.write(limits.too_many())
             transport.close()
             return
-        limits.open.count += 1
+        limits.open.transports.add(transport)
         self.inner.connection_made(transport)
         if self.deadlines.idle:
             self._arm(self.deadlines.idle, self._idle)
@@ -144,7 +157,7 @@ class ConnectionGuard(asyncio.Protocol):
         if self.refused:
             return
         self._disarm()
-        self.deadlines.open.count -= 1
+        self.deadlines.open.transports.discard(self.transport)
         self.inner.connection_lost(exc)
 
     def pause_writing(self) -> None:
@@ -158,10 +171,10 @@ class ConnectionGuard(asyncio.Protocol):
     def _count_until_lost(self, protocol: asyncio.BaseProtocol) -> None:
         """The connection became a WebSocket: its protocol, not this one, hears of its end. It stays counted until
         then (the count moves with the connection: this protocol's own connection_lost will not come)."""
-        lost, opened = protocol.connection_lost, self.deadlines.open
+        lost, opened, transport = protocol.connection_lost, self.deadlines.open, self.transport
 
         def connection_lost(exc: Exception | None) -> None:
-            opened.count -= 1
+            opened.transports.discard(transport)
             lost(exc)
 
         protocol.connection_lost = connection_lost  # an instance attribute: this connection's protocol only
