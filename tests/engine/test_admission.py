@@ -96,11 +96,18 @@ def test_goodput_admission_refuses_what_would_fall_below_real_time():
         with pytest.raises(BusyError, match=r"^the engine is at capacity: a step for 2 streams"):
             engine.submit(LONG)
         assert engine.occupancy() == (0, 0) and len(engine.scheduler.running) == 1  # 3 slots free, no room
+        planned = []
+        real_plan = engine.planner.plan
+        engine.planner.plan = lambda *a, **k: planned.append(1) or real_plan(*a, **k)
+        with pytest.raises(BusyError, match="at capacity"):  # refused before planning: no reference encoded
+            engine.submit(LONG)
+        assert planned == []
+        engine.planner.plan = real_plan
         # a live session's next segment (admitted) is never refused for capacity: only new streams are
         first.append(engine.submit(SynthesisRequest(text="Next sentence.", seed=2, admitted=True)))
         stats = fleet.stats()
         # engine refusals for capacity summed; rejected is the fleet's own count: one request no engine took
-        assert stats.total.refused_capacity == 3 and stats.total.rejected == 1
+        assert stats.total.refused_capacity == 4 and stats.total.rejected == 1
         end(first)
     finally:
         fleet.close()

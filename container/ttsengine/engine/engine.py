@@ -142,6 +142,7 @@ class Engine:
     def submit(self, request: SynthesisRequest | Plan, *, ignore_stop: bool = False,
                abandoned: Callable[[], bool] | None = None) -> Stream:
         """Validates and queues a request; InputError (bad request), BusyError (full) or Abandoned at once."""
+        self.intake.precheck(request.admitted)  # goodput: refused before its references are encoded
         plan = self.planner.plan(request, abandoned)  # the capacity guard: every chunk fits this engine's cache
         plan.ignore_stop = plan.ignore_stop or ignore_stop
         stream = Stream(plan, self.sample_rate, str(self.device.device))

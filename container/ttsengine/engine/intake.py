@@ -49,16 +49,30 @@ class Intake:
             if waiting >= self.scheduler.free_slots + self.max_queue:
                 self.metrics.rejected += 1
                 raise BusyError(f"the engine is busy ({running} streams running, {waiting} waiting); retry shortly")
-            # the streams that would decode together once this one runs (the queue beyond the slots waits instead)
-            why = None if self.goodput is None or task.plan.admitted else \
-                self.goodput.refuses(min(running + waiting + 1, self.slots), running)
-            if why is not None:
-                self.metrics.rejected += 1
-                self.metrics.refused_capacity += 1
-                raise AtCapacity(f"{AT_CAPACITY}{why}; retry shortly")
+            self._goodput(task.plan.admitted)
             self._tasks.append(task)
             self._streams.add(task.stream)
             self.cv.notify_all()
+
+    def precheck(self, admitted: bool) -> None:
+        """AtCapacity now when goodput admission would refuse a new stream: before it is planned (its references
+        encoded on the device), which is work the refusal would waste exactly when the engine is busiest. put()
+        checks again (the load may change while it is planned)."""
+        with self.cv:
+            self._goodput(admitted)
+
+    def _goodput(self, admitted: bool) -> None:
+        """AtCapacity when goodput admission refuses one more stream (call under cv). The streams that would
+        decode together once it runs: the running ones, the waiting ones and it, at most the slots (a queue beyond
+        them waits instead)."""
+        if self.goodput is None or admitted:
+            return
+        running = len(self.scheduler.running)
+        why = self.goodput.refuses(min(running + self._waiting() + 1, self.slots), running)
+        if why is not None:
+            self.metrics.rejected += 1
+            self.metrics.refused_capacity += 1
+            raise AtCapacity(f"{AT_CAPACITY}{why}; retry shortly")
 
     def forget(self, key: str) -> None:
         with self.cv:
