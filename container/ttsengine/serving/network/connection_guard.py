@@ -38,6 +38,8 @@ class TooManyConnections(TTSError):
     status = 503
 
 
+LINGER_S = 2.0  # a refused connection reads and drops the client's request this long at most before it closes
+MAX_LINGERING = 64
 FD_RESERVE = 256  # file descriptors kept for what is not a connection: model and voice files, engine processes'
 # pipes, audio encoders, downloads
 
@@ -68,6 +70,7 @@ class OpenConnections:
 
     transports: set = field(default_factory=set)
     refused: int = 0
+    lingering: int = 0  # refused connections still reading the client's request before they close
 
     @property
     def count(self) -> int:
@@ -128,7 +131,7 @@ class ConnectionGuard(asyncio.Protocol):
                             transport.get_extra_info("peername"), limits.open.count, limits.max_connections,
                             limits.open.refused)
             transport.write(limits.too_many())
-            transport.close()
+            self._linger(transport)
             return
         limits.open.transports.add(transport)
         self.inner.connection_made(transport)
@@ -151,7 +154,26 @@ class ConnectionGuard(asyncio.Protocol):
             self._disarm()
 
     def eof_received(self) -> bool | None:
-        return None if self.refused else self.inner.eof_received()
+        return None if self.refused else self.inner.eof_received()  # None: a refused one closes on the client's EOF
+
+    def _linger(self, transport) -> None:
+        """Closing a refused connection at once resets it when the client's request is still unread here, and a
+        reset may throw away the 503 before the client reads it: send a FIN after it, read and drop what comes, and
+        close on the client's EOF or after LINGER_S. Few at a time (a flood must not hold descriptors): past
+        MAX_LINGERING, closed at once."""
+        opened = self.deadlines.open
+        if opened.lingering >= MAX_LINGERING or not transport.can_write_eof():
+            transport.close()
+            return
+        opened.lingering += 1
+        transport.write_eof()
+
+        def done() -> None:
+            opened.lingering -= 1
+            if not transport.is_closing():
+                transport.close()
+
+        asyncio.get_running_loop().call_later(LINGER_S, done)
 
     def connection_lost(self, exc: Exception | None) -> None:
         if self.refused:
