@@ -38,13 +38,18 @@ def specification(model_name: str, gpus: int, startup_timeout_s: int, download_t
                                   "ModelDataDownloadTimeoutInSeconds": download_timeout_s}}
 
 
-def status(sm, name: str) -> str | None:
+def described(describe, field: str, **name) -> str | None:
+    """describe(**name)[field] (an endpoint's or a component's status), or None when SageMaker has no such thing."""
     try:
-        return sm.describe_inference_component(InferenceComponentName=name)["InferenceComponentStatus"]
+        return describe(**name)[field]
     except Exception as e:  # noqa: BLE001
         if "Could not find" in str(e) or "ValidationException" in str(e):
             return None
         raise
+
+
+def status(sm, name: str) -> str | None:
+    return described(sm.describe_inference_component, "InferenceComponentStatus", InferenceComponentName=name)
 
 
 def put(sm, endpoint: str, spec: dict, copies: int) -> str:

@@ -258,12 +258,7 @@ def deploy(spec: DeploySpec, region: str | None = None, wait: bool = True, poll_
 
 
 def _endpoint_status(sm, name: str) -> str | None:
-    try:
-        return sm.describe_endpoint(EndpointName=name)["EndpointStatus"]
-    except Exception as e:  # noqa: BLE001
-        if "Could not find" in str(e) or "ValidationException" in str(e):
-            return None
-        raise
+    return components.described(sm.describe_endpoint, "EndpointStatus", EndpointName=name)
 
 
 def wait_in_service(sm, name: str, poll_s: float, timeout_s: float = 3600) -> str:
