@@ -208,7 +208,7 @@ def test_channels_last_codec_equals_the_reference(eager_engine):
 
 @pytest.mark.parametrize("layout", ["", ",+codec_channels_last"])
 def test_the_codec_kv_ring_equals_the_reference(eager_engine, layout):
-    # TTS_FEATURES=+codec_kv_ring (off by default until measured on a GPU: issue 46): the codec transformer's keys and
+    # TTS_FEATURES=+codec_kv_ring (on by default on a GPU, off on a CPU): the codec transformer's keys and
     # values in a ring per row, written in place; streams longer than the tiny codec's window wrap the ring many times
     from conftest import MODEL_DIR
 
@@ -224,7 +224,7 @@ def test_the_codec_kv_ring_equals_the_reference(eager_engine, layout):
 
 
 def test_sparse_codec_rows_equal_the_reference(eager_engine):
-    # TTS_FEATURES=+codec_sparse_rows (off by default until measured on a GPU: issue 44): codec calls padded to 1, 4,
+    # TTS_FEATURES=+codec_sparse_rows (default on a GPU, off on a CPU): codec calls padded to 1, 4,
     # 16 or 64 rows, half the graphs to capture; two streams here decode in calls padded to 4 rows
     from conftest import MODEL_DIR
 

@@ -34,6 +34,7 @@ def before(p: Platform) -> set[str]:
     on |= {F.COMPILE} if compiled else set()
     on |= {F.PRECOMPILE} if compiled and p.precompile else set()
     on |= {F.OVERLAP_STEP, F.STEP_PRIORITY} if p.cuda else set()
+    on |= {F.CODEC_KV_RING, F.CODEC_SPARSE_ROWS} if p.cuda else set()  # on by default since stop 55's measurement
     on |= {F.SNAKE_KERNEL} if p.cuda and p.triton else set()
     if p.cuda:
         triton_attention, triton3 = p.triton and p.sixteen_bit, p.triton_major >= 3

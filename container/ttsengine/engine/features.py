@@ -174,11 +174,14 @@ FEATURES = (
             "tuning in graph captures only", "engine/engine.py", requires=(CUDA,), default=False),
     Feature(CODEC_CHANNELS_LAST, CODEC, "the streaming codec time-major with channels-last convolutions",
             "channel-major convolutions", "model/codec/streaming.py", auto=(CUDA, TUNED_CODEC), keyed=True),
+    # codec_kv_ring and codec_sparse_rows: measured on one H200 (scripts/device/codec_next.sh, stop 55): the ring
+    # +7-8% codec frames/s at 64 and 256 streams (29,200 -> 31,200-31,700), sparse rows 28.5 -> 16.2 s of capture
+    # and cuDNN tuning at the same speed; GPU parity in tests/engine/test_gpu.py. Unmeasured on a CPU: off there.
     Feature(CODEC_KV_RING, CODEC, "the codec transformer's keys and values in a ring per row, new ones written only",
             "the window's keys gathered, joined and written back whole each call", "model/codec/streaming.py",
-            default=False),
+            auto=(CUDA,)),
     Feature(CODEC_SPARSE_ROWS, CODEC, "codec calls padded to 1, 4, 16 or 64 rows: half the CUDA graphs to capture",
-            "1, 2, 4, 8, 16, 32 or 64 rows", "engine/settings.py `codec_buckets`", default=False),
+            "1, 2, 4, 8, 16, 32 or 64 rows", "engine/settings.py `codec_buckets`", auto=(CUDA,)),
     Feature(CODEC_MERGE, CODEC, "codec decodes queued behind a busy codec thread join into one call",
             "one call per decode step", "engine/device/vocoder.py `set_merge`"),
     Feature(CODEC_ROUNDS, CODEC, "later audio chunks of every stream go to the codec together",
