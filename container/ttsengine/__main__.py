@@ -138,6 +138,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser("bench", help="concurrency benchmark (see: python -m ttsengine bench --help)")
     sub.add_parser("warm", help="compile, capture and save the kernel cache (see: python -m ttsengine warm --help)")
     sub.add_parser("loadtest", help="concurrency sweep against a running server (python -m ttsengine loadtest --help)")
+    sub.add_parser("livetest", help="voice-agent sessions over the live WebSocket, fed by a simulated LLM "
+                               "(python -m ttsengine livetest --help)")
     sub.add_parser("soak", help="minutes of mixed traffic against a running server, judged per minute "
                                "(python -m ttsengine soak --help)")
     sub.add_parser("parity", help="check this implementation against a golden folder (python -m ttsengine parity DIR)")
@@ -183,7 +185,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 # subcommands with their own argument parsers (modules in tools/): python -m ttsengine <tool> ...
-TOOLS = ("bench", "warm", "loadtest", "soak", "parity", "info", "plan")
+TOOLS = ("bench", "warm", "loadtest", "livetest", "soak", "parity", "info", "plan")
 ENGINE_TOOLS = ("bench", "warm")  # log the engine's start (cache status, warm-up); loadtest is a quiet HTTP client
 
 

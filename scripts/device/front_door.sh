@@ -1,0 +1,65 @@
+#!/usr/bin/env bash
+# The product through its front door, one device call, one GPU, real S1-mini shapes with random weights, defaults
+# (TTS_MAX_BATCH=$MAX streams, goodput admission on as on any GPU):
+#   bench:    `bench` in-process at $MAX streams (the engine's figure the HTTP runs are held against; issue 43);
+#   cold:     `python -m handlers http` on an empty kernel cache: ready after (settled), then at once the first
+#             burst ($MAX clients, one request each; issue 44), then the same load warm (2 requests per client);
+#   overload: 2 x $MAX clients against the same server (issue 50: admitted streams >= 1.2x real time, the rest 503);
+#   live:     `livetest`: one session (first audio, barge-in), then $SESSIONS sessions fed at 30 tokens/s (issue 45);
+#   warm:     the server restarted on the filled kernel cache: ready after, and its first burst (issue 44).
+# Prints the tables last. Usage: scripts/device/front_door.sh   (env: PARTS="bench cold overload live warm",
+#   MAX=256, FRAMES=192, PROCS=4, SESSIONS=64, CKPT, CACHE)
+set -uo pipefail
+OUT=${OUT:-device-out}
+W=${WORK:-/tmp/front-door}
+mkdir -p "$OUT" "$W"
+trap 'for f in "$W"/*.log; do echo "==== $f"; tail -c 8000 "$f"; done > "$OUT/logs.txt"' EXIT
+export PYTHONPATH=$PWD/container:$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
+PARTS=${PARTS:-bench cold overload live warm} MAX=${MAX:-256} FRAMES=${FRAMES:-192} PROCS=${PROCS:-4}
+SESSIONS=${SESSIONS:-64} CKPT=${CKPT:-/tmp/s1-random} CACHE=${CACHE:-/tmp/front-door-cache} PORT=${PORT:-8080}
+URL=http://127.0.0.1:$PORT
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+python3 -c "import torch, uvicorn; print('torch', torch.__version__, '| uvicorn', uvicorn.__version__)"
+if [ ! -f "$CKPT/model.pth" ]; then
+  python3 -c "import sys; from ttsengine.model.loading.checkpoint_writer import write_random_checkpoint as w; \
+w('s1-mini', sys.argv[1], 'cuda')" "$CKPT" > "$W/write.log" 2>&1 || { tail -20 "$W/write.log"; exit 1; }
+fi
+RUNS=()
+lt() { local name=$1 t0; t0=$(date +%s); shift; timeout 240 python3 -m ttsengine loadtest "$URL" \
+  --max-new-tokens "$FRAMES" --processes "$PROCS" --out "$W/$name" "$@" > "$W/$name.log" 2>&1
+  echo "loadtest $name exit $? ($(( $(date +%s) - t0 )) s)"; RUNS+=("$name"); }
+live() { local name=$1; shift; timeout 240 python3 -m ttsengine livetest "$URL" --out "$W/$name" "$@" \
+  > "$W/$name.log" 2>&1; echo "livetest $name exit $?"; LIVE+=("$name"); }
+serve() {  # serve NAME: starts the server, waits for a settled /ready; sets PID
+  local t0; t0=$(date +%s.%N)
+  TTS_MODEL_DIR="$CKPT" TTS_CACHE_DIR="$CACHE" TTS_DATA_DIR=/tmp/tts-data TTS_PORT=$PORT TTS_LOG_LEVEL=WARNING \
+    TTS_MAX_BATCH=$MAX python3 -m handlers http > "$W/server-$1.log" 2>&1 &
+  PID=$!
+  python3 scripts/device/wait_ready.py "$PORT" "$PID" 300 kernel_cache max_streams features \
+    || { tail -30 "$W/server-$1.log"; kill $PID; return 1; }
+  echo "server $1: ready after $(python3 -c "import time; print(round(time.time() - $t0, 1))") s (process start)"
+}
+stop() { kill -TERM "$PID"; wait "$PID"; echo "server exit $?: $(grep -c Traceback "$W/server-$1.log") tracebacks"; }
+LIVE=()
+for part in $PARTS; do
+  case $part in
+    bench) timeout 300 python3 -m ttsengine bench --random-weights s1-mini --frames "$FRAMES" --concurrency "$MAX" \
+             --check-audio 0 --out "$W/bench" > "$W/bench.log" 2>&1; echo "bench exit $?" ;;
+    cold) rm -rf "$CACHE"; serve cold || exit 1
+          lt burst-cold --concurrency "$MAX" --requests "$MAX"; lt steady --concurrency "$MAX" ;;
+    overload) lt overload --concurrency $((2 * MAX)) ;;
+    live) live live-1 --sessions 1 --turns 3 --max-new-tokens 128
+          live barge-1 --sessions 1 --turns 3 --barge-in 0.5
+          live "live-$SESSIONS" --sessions "$SESSIONS" --ramp 2 --max-new-tokens 128 ;;
+    warm) stop cold; serve warm || exit 1; lt burst-warm --concurrency "$MAX" --requests "$MAX"; stop warm ;;
+  esac
+done
+[[ " $PARTS " == *" warm "* ]] || stop cold
+python3 scripts/device/http_breakdown_table.py "$W" "${RUNS[@]}" | tee "$OUT/table.txt"
+for n in "${RUNS[@]}"; do
+  python3 -c "import json,sys; lv=json.load(open(sys.argv[1]))['levels'][0]; print(f\"{sys.argv[2]}: {lv['requests']} \
+requests, {lv['errors']} errors ({(lv['error_sample'] or '')[:90]}), slowest stream {1 / lv['rtf_max']:.2f}x real time\")" \
+    "$W/$n/loadtest.json" "$n" | tee -a "$OUT/table.txt"
+done
+for n in "${LIVE[@]}"; do echo "== $n"; grep -v '^wrote' "$W/$n.log"; done | tee -a "$OUT/table.txt"
+[ -f "$W/bench/bench.json" ] && cp "$W/bench/bench.json" "$OUT/bench.json"
