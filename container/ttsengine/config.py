@@ -78,6 +78,16 @@ def number_or_off(unit: str = "seconds") -> Kind:
     return Kind(float, "a number", check)
 
 
+def seconds_up_to(top: float) -> Kind:
+    """Seconds in 0..top (0 is a meaningful setting, not "off")."""
+    def check(value) -> str | None:
+        if not math.isfinite(value) or not 0 <= value <= top:
+            return f"{value} is not a number of seconds in 0..{top:g}"
+        return None
+
+    return Kind(float, "a number", check)
+
+
 def rtf_or_auto() -> Kind:
     """auto (None: decided at start from the device) or a real-time factor in 0..100, 0 switching the test off."""
     def parse(text: str) -> float | None:
@@ -238,6 +248,7 @@ class EngineConfig:
     max_batch: int = 0  # concurrent streams on the device; 0 = the preset's
     max_queue: int = 0  # requests waiting for a slot before new ones get "busy"; 0 = auto (2 x max_batch)
     admit_rtf: float | None = None  # goodput admission (control/goodput.py): None = auto (1.2 on a GPU, off on CPU)
+    admit_wait: float = 1.0  # with goodput admission on: the longest expected wait for a slot a stream is queued for
     kv_cache_tokens: int = 0  # KV positions in the paged cache; 0 = the preset's, within the memory share
     gpu_memory_utilization: float = 0.0  # the engine's share of the GPU's memory (vLLM's meaning); 0 = the preset's
     prefill_tokens: int = 4096  # prompt tokens prefilled per engine step at most (keeps running streams moving)
@@ -303,6 +314,10 @@ ENGINE_VARS = (
         "goodput admission: a new stream is refused (503, Retry-After) while the engine's measured step and codec "
         "times say the streams together would fall below this x real time; auto = 1.2 on a GPU, off on a CPU "
         "(never real time there); 0 = off (the slots and TTS_MAX_QUEUE alone decide)"),
+    Var("TTS_ADMIT_WAIT", "admit_wait", seconds_up_to(3600),
+        "with goodput admission on (TTS_ADMIT_RTF): every slot taken, a new stream waits for one only while the "
+        "streams ahead of it, at the rate streams have been ending, would free it within this many seconds; "
+        "otherwise a 503 with Retry-After at once; 0 = no waiting"),
     Var("TTS_KV_CACHE_TOKENS", "kv_cache_tokens", integer(0, 1 << 24, note=" (0 = auto)"),
         "KV-cache positions shared by all streams; 0 = the preset's positions per stream x max batch, within the "
         "GPU memory share"),

@@ -123,3 +123,33 @@ def test_goodput_admission_refuses_what_would_fall_below_real_time():
         eng.close()
     auto = EngineConfig(model_dir=MODEL_DIR, device="cpu")
     assert auto.admit_rtf is None and BatchSettings.resolve(auto, load(auto)).admit_rtf == 0
+
+
+def test_with_every_slot_taken_a_stream_waits_only_as_long_as_ending_streams_allow():
+    """TTS_ADMIT_WAIT (issue 50, shed instead of stretch): the step rule out of the way (a floor of 0.001x real time),
+    a new stream finding every slot taken is refused at once while no stream has ended lately, queued once streams
+    end fast enough to free a slot within the wait, and refused at 0 (no waiting)."""
+    short = SynthesisRequest(text="Hi.", seed=1, max_new_tokens=2)
+    for wait, queued in ((5.0, True), (0.0, False)):
+        eng = Engine.load(EngineConfig(model_dir=MODEL_DIR, device="cpu", max_batch=2, max_queue=4,
+                                       admit_rtf=0.001, admit_wait=wait))
+        try:
+            running = [eng.submit(LONG, ignore_stop=True) for _ in range(2)]
+            until(lambda e=eng: len(e.scheduler.running) == 2)
+            with pytest.raises(BusyError, match=r"^the engine is at capacity: every slot is taken and no stream "
+                                                r"ended in the last 10 s; retry shortly$"):
+                eng.submit(LONG)
+            end(running)
+            for _ in range(6):  # streams ending: several a second on this CPU
+                list(eng.submit(short))
+            running = [eng.submit(LONG, ignore_stop=True) for _ in range(2)]
+            until(lambda e=eng: len(e.scheduler.running) == 2)
+            if queued:
+                running.append(eng.submit(LONG, ignore_stop=True))  # a slot frees well within 5 s at that rate
+                assert eng.occupancy()[1] == 1
+            else:
+                with pytest.raises(BusyError, match="every slot is taken: 1 stream would wait about"):
+                    eng.submit(LONG)
+            end(running)
+        finally:
+            eng.close()

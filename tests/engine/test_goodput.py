@@ -100,3 +100,33 @@ def test_refusal_is_monotone_in_streams():
         g = gate(timed)
         verdicts = [g.refuses(n, n - 1) is not None for n in range(1, 257)]
         assert verdicts == sorted(verdicts), (timed, verdicts.index(True))
+
+
+class Clock:
+    def __init__(self):
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_a_stream_waits_for_a_slot_only_as_long_as_the_ending_streams_allow():
+    clock = Clock()
+    g = Goodput(1.2, FRAME, bucket, {}, lambda: 0, chunk_frames=8, clock=clock, wait_s=1.0)
+    assert g.refuses_wait(0) is None and g.refuses_wait(-3) is None  # a slot is free: no wait
+    assert g.refuses_wait(1) == "every slot is taken and no stream ended in the last 10 s"
+    for _ in range(20):  # 20 streams ended over the last 2 s: 10 per second
+        clock.now += 0.1
+        g.ended()
+    assert g.end_rate() == pytest.approx(20 / 1.9)
+    assert g.refuses_wait(10) is None  # ~0.95 s
+    assert g.refuses_wait(11) == "every slot is taken: 11 streams would wait about 1.05 s for a slot, over the 1 s " \
+                                 "allowed"
+    clock.now += 10.0  # they ended too long ago to say how fast slots free now
+    assert g.refuses_wait(1) is not None and g.end_rate() is None
+    assert Goodput(0, FRAME, bucket, {}, lambda: 0, chunk_frames=8).refuses_wait(100) is None  # admission off
+    none = Goodput(1.2, FRAME, bucket, {}, lambda: 0, chunk_frames=8, clock=clock, wait_s=0)
+    for _ in range(50):
+        clock.now += 0.01
+        none.ended()
+    assert none.refuses_wait(1) is not None  # TTS_ADMIT_WAIT=0: no waiting at all

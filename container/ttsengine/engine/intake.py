@@ -63,12 +63,13 @@ class Intake:
 
     def _goodput(self, admitted: bool) -> None:
         """AtCapacity when goodput admission refuses one more stream (call under cv). The streams that would
-        decode together once it runs: the running ones, the waiting ones and it, at most the slots (a queue beyond
-        them waits instead)."""
+        decode together once it runs: the running ones, the waiting ones and it, at most the slots; beyond them it
+        waits for a slot, and only as long as goodput's wait allows."""
         if self.goodput is None or admitted:
             return
-        running = len(self.scheduler.running)
-        why = self.goodput.refuses(min(running + self._waiting() + 1, self.slots), running)
+        running, waiting = len(self.scheduler.running), self._waiting()
+        why = (self.goodput.refuses(min(running + waiting + 1, self.slots), running)
+               or self.goodput.refuses_wait(running + waiting + 1 - self.slots))
         if why is not None:
             self.metrics.rejected += 1
             self.metrics.refused_capacity += 1
@@ -124,6 +125,8 @@ class Intake:
 
     def ended(self, stream: Stream) -> None:
         with self.cv:
+            if stream in self._streams and self.goodput is not None:
+                self.goodput.ended()  # its slot is free: the rate a waiting stream gets one at
             self._streams.discard(stream)
 
     def end_all(self, down: str | None = None) -> list[Stream]:

@@ -104,6 +104,7 @@ class BatchSettings:
     runner: RunnerConfig
     max_queue: int
     admit_rtf: float  # goodput admission's floor (control/goodput.py); 0 = off
+    admit_wait: float  # with admission on, the longest expected wait for a slot a new stream is queued for
     prefill_tokens: int  # the largest prefill budget per step (engine/control/prefill_budget.py may use less)
     prefix_cache: bool  # share cached prompt prefixes' KV pages (engine/control/prefix_cache.py)
     first_chunk_frames: int
@@ -175,6 +176,8 @@ class BatchSettings:
                               f"{', '.join(map(str, PREFILL_GROUPS))} (TTS_PREFILL_GROUP)")
         if config.admit_rtf is not None and not 0 <= config.admit_rtf <= 100:  # likewise
             raise ConfigError(f"admit_rtf={config.admit_rtf}: give 0 (off) to 100, or None for auto (TTS_ADMIT_RTF)")
+        if not 0 <= config.admit_wait <= 3600:  # likewise
+            raise ConfigError(f"admit_wait={config.admit_wait}: give 0 (no waiting) to 3600 seconds (TTS_ADMIT_WAIT)")
         max_batch = config.max_batch or preset.max_batch
         utilization = config.gpu_memory_utilization or preset.memory_utilization
         mc = model.cfg
@@ -224,6 +227,7 @@ class BatchSettings:
                               prefill_group=config.prefill_group)
         admit_rtf = config.admit_rtf if config.admit_rtf is not None else ADMIT_RTF if cuda else 0.0
         return BatchSettings(runner=runner, max_queue=config.max_queue or 2 * max_batch, admit_rtf=admit_rtf,
+                             admit_wait=config.admit_wait,
                              prefill_tokens=config.prefill_tokens, prefix_cache=config.prefix_cache,
                              first_chunk_frames=config.first_chunk_frames,
                              stream_chunk_frames=config.stream_chunk_frames, cuda_graphs=graphs,
