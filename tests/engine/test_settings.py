@@ -91,9 +91,11 @@ def test_the_platform_is_probed_from_the_device(monkeypatch):
 def test_codec_switches_follow_the_engines_rules():
     # what bench --codec-only's engine mode builds its codec from: the switches the engine resolves
     gpu = codec_switches(resolve("auto", GPU).on)  # a GPU with graphs and compile: tuned in captures, time-major
-    assert gpu == CodecSwitches(compile=False, snake_kernel=True, cudnn_autotune="graphs", channels_last=True)
-    assert gpu.describe() == "time-major, Snake kernel, cuDNN tuned in graph captures"
-    assert codec_switches(resolve("-cuda_graphs", GPU).on).describe() == "channel-major, Snake kernel, cuDNN untuned"
+    assert gpu == CodecSwitches(compile=False, snake_kernel=True, cudnn_autotune="graphs", channels_last=True,
+                                kv_ring=True, sparse_rows=True)
+    assert gpu.describe() == "time-major, KV ring, rows 1/4/16/64, Snake kernel, cuDNN tuned in graph captures"
+    assert codec_switches(resolve("-cuda_graphs,-codec_kv_ring,-codec_sparse_rows", GPU).on).describe() == \
+        "channel-major, Snake kernel, cuDNN untuned"
     assert codec_switches(resolve("auto", Platform()).on).describe() == "channel-major, cuDNN untuned"  # CPU
     no_snake = codec_switches(resolve("-snake_kernel", GPU).on)
     assert not no_snake.snake_kernel and no_snake.channels_last
