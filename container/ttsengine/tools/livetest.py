@@ -4,8 +4,9 @@ as the server makes it. Per session: text to first audio (from the token that co
 moment the server could start it, to the first audio message), x real time after the first audio (audio seconds
 over the time from the first audio to the last), stalls as a listener hears them; with --barge-in S each session's
 turn is cancelled S seconds after its first audio and the time from `cancel` to the last audio and to `finish` is
-reported. The server's own side (tts_live_segment_first_audio_seconds, tts_live_barge_in_seconds: cancel to the
-engine's slot freed) is read from /metrics before and after. Prints a table, writes livetest.json.
+reported. The server's own side (tts_live_segment_first_audio_seconds, every segment's; tts_time_to_first_audio_seconds,
+the engine's submit to first audio; tts_live_barge_in_seconds, cancel to the engine's slot freed) is read from
+/metrics before and after. Prints a table, writes livetest.json.
 """
 
 from __future__ import annotations
@@ -188,7 +189,7 @@ def main(argv: list[str] | None = None) -> int:
     for key, value in summary.items():
         if key != "server":
             print(f"{key}: {round(value, 3) if isinstance(value, float) else value}")
-    for key in ("live_first_audio", "live_barge_in"):
+    for key in ("live_first_audio", "engine_first_audio", "live_barge_in"):  # the live and the engine's own timing
         if (h := summary["server"].get(key)) and h["count"]:
             print(f"server {key}: n {h['count']:.0f}, mean/p50/p95 {h['mean_ms']:.0f}/{h['p50_ms']:.0f}/"
                   f"{h['p95_ms']:.0f} ms")
