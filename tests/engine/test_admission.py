@@ -153,3 +153,25 @@ def test_with_every_slot_taken_a_stream_waits_only_as_long_as_ending_streams_all
             end(running)
         finally:
             eng.close()
+
+
+def test_a_queue_whose_head_waited_past_the_limit_is_shed():
+    # TTS_ADMIT_WAIT=0.5: streams ended fast a moment ago (the rate allows a wait), but the one queued since has
+    # waited past 0.5 s: the next is refused (the wave has passed; nothing says a slot frees soon)
+    short = SynthesisRequest(text="Hi.", seed=1, max_new_tokens=2)
+    eng = Engine.load(EngineConfig(model_dir=MODEL_DIR, device="cpu", max_batch=2, max_queue=4, admit_rtf=0.001,
+                                   admit_wait=0.5))
+    try:
+        for _ in range(6):
+            list(eng.submit(short))
+        running = [eng.submit(LONG, ignore_stop=True) for _ in range(2)]
+        until(lambda: len(eng.scheduler.running) == 2)
+        running.append(eng.submit(LONG, ignore_stop=True))  # queued: the rate promises a slot within 0.5 s
+        time.sleep(0.7)
+        assert len(eng.scheduler.running) == 2 and eng.occupancy()[1] == 1  # it still waits
+        with pytest.raises(BusyError, match=r"the stream waiting longest has waited (0\.[7-9]|[1-9]\.)\d+ s, over "
+                                            r"the 0\.5 s"):
+            eng.submit(LONG)
+        end(running)
+    finally:
+        eng.close()

@@ -130,3 +130,17 @@ def test_a_stream_waits_for_a_slot_only_as_long_as_the_ending_streams_allow():
         clock.now += 0.01
         none.ended()
     assert none.refuses_wait(1) is not None  # TTS_ADMIT_WAIT=0: no waiting at all
+
+
+def test_a_queue_whose_head_waited_past_the_limit_takes_no_one_more():
+    # streams started together end together: just after a wave of ends the rate says "a slot in no time", then
+    # nothing frees for a whole stream; the head of the queue waiting past the limit shows it
+    clock = Clock()
+    g = Goodput(1.2, FRAME, bucket, {}, lambda: 0, chunk_frames=8, clock=clock, wait_s=1.0)
+    for _ in range(100):  # a wave: 100 ended within 0.1 s
+        clock.now += 0.001
+        g.ended()
+    assert g.refuses_wait(5, head_wait=0.9) is None
+    assert g.refuses_wait(5, head_wait=1.2) == ("every slot is taken and the stream waiting longest has waited 1.20 "
+                                                "s, over the 1 s allowed")
+    assert g.refuses_wait(0, head_wait=30.0) is None  # a free slot: no wait at all

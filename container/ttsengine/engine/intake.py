@@ -9,6 +9,7 @@ condition while idle (wait), so a request, a forget or a stop wakes it at once.
 from __future__ import annotations
 
 import threading
+import time
 from collections import deque
 from collections.abc import Callable
 
@@ -69,7 +70,7 @@ class Intake:
             return
         running, waiting = len(self.scheduler.running), self._waiting()
         why = (self.goodput.refuses(min(running + waiting + 1, self.slots), running)
-               or self.goodput.refuses_wait(running + waiting + 1 - self.slots))
+               or self.goodput.refuses_wait(running + waiting + 1 - self.slots, self._head_wait()))
         if why is not None:
             self.metrics.rejected += 1
             self.metrics.refused_capacity += 1
@@ -93,6 +94,11 @@ class Intake:
     def waiting(self) -> int:
         with self.cv:
             return self._waiting()
+
+    def _head_wait(self) -> float:
+        """Seconds the stream waiting longest for its first prefill has waited (call under cv); 0 with none."""
+        now = time.perf_counter()
+        return max((now - s.submitted_at for s in self._streams if s.started_at is None), default=0.0)
 
     def _waiting(self) -> int:
         """Requests not yet running: here, or in the scheduler's queue (call under cv)."""

@@ -16,7 +16,8 @@ Two tests, from what the engine measured itself (no constants of a GPU):
 - the wait for a slot (TTS_ADMIT_WAIT): with every slot taken a new stream queues, and at twice the capacity the
   queue held a whole stream's length (first audio 4.2 s at 512 clients on 256 slots, H200, stop 55): shed, don't
   stretch. A stream that must wait is taken only while the streams ahead of it, at the rate streams have been
-  ending (the last RATE_WINDOW_S), would free its slot within wait_s; no stream ended lately: no wait is promised.
+  ending (the last RATE_WINDOW_S), would free its slot within wait_s, and the queue's head has not waited longer
+  than that already; no stream ended lately: no wait is promised.
 Pure Python; the tables are written by the loop thread and read here on the API threads (a dict copy is atomic
 under the GIL).
 """
@@ -62,11 +63,17 @@ class Goodput:
             return None
         return len(recent) / max(now - recent[0], 1e-3)
 
-    def refuses_wait(self, ahead: int) -> str | None:
+    def refuses_wait(self, ahead: int, head_wait: float = 0.0) -> str | None:
         """Why a new stream with `ahead` streams to start before it gets a slot (itself included; <= 0: a slot is
-        free) should not wait; None when it should (or admission is off)."""
+        free) should not wait; None when it should (or admission is off). head_wait: how long the stream waiting
+        longest has waited so far. The rate alone misjudges streams that end in waves (a burst started together
+        ends together: the rate is high just after, then nothing frees for a whole stream's length); a queue whose
+        head has waited past wait_s already is not moving fast enough, whatever the rate says."""
         if self.rtf <= 0 or ahead <= 0:
             return None
+        if head_wait > self.wait_s:
+            return (f"every slot is taken and the stream waiting longest has waited {head_wait:.2f} s, over the "
+                    f"{self.wait_s:g} s allowed")
         rate = self.end_rate()
         if rate is None:
             return f"every slot is taken and no stream ended in the last {RATE_WINDOW_S:g} s"
