@@ -15,6 +15,7 @@ from websockets.sync.client import connect
 
 FIRST_AUDIO = "tts_live_segment_first_audio_seconds"
 BARGE_IN = "tts_live_barge_in_seconds"
+SUBMIT = "tts_live_segment_submit_seconds"
 
 
 @pytest.fixture(scope="module")
@@ -26,9 +27,9 @@ def server(tmp_path_factory):
 
 
 def read(url: str, protocol: str) -> dict[str, float]:
-    """This protocol's live series: name -> value (histograms: _count and _sum)."""
-    return {s.name: s.value for s in scrape(url) if s.name.startswith("tts_live_") and
-            s.labels.get("protocol") == protocol and "le" not in s.labels}
+    """This protocol's live series: name -> value (histograms: _count and _sum; a stage label as name{stage})."""
+    return {s.name + (f"{{{s.labels['stage']}}}" if "stage" in s.labels else ""): s.value for s in scrape(url)
+            if s.name.startswith("tts_live_") and s.labels.get("protocol") == protocol and "le" not in s.labels}
 
 
 def delta(after: dict, before: dict, name: str) -> float:
@@ -58,7 +59,8 @@ def test_every_series_is_there_from_the_start(server):
     for protocol in ("fish", "elevenlabs"):
         names = set(read(server, protocol))
         assert {"tts_live_connections_open", "tts_live_sessions_open", "tts_live_sessions_total",
-                "tts_live_segments_total", FIRST_AUDIO + "_count", BARGE_IN + "_count"} <= names
+                "tts_live_segments_total", FIRST_AUDIO + "_count", BARGE_IN + "_count", SUBMIT + "_count{thread}",
+                SUBMIT + "_count{taken}"} <= names
 
 
 def test_a_fish_session_counts_segments_and_times_each_first_audio(server):
@@ -80,6 +82,9 @@ def test_a_fish_session_counts_segments_and_times_each_first_audio(server):
     assert during[FIRST_AUDIO + "_count"] == before[FIRST_AUDIO + "_count"] + 1
     first = delta(during, before, FIRST_AUDIO + "_sum")
     assert 0 < first <= client_saw  # the server's part of what the client waited
+    # its parts: the wait for a thread, then the engine taking it (the rest: the engine and the way back)
+    thread, taken = delta(during, before, SUBMIT + "_sum{thread}"), delta(during, before, SUBMIT + "_sum{taken}")
+    assert 0 < thread <= taken < first and during[SUBMIT + "_count{taken}"] == before[SUBMIT + "_count{taken}"] + 1
     assert after_finish["tts_live_sessions_open"] == before["tts_live_sessions_open"]  # finish: closed
     assert delta(after, before, "tts_live_sessions_total") == 1
     assert delta(after, before, "tts_live_segments_total") == 2

@@ -38,6 +38,10 @@ class LiveMetrics:
         self.first_audio = Histogram("tts_live_segment_first_audio_seconds", "A segment's text complete and "
                                      "submitted (the segment before it done) to its first audio taken by the "
                                      "socket.", p, buckets=FIRST_AUDIO_BUCKETS, registry=r)
+        self.submit = Histogram("tts_live_segment_submit_seconds", "A segment's text complete and submitted (the "
+                                "segment before it done) to: a thread beginning to submit it (stage thread), the "
+                                "engine taking it, planned and queued (stage taken).", (*p, "stage"),
+                                buckets=FIRST_AUDIO_BUCKETS, registry=r)
         self.barge_in = Histogram("tts_live_barge_in_seconds", "Barge-in (cancel, a barge-in close_context, the "
                                   "socket closed) while a segment was being made, to the session's producer "
                                   "stopped and the engine's slot freed.", p, buckets=BARGE_IN_BUCKETS, registry=r)
@@ -45,6 +49,8 @@ class LiveMetrics:
             for metric in (self.connections, self.open, self.sessions, self.segments, self.first_audio,
                            self.barge_in):
                 metric.labels(name)
+            for stage in ("thread", "taken"):
+                self.submit.labels(name, stage)
 
     def watch(self, protocol: str, submit: Callable) -> SessionWatch:
         return SessionWatch(self, protocol, submit)
@@ -73,7 +79,14 @@ class SessionWatch:
             return None
         self._timed = segment
         histogram = self.m.first_audio.labels(self.protocol)
-        return lambda: histogram.observe(time.perf_counter() - segment.ready_at)
+
+        def sent() -> None:
+            histogram.observe(time.perf_counter() - segment.ready_at)
+            for stage, at in (("thread", segment.submitting_at), ("taken", segment.taken_at)):
+                if at is not None:
+                    self.m.submit.labels(self.protocol, stage).observe(at - segment.ready_at)
+
+        return sent
 
     def closed(self) -> None:
         if self._open:

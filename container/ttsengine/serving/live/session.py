@@ -61,6 +61,8 @@ class Segment:
     ready_at: float
     start_sample: int
     end_sample: int | None = None  # None while it is spoken
+    submitting_at: float | None = None  # a thread began submitting it (the wait before: the thread pool's)
+    taken_at: float | None = None  # the engine took it (planned and queued)
 
 
 def live_job(body: Mapping, voices: VoiceStore | None, strict: bool = True) -> tuple[SpeechJob, LiveRequest]:
@@ -181,6 +183,9 @@ class LiveSession:
                 enc.close()  # an encoder in a worker process: its state goes (nothing after finish)
 
     def _start(self, segment: str) -> Stream:
+        current = self.current
+        if current is not None:
+            current.submitting_at = time.perf_counter()
         refs = self.job.request.references + ((self._context,) if self._context is not None else ())
         # the kept codes become the next segment's context
         # abandoned: a session cancelled while this is planned stops before its next reference is encoded
@@ -191,6 +196,8 @@ class LiveSession:
                               abandoned=self._is_cancelled)
         self.segments += 1
         self._last = stream
+        if current is not None:
+            current.taken_at = time.perf_counter()
         return stream
 
     def _is_cancelled(self) -> bool:
