@@ -9,7 +9,8 @@
 #   warm:     the server restarted on the filled kernel cache: ready after, and its first burst (issue 44).
 # Prints the tables last. Usage: scripts/device/front_door.sh   (env: PARTS="bench cold overload live warm",
 #   MAX=256, FRAMES=192, PROCS=4, SESSIONS=64, BENCH_FEATURES="- -codec_sparse_rows" (TTS_FEATURES per bench run),
-#   CKPT, CACHE; the server takes any TTS_* exported, e.g. TTS_TRACE_CHUNKS=on)
+#   SERVER_LOG=WARNING (INFO: its start's captures, kept in $OUT/server-NAME-start.txt), CKPT, CACHE; the server takes
+#   any TTS_* exported, e.g. TTS_TRACE_CHUNKS=on)
 set -uo pipefail
 OUT=${OUT:-device-out}
 W=${WORK:-/tmp/front-door}
@@ -17,7 +18,7 @@ mkdir -p "$OUT" "$W"
 trap 'for f in "$W"/*.log; do echo "==== $f"; tail -c 8000 "$f"; done > "$OUT/logs.txt"' EXIT
 export PYTHONPATH=$PWD/container:$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 PARTS=${PARTS:-bench cold overload live warm} MAX=${MAX:-256} FRAMES=${FRAMES:-192} PROCS=${PROCS:-4}
-SESSIONS=${SESSIONS:-64} BENCH_FEATURES=${BENCH_FEATURES:--} CKPT=${CKPT:-/tmp/s1-random} CACHE=${CACHE:-/tmp/front-door-cache} PORT=${PORT:-8080}
+SESSIONS=${SESSIONS:-64} SERVER_LOG=${SERVER_LOG:-WARNING} BENCH_FEATURES=${BENCH_FEATURES:--} CKPT=${CKPT:-/tmp/s1-random} CACHE=${CACHE:-/tmp/front-door-cache} PORT=${PORT:-8080}
 URL=http://127.0.0.1:$PORT
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 python3 -c "import torch, uvicorn; print('torch', torch.__version__, '| uvicorn', uvicorn.__version__)"
@@ -33,14 +34,15 @@ live() { local name=$1; shift; timeout 240 python3 -m ttsengine livetest "$URL" 
   > "$W/$name.log" 2>&1; echo "livetest $name exit $?"; LIVE+=("$name"); }
 serve() {  # serve NAME: starts the server, waits for a settled /ready; sets PID
   local t0; t0=$(date +%s.%N)
-  TTS_MODEL_DIR="$CKPT" TTS_CACHE_DIR="$CACHE" TTS_DATA_DIR=/tmp/tts-data TTS_PORT=$PORT TTS_LOG_LEVEL=WARNING \
+  TTS_MODEL_DIR="$CKPT" TTS_CACHE_DIR="$CACHE" TTS_DATA_DIR=/tmp/tts-data TTS_PORT=$PORT TTS_LOG_LEVEL=$SERVER_LOG \
     TTS_MAX_BATCH=$MAX python3 -m handlers http > "$W/server-$1.log" 2>&1 &
   PID=$!
   python3 scripts/device/wait_ready.py "$PORT" "$PID" 300 kernel_cache max_streams features \
     || { tail -30 "$W/server-$1.log"; kill $PID; return 1; }
   echo "server $1: ready after $(python3 -c "import time; print(round(time.time() - $t0, 1))") s (process start)"
 }
-stop() { kill -TERM "$PID"; wait "$PID"; echo "server exit $?: $(grep -c Traceback "$W/server-$1.log") tracebacks"; }
+stop() { kill -TERM "$PID"; wait "$PID"; echo "server exit $?: $(grep -c Traceback "$W/server-$1.log") tracebacks"
+  grep -E "captured|ready|warm|load|compil|cache" "$W/server-$1.log" | cut -c1-220 > "$OUT/server-$1-start.txt"; }
 LIVE=()
 for part in $PARTS; do
   case $part in
