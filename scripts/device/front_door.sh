@@ -42,7 +42,8 @@ serve() {  # serve NAME: starts the server, waits for a settled /ready; sets PID
   echo "server $1: ready after $(python3 -c "import time; print(round(time.time() - $t0, 1))") s (process start)"
 }
 stop() { kill -TERM "$PID"; wait "$PID"; echo "server exit $?: $(grep -c Traceback "$W/server-$1.log") tracebacks"
-  grep -E "captured|ready|warm|load|compil|cache" "$W/server-$1.log" | cut -c1-220 > "$OUT/server-$1-start.txt"; }
+  grep -E "captured|ready|warm|load|compil|cache" "$W/server-$1.log" | grep -v "\"GET " | cut -c1-220 \
+    > "$OUT/server-$1-start.txt"; }
 LIVE=()
 for part in $PARTS; do
   case $part in
