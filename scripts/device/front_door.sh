@@ -61,7 +61,7 @@ first audio p50/p95 {lv['ttfa_p50_ms']:.0f}/{lv['ttfa_p95_ms']:.0f} ms, {lv['agg
     overload) lt overload --concurrency $((2 * MAX)) ;;
     live) live live-1 --sessions 1 --turns 3 --max-new-tokens 128
           live barge-1 --sessions 1 --turns 3 --barge-in 0.5
-          for n in $SESSIONS; do live "live-$n" --sessions "$n" --ramp 2 --max-new-tokens 128; done ;;
+          for n in $SESSIONS; do live "live-$n" --sessions "$n" --ramp 2 --max-new-tokens 128 --processes "$PROCS"; done ;;
     warm) stop cold; serve warm || exit 1; lt burst-warm --concurrency "$MAX" --requests "$MAX"; stop warm ;;
   esac
 done

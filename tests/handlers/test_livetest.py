@@ -1,6 +1,7 @@
 """`python -m ttsengine livetest` against a real server (the tiny model on CPU): voice-agent sessions over Fish's live
-WebSocket fed by a simulated LLM, two turns each, the server's live histograms read from /metrics; a barge-in run
-(cancel after the first audio); bad options; and how the simulated LLM cuts text into tokens."""
+WebSocket fed by a simulated LLM, two turns each, over two client processes, the server's live histograms read from
+/metrics; a barge-in run (cancel after the first audio); bad options; and how the simulated LLM cuts text into
+tokens."""
 
 from __future__ import annotations
 
@@ -30,11 +31,12 @@ def test_tokens_are_word_pieces_that_join_back_into_the_text():
 def test_sessions_fed_by_a_simulated_llm_speak_every_sentence(tmp_path):
     with served(tmp_path, TTS_MAX_BATCH="4") as url:
         run = livetest(url, tmp_path / "lt", "--sessions", "2", "--turns", "2", "--tokens-per-s", "400",
-                       "--text", "One small test. And a second sentence here.")
+                       "--processes", "2", "--text", "One small test. And a second sentence here.")
         assert run.returncode == 0, run.stderr + run.stdout
         report = json.loads((tmp_path / "lt" / "livetest.json").read_text())
         s = report["summary"]
         assert s["turns"] == 4 and s["errors"] == 0, s
+        assert report["processes"] == 2 and len(s["client_cpu_pct"]) == 2  # a session in each client process
         for r in report["records"]:
             assert r["reason"] == "stop" and r["first_audio_ms"] > 0 and r["x_real_time"] > 0
             # two sentences -> two segments of FRAMES frames each (the tiny model may end one early: at least one)
@@ -53,7 +55,7 @@ def test_sessions_fed_by_a_simulated_llm_speak_every_sentence(tmp_path):
 
 
 def test_bad_options_are_one_line_errors(tmp_path):
-    for args in (["--sessions", "0"], ["--tokens-per-s", "0"], ["--text", "   "]):
+    for args in (["--sessions", "0"], ["--tokens-per-s", "0"], ["--processes", "0"], ["--text", "   "]):
         run = livetest("http://127.0.0.1:9", tmp_path, *args)
         assert run.returncode == 2 and "Traceback" not in run.stderr, run.stderr
         assert run.stderr.strip().splitlines()[-1].startswith("python -m ttsengine livetest: error:"), run.stderr

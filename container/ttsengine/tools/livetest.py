@@ -6,7 +6,8 @@ over the time from the first audio to the last), stalls as a listener hears them
 turn is cancelled S seconds after its first audio and the time from `cancel` to the last audio and to `finish` is
 reported. The server's own side (tts_live_segment_first_audio_seconds, every segment's; tts_time_to_first_audio_seconds,
 the engine's submit to first audio; tts_live_barge_in_seconds, cancel to the engine's slot freed) is read from
-/metrics before and after. Prints a table, writes livetest.json.
+/metrics before and after. --processes N spreads the sessions over N client processes (each one's CPU use is
+reported). Prints a table, writes livetest.json.
 """
 
 from __future__ import annotations
@@ -17,6 +18,8 @@ import json
 import random
 import re
 import time
+from concurrent.futures import ProcessPoolExecutor
+from multiprocessing import get_context
 from pathlib import Path
 
 from .load import scrape
@@ -28,6 +31,7 @@ TEXT = ("Thanks for calling, I can help you with that right away. Your order lef
         "the delivery address if you are not at home. Is there anything else I can do for you today?")
 _TOKEN = re.compile(r"\s*[\w'’-]+|\s*[^\w\s]")  # a word with its leading space, or one punctuation mark
 _SENTENCE_DONE = re.compile(r"[.!?;]\s")  # the server cuts a segment at a sentence end followed by white space
+START_S = 3.0  # client processes open their first sessions this long after the run is handed out (spawn, imports)
 
 
 def tokens(text: str) -> list[str]:
@@ -135,12 +139,34 @@ def summarise(records: list[dict], wall: float) -> dict:
     return out
 
 
-async def run(url: str, headers: dict, request: dict, pieces: list[str], args) -> tuple[list[dict], float]:
+async def _sessions(url: str, headers: dict, request: dict, pieces: list[str], args, delays: list[float]):
+    done = await asyncio.gather(*(session(url, headers, request, pieces, args, d) for d in delays))
+    return [r for rs in done for r in rs]
+
+
+def run_share(url: str, headers: dict, request: dict, pieces: list[str], args, delays: list[float],
+              start_at: float) -> dict:
+    """One client process's sessions (each opening `delay` s after start_at, time.time()) -> their records, the
+    share's wall seconds and its CPU use: one process near 100% sets the pace itself, not the server."""
+    time.sleep(max(0.0, start_at - time.time()))
+    cpu0, t0 = time.process_time(), time.perf_counter()
+    records = asyncio.run(_sessions(url, headers, request, pieces, args, delays))
+    wall = time.perf_counter() - t0
+    return {"records": records, "wall": wall, "cpu_pct": round(100 * (time.process_time() - cpu0) / wall, 1)}
+
+
+def run(url: str, headers: dict, request: dict, pieces: list[str], args) -> list[dict]:
+    """Every session, dealt round-robin over --processes client processes started together -> their shares."""
     rng = random.Random(1)
-    t0 = time.perf_counter()
-    done = await asyncio.gather(*(session(url, headers, request, pieces, args, rng.uniform(0, args.ramp))
-                                  for _ in range(args.sessions)))
-    return [r for rs in done for r in rs], time.perf_counter() - t0
+    delays = [rng.uniform(0, args.ramp) for _ in range(args.sessions)]
+    n = min(args.processes, args.sessions)
+    parts = [delays[i::n] for i in range(n)]
+    if n == 1:
+        return [run_share(url, headers, request, pieces, args, parts[0], time.time())]
+    start_at = time.time() + START_S
+    with ProcessPoolExecutor(n, mp_context=get_context("spawn")) as pool:
+        return list(pool.map(run_share, *([x] * n for x in (url, headers, request, pieces, args)), parts,
+                             [start_at] * n))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -156,12 +182,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--voice", help="reference_id of a stored voice")
     ap.add_argument("--max-new-tokens", type=int, help="frames per segment at most")
     ap.add_argument("--sample-rate", type=int, default=24000, help="pcm's rate asked for (default 24000)")
+    ap.add_argument("--processes", type=int, default=1, help="client processes sharing the sessions (their CPU use "
+                    "is reported: near 100%% the generator, not the server, may set the pace)")
     ap.add_argument("--api-key")
     ap.add_argument("--timeout", type=float, default=120.0, help="s to wait for any one message")
     ap.add_argument("--out", type=Path, default=Path("livetest-out"))
     args = ap.parse_args(argv)
-    if args.sessions < 1 or args.turns < 1 or args.tokens_per_s <= 0 or args.ramp < 0:
-        ap.error("--sessions and --turns must be at least 1, --tokens-per-s above 0, --ramp at least 0")
+    if args.sessions < 1 or args.turns < 1 or args.processes < 1 or args.tokens_per_s <= 0 or args.ramp < 0:
+        ap.error("--sessions, --turns and --processes must be at least 1, --tokens-per-s above 0, --ramp at least 0")
     if not (pieces := tokens(args.text)):
         ap.error("--text has no words")
     try:
@@ -177,12 +205,13 @@ def main(argv: list[str] | None = None) -> int:
     headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
     url = args.url.rstrip("/")
     before = scrape.read(url)
-    cpu0 = time.process_time()
-    records, wall = asyncio.run(run(url, headers, request, pieces, args))
-    summary = summarise(records, wall)
-    summary["client_cpu_pct"] = round(100 * (time.process_time() - cpu0) / wall, 1)
+    shares = run(url, headers, request, pieces, args)
+    records = [r for share in shares for r in share["records"]]
+    summary = summarise(records, max(share["wall"] for share in shares))
+    summary["client_cpu_pct"] = [share["cpu_pct"] for share in shares]
     summary["server"] = scrape.breakdown(before, scrape.read(url))
-    report = {"url": url, "sessions": args.sessions, "turns": args.turns, "tokens_per_s": args.tokens_per_s,
+    report = {"url": url, "sessions": args.sessions, "processes": len(shares), "turns": args.turns,
+              "tokens_per_s": args.tokens_per_s,
               "tokens": len(pieces), "barge_in_s": args.barge_in, "summary": summary, "records": records}
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "livetest.json").write_text(json.dumps(report, indent=2))
