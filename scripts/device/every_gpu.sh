@@ -11,11 +11,8 @@
 #   (env: FRAMES=192, PER_GPU=256, PROCS=16, BENCH_MODES="off on", BENCH_GPUS="1 2 4", HTTP_GPUS="1 4", FAIL_AT=60,
 #    CKPT, CACHE)
 set -uo pipefail
-OUT=${OUT:-device-out}
-W=${WORK:-/tmp/every-gpu}
-mkdir -p "$OUT" "$W"
-trap 'for f in "$W"/*.log; do echo "==== $f"; tail -c 12000 "$f"; done > "$OUT/logs.txt"' EXIT
-export PYTHONPATH=$PWD/container:$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
+. scripts/device/lib.sh
+device_setup "${WORK:-/tmp/every-gpu}" 12000
 PARTS=${PARTS:-bench http fail} FRAMES=${FRAMES:-192} PER_GPU=${PER_GPU:-256} PROCS=${PROCS:-16}
 BENCH_MODES=${BENCH_MODES:-off on} BENCH_GPUS=${BENCH_GPUS:-1 2 4} HTTP_GPUS=${HTTP_GPUS:-1 4} FAIL_AT=${FAIL_AT:-60}
 CKPT=${CKPT:-/tmp/s1-random} CACHE=${CACHE:-/tmp/tts-cache} PORT=${PORT:-8080}
@@ -40,9 +37,8 @@ part_bench() {
   done
   b "split-3+1" --devices cuda:0,cuda:3,cuda:1,cuda:3,cuda:2,cuda:3 --topology split --concurrency $((3 * PER_GPU))
 }
-if [ ! -f "$CKPT/model.pth" ] && [[ " $PARTS " == *" http "* || " $PARTS " == *" fail "* ]]; then  # ~20 s
-  python3 -c "import sys; from ttsengine.model.loading.checkpoint_writer import write_random_checkpoint as w; \
-w('s1-mini', sys.argv[1], 'cuda')" "$CKPT" > "$W/write.log" 2>&1 || { tail -20 "$W/write.log"; exit 1; }
+if [[ " $PARTS " == *" http "* || " $PARTS " == *" fail "* ]]; then
+  random_checkpoint "$CKPT" "$W/write.log" || exit 1
 fi
 URL=http://127.0.0.1:$PORT
 serve() {  # serve NAME DEVICES [VAR=value ...]: starts the server, waits for /ready; sets PID

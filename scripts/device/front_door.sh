@@ -12,20 +12,14 @@
 #   SERVER_LOG=WARNING (INFO: its start's captures, kept in $OUT/server-NAME-start.txt), CKPT, CACHE; the server takes
 #   any TTS_* exported, e.g. TTS_TRACE_CHUNKS=on)
 set -uo pipefail
-OUT=${OUT:-device-out}
-W=${WORK:-/tmp/front-door}
-mkdir -p "$OUT" "$W"
-trap 'for f in "$W"/*.log; do echo "==== $f"; tail -c 8000 "$f"; done > "$OUT/logs.txt"' EXIT
-export PYTHONPATH=$PWD/container:$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
+. scripts/device/lib.sh
+device_setup "${WORK:-/tmp/front-door}" 8000
 PARTS=${PARTS:-bench cold overload live warm} MAX=${MAX:-256} FRAMES=${FRAMES:-192} PROCS=${PROCS:-4}
 SESSIONS=${SESSIONS:-64} SERVER_LOG=${SERVER_LOG:-WARNING} BENCH_FEATURES=${BENCH_FEATURES:--} CKPT=${CKPT:-/tmp/s1-random} CACHE=${CACHE:-/tmp/front-door-cache} PORT=${PORT:-8080}
 URL=http://127.0.0.1:$PORT
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 python3 -c "import torch, uvicorn; print('torch', torch.__version__, '| uvicorn', uvicorn.__version__)"
-if [ ! -f "$CKPT/model.pth" ]; then
-  python3 -c "import sys; from ttsengine.model.loading.checkpoint_writer import write_random_checkpoint as w; \
-w('s1-mini', sys.argv[1], 'cuda')" "$CKPT" > "$W/write.log" 2>&1 || { tail -20 "$W/write.log"; exit 1; }
-fi
+random_checkpoint "$CKPT" "$W/write.log" || exit 1
 RUNS=()
 lt() { local name=$1 t0; t0=$(date +%s); shift; timeout 240 python3 -m ttsengine loadtest "$URL" \
   --max-new-tokens "$FRAMES" --processes "$PROCS" --out "$W/$name" "$@" > "$W/$name.log" 2>&1

@@ -11,23 +11,15 @@
 # Usage: scripts/device/http_breakdown.sh   (env: CKPT, CACHE, LEVELS=64,256, FRAMES=192, PROCS=4, EXTRA=mp3,opus,
 #        MODES=auto, P1=1)
 set -uo pipefail
-OUT=${OUT:-device-out}
-W=${WORK:-/tmp/http-breakdown}  # everything here; the few files worth keeping are copied to $OUT at the end
-mkdir -p "$OUT" "$W"
-trap 'for f in "$W"/*.log; do echo "==== $f"; tail -c 20000 "$f"; done > "$OUT/logs.txt"' EXIT
-export PYTHONPATH=$PWD/container:$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
+. scripts/device/lib.sh
+device_setup "${WORK:-/tmp/http-breakdown}" 20000  # everything in $W; the few files worth keeping go to $OUT
 CKPT=${CKPT:-/tmp/s1-random} CACHE=${CACHE:-/tmp/tts-cache} PORT=${PORT:-8080}
 LEVELS=${LEVELS:-64,256} FRAMES=${FRAMES:-192} PROCS=${PROCS:-4} EXTRA=${EXTRA-mp3,opus} MODES=${MODES:-auto} P1=${P1:-1}
 TOP=${LEVELS##*,}
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 python3 -c "import torch, uvicorn, httptools, uvloop; print('torch', torch.__version__, 'uvicorn', uvicorn.__version__)"
 nproc
-if [ ! -f "$CKPT/model.pth" ]; then
-  t=$(date +%s)
-  python3 -c "import sys; from ttsengine.model.loading.checkpoint_writer import write_random_checkpoint as w; \
-w('s1-mini', sys.argv[1], 'cuda')" "$CKPT" > "$W/write.log" 2>&1 || { tail -20 "$W/write.log"; exit 1; }
-  echo "wrote $CKPT in $(( $(date +%s) - t )) s: $(du -sh "$CKPT" | cut -f1)"
-fi
+random_checkpoint "$CKPT" "$W/write.log" || exit 1
 t=$(date +%s)
 TTS_CACHE_DIR=$CACHE timeout 300 python3 -m ttsengine bench --random-weights s1-mini --frames "$FRAMES" \
   --concurrency "$LEVELS" --check-audio 0 --out "$W/bench" > "$W/bench.log" 2>&1 \

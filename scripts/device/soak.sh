@@ -11,12 +11,8 @@ export PYTHONPATH=$PWD/container:$PWD${PYTHONPATH:+:$PYTHONPATH}
 CKPT=${CKPT:-/tmp/s1-random} CACHE=${CACHE:-/tmp/tts-cache} PORT=${PORT:-8080}
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 python3 -c "import torch; print('torch', torch.__version__)"
-if [ ! -f "$CKPT/model.pth" ]; then
-  t=$(date +%s)
-  python3 -c "import sys; from ttsengine.model.loading.checkpoint_writer import write_random_checkpoint as w; \
-w('s1-mini', sys.argv[1], 'cuda')" "$CKPT" > "$OUT/write.log" 2>&1 || { tail -20 "$OUT/write.log"; exit 1; }
-  echo "wrote $CKPT in $(( $(date +%s) - t )) s: $(du -sh "$CKPT" | cut -f1)"
-fi
+. scripts/device/lib.sh
+random_checkpoint "$CKPT" "$OUT/write.log" || exit 1
 TTS_MODEL_DIR=$CKPT TTS_CACHE_DIR=$CACHE TTS_DATA_DIR=/tmp/tts-data TTS_PORT=$PORT TTS_LOG_LEVEL=WARNING \
   python3 -m handlers http > "$OUT/server.log" 2>&1 &
 PID=$!

@@ -1,0 +1,23 @@
+# Sourced by the device scripts (bash): what each of them began with.
+#   device_setup WORKDIR TAIL_BYTES: OUT (default device-out) and W=WORKDIR made; on exit each $W/*.log's last
+#     TAIL_BYTES go to $OUT/logs.txt (what comes back from the device); this checkout on PYTHONPATH, unbuffered.
+#   random_checkpoint DIR LOG: a checkpoint of S1-mini's real shapes with random weights in DIR, once (~20 s on a
+#     GPU); its output to LOG, the tail of which is printed if it fails (the caller exits).
+
+device_setup() {
+  OUT=${OUT:-device-out}
+  W=$1
+  mkdir -p "$OUT" "$W"
+  # shellcheck disable=SC2064 # W, OUT and the size are fixed now; f is expanded at exit
+  trap "for f in \"$W\"/*.log; do echo \"==== \$f\"; tail -c $2 \"\$f\"; done > \"$OUT/logs.txt\"" EXIT
+  export PYTHONPATH=$PWD/container:$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
+}
+
+random_checkpoint() {
+  [ -f "$1/model.pth" ] && return 0
+  local t
+  t=$(date +%s)
+  python3 -c "import sys; from ttsengine.model.loading.checkpoint_writer import write_random_checkpoint as w; \
+w('s1-mini', sys.argv[1], 'cuda')" "$1" > "$2" 2>&1 || { tail -20 "$2"; return 1; }
+  echo "wrote $1 in $(( $(date +%s) - t )) s: $(du -sh "$1" | cut -f1)"
+}
