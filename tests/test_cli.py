@@ -178,8 +178,8 @@ def test_every_tools_help_has_its_whole_description():
 
     from ttsengine.__main__ import TOOLS
 
-    for tool in TOOLS:
-        module = importlib.import_module(f"ttsengine.tools.{tool}")
+    for tool, where in TOOLS.items():
+        module = importlib.import_module(f"ttsengine.tools.{where}")
         out = io.StringIO()
         with contextlib.redirect_stdout(out), pytest.raises(SystemExit):
             module.main(["--help"])

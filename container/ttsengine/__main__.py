@@ -185,7 +185,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 # subcommands with their own argument parsers (modules in tools/): python -m ttsengine <tool> ...
-TOOLS = ("bench", "warm", "loadtest", "livetest", "soak", "parity", "info", "plan")
+TOOLS = {"bench": "bench", "warm": "warm", "loadtest": "loadtest", "livetest": "load.live", "soak": "soak",
+         "parity": "parity", "info": "info", "plan": "plan"}  # name -> its module under tools/
 ENGINE_TOOLS = ("bench", "warm")  # log the engine's start (cache status, warm-up); loadtest is a quiet HTTP client
 
 
@@ -198,7 +199,7 @@ def main(argv: list[str] | None = None) -> int:
     if argv and argv[0] in TOOLS:
         import importlib
 
-        tool = importlib.import_module(f".tools.{argv[0]}", __package__)
+        tool = importlib.import_module(f".tools.{TOOLS[argv[0]]}", __package__)
         try:
             if argv[0] in ENGINE_TOOLS:
                 _log_to_stderr()  # beside their JSON on stdout

@@ -12,7 +12,7 @@ import sys
 from conftest import ROOT
 from test_http import FRAMES, served
 
-from ttsengine.tools.livetest import TEXT, tokens
+from ttsengine.tools.load.live import TEXT, tokens
 
 
 def livetest(url: str, out, *args: str) -> subprocess.CompletedProcess:

@@ -174,9 +174,9 @@ FEATURES = (
             "tuning in graph captures only", "engine/engine.py", requires=(CUDA,), default=False),
     Feature(CODEC_CHANNELS_LAST, CODEC, "the streaming codec time-major with channels-last convolutions",
             "channel-major convolutions", "model/codec/streaming.py", auto=(CUDA, TUNED_CODEC), keyed=True),
-    # codec_kv_ring and codec_sparse_rows: measured on one H200 (scripts/device/codec_next.sh, stop 55): the ring
-    # +7-8% codec frames/s at 64 and 256 streams (29,200 -> 31,200-31,700), sparse rows 28.5 -> 16.2 s of capture
-    # and cuDNN tuning at the same speed; GPU parity in tests/engine/test_gpu.py. Unmeasured on a CPU: off there.
+    # codec_kv_ring and codec_sparse_rows: measured faster (the ring) and half the capture and cuDNN tuning at the
+    # same speed (sparse rows) on a GPU (docs/speed.md); GPU parity in tests/engine/test_gpu.py. Unmeasured on a
+    # CPU: off there.
     Feature(CODEC_KV_RING, CODEC, "the codec transformer's keys and values in a ring per row, new ones written only",
             "the window's keys gathered, joined and written back whole each call", "model/codec/streaming.py",
             auto=(CUDA,)),

@@ -14,10 +14,10 @@ Two tests, from what the engine measured itself (no constants of a GPU):
   BACKLOG_CHUNKS of the largest audio chunk per running stream, it is behind already: nothing more goes in until
   it catches up.
 - the wait for a slot (TTS_ADMIT_WAIT): with every slot taken a new stream queues, and at twice the capacity the
-  queue held a whole stream's length (first audio 4.2 s at 512 clients on 256 slots, H200, stop 55): shed, don't
-  stretch. A stream that must wait is taken only while the streams ahead of it, at the rate streams have been
-  ending (the last RATE_WINDOW_S), would free its slot within wait_s, and the queue's head has not waited longer
-  than that already; no stream ended lately: no wait is promised.
+  queue held a whole stream's length (docs/http-breakdown.md, "Stop 55"): shed, don't stretch. A stream that must
+  wait is taken only while the streams ahead of it, at the rate streams have been ending (the last RATE_WINDOW_S),
+  would free its slot within wait_s, and the queue's head has not waited longer than that already; no stream ended
+  lately: no wait is promised.
 Pure Python; the tables are written by the loop thread and read here on the API threads (a dict copy is atomic
 under the GIL).
 """

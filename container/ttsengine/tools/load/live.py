@@ -22,9 +22,9 @@ from concurrent.futures import ProcessPoolExecutor
 from multiprocessing import get_context
 from pathlib import Path
 
-from .load import scrape
-from .load.playback import stalls
-from .load.summary import pct
+from . import scrape
+from .playback import stalls
+from .summary import pct
 
 TEXT = ("Thanks for calling, I can help you with that right away. Your order left our warehouse this morning and "
         "should arrive on Thursday. Would you like me to send the tracking link to your phone? I can also change "
