@@ -69,8 +69,10 @@ class Intake:
         if self.goodput is None or admitted:
             return
         running, waiting = len(self.scheduler.running), self._waiting()
-        why = (self.goodput.refuses(min(running + waiting + 1, self.slots), running)
-               or self.goodput.refuses_wait(running + waiting + 1 - self.slots, self._head_wait()))
+        why = self.goodput.refuses(min(running + waiting + 1, self.slots), running)
+        ahead = running + waiting + 1 - self.slots  # streams to start before it gets a slot, itself included
+        if why is None and ahead > 0:  # only then the open streams are scanned for the queue's head
+            why = self.goodput.refuses_wait(ahead, self._head_wait())
         if why is not None:
             self.metrics.rejected += 1
             self.metrics.refused_capacity += 1
