@@ -22,6 +22,8 @@ from concurrent.futures import ProcessPoolExecutor
 from multiprocessing import get_context
 from pathlib import Path
 
+import msgpack
+
 from . import scrape
 from .playback import stalls
 from .summary import pct
@@ -40,8 +42,6 @@ def tokens(text: str) -> list[str]:
 
 
 def _pack(**event) -> bytes:
-    import msgpack
-
     return msgpack.packb(event, use_bin_type=True)
 
 
@@ -70,8 +70,6 @@ async def _barge_in(ws, after: float, marks: dict) -> None:
 async def turn(ws, request: dict, pieces: list[str], rate: float, sample_rate: int, barge_in: float | None,
                timeout: float) -> dict:
     """One start .. finish on an open socket -> its record."""
-    import msgpack
-
     await ws.send(_pack(event="start", request=request))
     marks: dict = {}
     feeder = asyncio.create_task(_feed(ws, pieces, rate, marks))
@@ -193,10 +191,9 @@ def main(argv: list[str] | None = None) -> int:
     if not (pieces := tokens(args.text)):
         ap.error("--text has no words")
     try:
-        import msgpack  # noqa: F401
         from websockets.asyncio.client import connect  # noqa: F401
     except ImportError as e:
-        raise SystemExit(f"ttsengine livetest: needs msgpack and websockets >= 13 ({e})") from None
+        raise SystemExit(f"ttsengine livetest: needs websockets >= 13 ({e})") from None
     request = {"text": "", "format": "pcm", "sample_rate": args.sample_rate, "seed": 1, "latency": "balanced"}
     if args.voice:
         request["reference_id"] = args.voice
