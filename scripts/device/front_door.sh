@@ -5,7 +5,8 @@
 #   cold:     `python -m handlers http` on an empty kernel cache: ready after (settled), then at once the first
 #             burst ($MAX clients, one request each; issue 44), then the same load warm (2 requests per client);
 #   overload: 2 x $MAX clients against the same server (issue 50: admitted streams >= 1.2x real time, the rest 503);
-#   live:     `livetest`: one session (first audio, barge-in), then each of $SESSIONS sessions at 30 tokens/s (issue 45);
+#   live:     `livetest`: one session (first audio, barge-in), then each of $SESSIONS sessions at 30 tokens/s
+#             (issue 45);
 #   warm:     the server restarted on the filled kernel cache: ready after, and its first burst (issue 44).
 # Prints the tables last. Usage: scripts/device/front_door.sh   (env: PARTS="bench cold overload live warm",
 #   MAX=256, FRAMES=192, PROCS=4, SESSIONS=64, BENCH_FEATURES="- -codec_sparse_rows" (TTS_FEATURES per bench run),
@@ -15,7 +16,8 @@ set -uo pipefail
 . scripts/device/lib.sh
 device_setup "${WORK:-/tmp/front-door}" 8000
 PARTS=${PARTS:-bench cold overload live warm} MAX=${MAX:-256} FRAMES=${FRAMES:-192} PROCS=${PROCS:-4}
-SESSIONS=${SESSIONS:-64} SERVER_LOG=${SERVER_LOG:-WARNING} BENCH_FEATURES=${BENCH_FEATURES:--} CKPT=${CKPT:-/tmp/s1-random} CACHE=${CACHE:-/tmp/front-door-cache} PORT=${PORT:-8080}
+SESSIONS=${SESSIONS:-64} SERVER_LOG=${SERVER_LOG:-WARNING} BENCH_FEATURES=${BENCH_FEATURES:--}
+CKPT=${CKPT:-/tmp/s1-random} CACHE=${CACHE:-/tmp/front-door-cache} PORT=${PORT:-8080}
 URL=http://127.0.0.1:$PORT
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 python3 -c "import torch, uvicorn; print('torch', torch.__version__, '| uvicorn', uvicorn.__version__)"
@@ -46,26 +48,19 @@ for part in $PARTS; do
              TTS_FEATURES=$([ "$f" = - ] && echo auto || echo "$f") timeout 300 python3 -m ttsengine bench \
                --random-weights s1-mini --frames "$FRAMES" --concurrency "$MAX" --check-audio 0 --out "$W/$d" \
                > "$W/$d.log" 2>&1; echo "bench $f exit $?"
-             python3 -c "import json,sys; lv=json.load(open(sys.argv[1]))['levels'][0]; print(f\"bench {sys.argv[2]}: \
-first audio p50/p95 {lv['ttfa_p50_ms']:.0f}/{lv['ttfa_p95_ms']:.0f} ms, {lv['aggregate_fps']:,.0f} frames/s, slowest \
-{1 / lv['rtf_max']:.2f}x\")" "$W/$d/bench.json" "$f" | tee -a "$W/bench-lines.txt"
            done ;;
     cold) rm -rf "$CACHE"; serve cold || exit 1
           lt burst-cold --concurrency "$MAX" --requests "$MAX"; lt steady --concurrency "$MAX" ;;
     overload) lt overload --concurrency $((2 * MAX)) ;;
     live) live live-1 --sessions 1 --turns 3 --max-new-tokens 128
           live barge-1 --sessions 1 --turns 3 --barge-in 0.5
-          for n in $SESSIONS; do live "live-$n" --sessions "$n" --ramp 2 --max-new-tokens 128 --processes "$PROCS"; done ;;
+          for n in $SESSIONS; do
+            live "live-$n" --sessions "$n" --ramp 2 --max-new-tokens 128 --processes "$PROCS"
+          done ;;
     warm) stop cold; serve warm || exit 1; lt burst-warm --concurrency "$MAX" --requests "$MAX"; stop warm ;;
   esac
 done
 [[ " $PARTS " == *" warm "* ]] || stop cold
 python3 scripts/device/http_breakdown_table.py "$W" "${RUNS[@]}" | tee "$OUT/table.txt"
-for n in "${RUNS[@]}"; do
-  python3 -c "import json,sys; lv=json.load(open(sys.argv[1]))['levels'][0]; print(f\"{sys.argv[2]}: {lv['requests']} \
-requests, {lv['errors']} errors ({(lv['error_sample'] or '')[:90]}), slowest stream {1 / lv['rtf_max']:.2f}x real time\")" \
-    "$W/$n/loadtest.json" "$n" | tee -a "$OUT/table.txt"
-done
 for n in "${LIVE[@]}"; do echo "== $n"; grep -v '^wrote' "$W/$n.log"; done | tee -a "$OUT/table.txt"
-[ -f "$W/bench-lines.txt" ] && tee -a "$OUT/table.txt" < "$W/bench-lines.txt"
 [ -f "$W/bench/bench.json" ] && cp "$W/bench/bench.json" "$OUT/bench.json"

@@ -1,6 +1,7 @@
-"""The short table http_breakdown.sh prints last: bench in-process beside each loadtest run, per level, then the
-server's breakdown and per-thread CPU. Usage: http_breakdown_table.py WORKDIR RUN... (RUN: a loadtest --out
-folder name under WORKDIR; bench's report is WORKDIR/bench/bench.json)."""
+"""The short table http_breakdown.sh and front_door.sh print last: bench in-process beside each loadtest run, per
+level (refusals and the slowest stream too), then the server's breakdown and per-thread CPU. Usage:
+http_breakdown_table.py WORKDIR RUN... (RUN: a loadtest --out folder name under WORKDIR; bench's reports are
+WORKDIR/bench*/bench.json: WORKDIR/bench the defaults, WORKDIR/bench-NAME a variant, shown as NAME)."""
 
 import json
 import sys
@@ -8,24 +9,30 @@ from pathlib import Path
 
 FRAME_RATE = 44100 / 2048
 work = Path(sys.argv[1])
-print("| run | c | first audio p50 / p95 ms | audio-s/s | rtf p95 | stalls (streams, s) | engine host s / wall s "
-      "| loadgen CPU % |")
-print("|---|---|---|---|---|---|---|---|")
-bench_file = work / "bench" / "bench.json"
-if bench_file.exists():
+print("| run | c | first audio p50 / p95 ms | audio-s/s | rtf p95 | slowest stream x real time | errors / requests "
+      "| stalls (streams, s) | engine host s / wall s | loadgen CPU % |")
+print("|---|---|---|---|---|---|---|---|---|---|")
+for bench_file in sorted(work.glob("bench*/bench.json")):
+    variant = bench_file.parent.name.removeprefix("bench").lstrip("-")
     for lv in json.loads(bench_file.read_text())["levels"]:
-        print(f"| bench in-process | {lv['concurrency']} | {lv['ttfa_p50_ms']:.0f} / {lv['ttfa_p95_ms']:.0f} | "
-              f"{lv['aggregate_fps'] / FRAME_RATE:.0f} | {lv['rtf_max']:.2f} (max) | p95 {lv['stall_p95_ms']:.0f} ms, "
-              f"max {lv['stall_max_ms']:.0f} ms | {lv['time_host_s']:.2f} / {lv['wall_s']:.2f} | - |")
+        print(f"| bench in-process{f' {variant}' if variant else ''} | {lv['concurrency']} | {lv['ttfa_p50_ms']:.0f} / "
+              f"{lv['ttfa_p95_ms']:.0f} | {lv['aggregate_fps'] / FRAME_RATE:.0f} | {lv['rtf_max']:.2f} (max) | "
+              f"{1 / lv['rtf_max']:.2f} | - | p95 {lv['stall_p95_ms']:.0f} ms, max {lv['stall_max_ms']:.0f} ms | "
+              f"{lv['time_host_s']:.2f} / {lv['wall_s']:.2f} | - |")
 runs = [(name, json.loads((work / name / "loadtest.json").read_text())) for name in sys.argv[2:]
         if (work / name / "loadtest.json").exists()]
 for name, report in runs:
     for lv in report["levels"]:
         sv = lv["server"]
         print(f"| HTTP {name} {lv['format']} | {lv['concurrency']} | {lv['first_audio_p50_ms']:.0f} / "
-              f"{lv['first_audio_p95_ms']:.0f} | {lv['audio_s_per_s']:.0f} | {lv['rtf_p95']:.2f} | {lv['stalls']} "
+              f"{lv['first_audio_p95_ms']:.0f} | {lv['audio_s_per_s']:.0f} | {lv['rtf_p95']:.2f} | "
+              f"{1 / lv['rtf_max']:.2f} | {lv['errors']} / {lv['requests']} | {lv['stalls']} "
               f"({lv['stalled_streams']}, {lv['stall_s']:.1f} s) | {sv.get('engine_host_s', float('nan')):.2f} / "
               f"{lv['wall_s']:.2f} | {'/'.join(map(str, lv['client_cpu_pct']))} |")
+for name, report in runs:
+    for lv in report["levels"]:
+        if lv["errors"]:
+            print(f"  {name} {lv['format']} {lv['concurrency']}, an error: {(lv['error_sample'] or '')[:160]}")
 print()
 keys = ("queue_wait", "engine_first_audio", "first_byte_sent", "chunk_wake", "chunk_encode", "chunk_send",
         "chunk_total")
@@ -42,5 +49,7 @@ print("server CPU seconds per thread during the level (wall s):")
 for name, report in runs:
     for lv in report["levels"]:
         cpu = lv["server"].get("thread_cpu_s", {})
+        if not cpu:  # an untraced server (TTS_TRACE_CHUNKS off)
+            continue
         print(f"  {name} {lv['format']} {lv['concurrency']} ({lv['wall_s']:.1f} s): "
               + ", ".join(f"{k} {v:.1f}" for k, v in cpu.items()))
