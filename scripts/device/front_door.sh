@@ -5,18 +5,20 @@
 #   cold:     `python -m handlers http` on an empty kernel cache: ready after (settled), then at once the first
 #             burst ($MAX clients, one request each; issue 44), then the same load warm (2 requests per client);
 #   overload: 2 x $MAX clients against the same server (issue 50: admitted streams >= 1.2x real time, the rest 503);
-#   live:     `livetest`: one session (first audio, barge-in), then each of $SESSIONS sessions at 30 tokens/s
-#             (issue 45);
+#   clients:  the steady load again with loadtest's httpx client and with 2 x $PROCS raw-client processes (issue 43:
+#             is the load generator part of what the clients see?);
+#   live:     `livetest`: one session (first audio, barge-in), then each of $SESSIONS sessions at 30 tokens/s,
+#             over each of $LIVE_PROCS client processes (issue 45);
 #   warm:     the server restarted on the filled kernel cache: ready after, and its first burst (issue 44).
 # Prints the tables last. Usage: scripts/device/front_door.sh   (env: PARTS="bench cold overload live warm",
-#   MAX=256, FRAMES=192, PROCS=4, SESSIONS=64, BENCH_FEATURES="- -codec_sparse_rows" (TTS_FEATURES per bench run),
+#   MAX=256, FRAMES=192, PROCS=4, SESSIONS=64, LIVE_PROCS=$PROCS, BENCH_FEATURES="- -codec_sparse_rows" (TTS_FEATURES per bench run),
 #   SERVER_LOG=WARNING (INFO: its start's captures, kept in $OUT/server-NAME-start.txt), CKPT, CACHE; the server takes
 #   any TTS_* exported, e.g. TTS_TRACE_CHUNKS=on)
 set -uo pipefail
 . scripts/device/lib.sh
 device_setup "${WORK:-/tmp/front-door}" 8000
 PARTS=${PARTS:-bench cold overload live warm} MAX=${MAX:-256} FRAMES=${FRAMES:-192} PROCS=${PROCS:-4}
-SESSIONS=${SESSIONS:-64} SERVER_LOG=${SERVER_LOG:-WARNING} BENCH_FEATURES=${BENCH_FEATURES:--}
+SESSIONS=${SESSIONS:-64} LIVE_PROCS=${LIVE_PROCS:-$PROCS} SERVER_LOG=${SERVER_LOG:-WARNING} BENCH_FEATURES=${BENCH_FEATURES:--}
 CKPT=${CKPT:-/tmp/s1-random} CACHE=${CACHE:-/tmp/front-door-cache} PORT=${PORT:-8080}
 URL=http://127.0.0.1:$PORT
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
@@ -52,10 +54,14 @@ for part in $PARTS; do
     cold) rm -rf "$CACHE"; serve cold || exit 1
           lt burst-cold --concurrency "$MAX" --requests "$MAX"; lt steady --concurrency "$MAX" ;;
     overload) lt overload --concurrency $((2 * MAX)) ;;
+    clients) lt steady-httpx --concurrency "$MAX" --client httpx
+             lt "steady-p$((2 * PROCS))" --concurrency "$MAX" --processes $((2 * PROCS)) ;;
     live) live live-1 --sessions 1 --turns 3 --max-new-tokens 128
           live barge-1 --sessions 1 --turns 3 --barge-in 0.5
           for n in $SESSIONS; do
-            live "live-$n" --sessions "$n" --ramp 2 --max-new-tokens 128 --processes "$PROCS"
+            for p in $LIVE_PROCS; do
+              live "live-$n-p$p" --sessions "$n" --ramp 2 --max-new-tokens 128 --processes "$p"
+            done
           done ;;
     warm) stop cold; serve warm || exit 1; lt burst-warm --concurrency "$MAX" --requests "$MAX"; stop warm ;;
   esac

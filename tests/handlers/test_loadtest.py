@@ -92,3 +92,24 @@ def test_untraced_server_exports_no_trace_metrics_and_loadtest_still_breaks_down
         import httpx
 
         assert "tts_trace" not in httpx.get(url + "/metrics").text
+
+
+def test_raw_and_httpx_clients_receive_the_same_audio(traced, tmp_path):
+    """The raw client (the default) and httpx, closed loop, same seeds: the same audio seconds per request, and
+    every request's bytes timed (first audio, stalls) by both."""
+    got = {}
+    for client in ("raw", "httpx"):
+        out = tmp_path / client
+        proc = subprocess.run([sys.executable, "-m", "ttsengine", "loadtest", traced, "--concurrency", "2",
+                               "--requests", "3", "--max-new-tokens", "8", "--client", client, "--out", str(out)],
+                              capture_output=True, text=True, timeout=600, cwd=ROOT)
+        assert proc.returncode == 0, proc.stderr + proc.stdout
+        report = json.loads((out / "loadtest.json").read_text())
+        lv = report["levels"][0]
+        assert report["client"] == client and lv["errors"] == 0 and lv["requests"] == 3, lv
+        assert lv["first_audio_p50_ms"] > 0
+        got[client] = lv["audio_s_per_s"] * lv["wall_s"]  # every request's audio seconds, summed
+    assert got["raw"] == pytest.approx(got["httpx"], rel=1e-9) and got["raw"] > 0
+    run = subprocess.run([sys.executable, "-m", "ttsengine", "loadtest", traced, "--client", "curl"],
+                         capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert run.returncode == 2 and "invalid choice: 'curl'" in run.stderr

@@ -6,7 +6,8 @@ after playback started), characters/s and errors; the load generator's CPU use p
 server's side of the level from its /metrics, read before and after (queue wait, the engine's first audio, the
 first audio bytes sent; with TTS_TRACE_CHUNKS=1 on the server, the per-chunk stages and its CPU per thread).
 Closed loop by default (each client sends its next request when the last one ended); `--arrivals poisson:RATE`
-sends the level's requests open loop. `--processes N` spreads the clients over N processes. Prints a table and
+sends the level's requests open loop. `--processes N` spreads the clients over N processes. `--client` picks the
+HTTP client: raw (default, a minimal HTTP/1.1 client that costs little CPU per chunk) or httpx. Prints a table and
 writes loadtest.json and loadtest.html (plots).
 """
 
@@ -22,7 +23,7 @@ from pathlib import Path
 
 from . import report as report_page
 from .load import scrape
-from .load.client import run_share
+from .load.client import CLIENTS, run_share
 from .load.schedule import poisson_rate, shares
 from .load.summary import Level, summarise
 
@@ -32,15 +33,17 @@ START_S = 3.0  # client processes start together this long after a level is hand
 
 
 def run_level(url: str, concurrency: int, requests: int, body: dict, headers: dict, timeout: float,
-              arrivals: str = "closed", pool: ProcessPoolExecutor | None = None, processes: int = 1) -> Level:
+              arrivals: str = "closed", pool: ProcessPoolExecutor | None = None, processes: int = 1,
+              client: str = "raw") -> Level:
     rate = poisson_rate(arrivals)
     parts = shares(concurrency, requests, processes if pool is not None else 1, rate)
     before = scrape.read(url)
     if pool is None:
-        done = [run_share(parts[0], url, body, headers, timeout, time.monotonic())]
+        done = [run_share(parts[0], url, body, headers, timeout, time.monotonic(), client)]
     else:
         start_at = time.monotonic() + START_S
-        done = list(pool.map(run_share, parts, *([x] * len(parts) for x in (url, body, headers, timeout, start_at))))
+        same = (url, body, headers, timeout, start_at, client)
+        done = list(pool.map(run_share, parts, *([x] * len(parts) for x in same)))
     level = summarise(done, body.get("response_format", "pcm"), concurrency, arrivals, len(body["input"]))
     level.server = scrape.breakdown(before, scrape.read(url))
     return level
@@ -106,6 +109,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-new-tokens", type=int)
     ap.add_argument("--api-key")
     ap.add_argument("--timeout", type=float, default=300.0)
+    ap.add_argument("--client", choices=CLIENTS, default="raw", help="the HTTP client: raw (default: a minimal "
+                    "HTTP/1.1 client, little CPU per chunk) or httpx")
     ap.add_argument("--out", type=Path, default=Path("loadtest-out"))
     args = ap.parse_args(argv)
     formats = args.format.split(",")
@@ -130,7 +135,7 @@ def main(argv: list[str] | None = None) -> int:
                 body["max_new_tokens"] = args.max_new_tokens
             for c in (int(x) for x in args.concurrency.split(",")):
                 lv = run_level(url, c, args.requests or 2 * c, body, headers, args.timeout, args.arrivals, pool,
-                               args.processes)
+                               args.processes, args.client)
                 levels.append(lv)
                 print(f"  {fmt} level {c}: {lv.requests} requests, {lv.errors} errors, {lv.requests_per_s:.2f} "
                       f"req/s, client CPU {'/'.join(map(str, lv.client_cpu_pct))} %", flush=True)
@@ -138,7 +143,7 @@ def main(argv: list[str] | None = None) -> int:
         if pool is not None:
             pool.shutdown()
     report = {"url": url, "text_chars": len(args.text), "formats": formats, "arrivals": args.arrivals,
-              "processes": args.processes, "levels": [asdict(lv) for lv in levels]}
+              "processes": args.processes, "client": args.client, "levels": [asdict(lv) for lv in levels]}
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "loadtest.json").write_text(json.dumps(report, indent=2))
     (args.out / "loadtest.html").write_text(render_html(report))

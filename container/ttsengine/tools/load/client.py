@@ -1,6 +1,7 @@
 """The load generator: one process's share of a level against /v1/audio/speech (closed or open loop), each
 response's bytes timed as they arrive, and the process's own CPU seconds, so a busy client shows as such.
-`run_share` is what each client process runs (a plain function: multiprocessing's spawn can call it)."""
+`run_share` is what each client process runs (a plain function: multiprocessing's spawn can call it). The HTTP
+client is load/raw_http.py's ("raw", the default: little CPU per chunk) or httpx ("httpx", what many users run)."""
 
 from __future__ import annotations
 
@@ -80,13 +81,25 @@ async def _open(client, share: Share, url, body, headers, results, lags) -> None
     await asyncio.gather(*(send(i, o) for i, o in zip(share.indices, share.offsets)))
 
 
-async def _run(share: Share, url: str, body: dict, headers: dict, timeout: float) -> tuple[list, list]:
+CLIENTS = ("raw", "httpx")
+
+
+def _client(kind: str, url: str, n: int, timeout: float):
+    """-> an async context manager whose value has stream(method, url, json=, headers=) (n: concurrent requests)."""
+    if kind == "raw":
+        from .raw_http import RawClient
+
+        return RawClient(url, timeout)
     import httpx
 
+    limits = httpx.Limits(max_connections=max(1, n), max_keepalive_connections=max(1, n))
+    return httpx.AsyncClient(timeout=timeout, limits=limits)
+
+
+async def _run(share: Share, url: str, body: dict, headers: dict, timeout: float, kind: str) -> tuple[list, list]:
     results, lags = [], []
     n = share.clients if share.offsets is None else len(share.indices)
-    limits = httpx.Limits(max_connections=max(1, n), max_keepalive_connections=max(1, n))
-    async with httpx.AsyncClient(timeout=timeout, limits=limits) as client:
+    async with _client(kind, url, n, timeout) as client:
         if share.offsets is None:
             await _closed(client, share, url, body, headers, results)
         else:
@@ -94,16 +107,19 @@ async def _run(share: Share, url: str, body: dict, headers: dict, timeout: float
     return results, lags
 
 
-def run_share(share: Share, url: str, body: dict, headers: dict, timeout: float, start_at: float) -> dict:
-    """Waits for start_at (time.monotonic(), the same clock in every process), runs the share, and returns its
-    records, its start and end (monotonic), the generator's lateness (open loop) and its CPU seconds."""
-    import httpx  # noqa: F401 - imported before the start, not inside the timed part
+def run_share(share: Share, url: str, body: dict, headers: dict, timeout: float, start_at: float,
+              kind: str = "raw") -> dict:
+    """Waits for start_at (time.monotonic(), the same clock in every process), runs the share with the `kind` of
+    client (CLIENTS), and returns its records, its start and end (monotonic), the generator's lateness (open loop)
+    and its CPU seconds."""
+    if kind == "httpx":
+        import httpx  # noqa: F401 - imported before the start, not inside the timed part
 
     late = time.monotonic() - start_at
     if late < 0:
         time.sleep(-late)
     begin, cpu0 = time.monotonic(), time.process_time()
-    results, lags = asyncio.run(_run(share, url, body, headers, timeout))
+    results, lags = asyncio.run(_run(share, url, body, headers, timeout, kind))
     end, cpu = time.monotonic(), time.process_time() - cpu0
     fmt = body.get("response_format", "pcm")
     return {"records": [finished(r, fmt) for r in results], "begin": begin, "end": end, "cpu_s": cpu,
