@@ -41,8 +41,7 @@ def test_cudnn_autotune_is_off_on_cpu(ckpt, value):
 @pytest.mark.parametrize("text, want", [
     ("auto", "graphs"),  # the default: only inside the codec's capture windows
     ("-cuda_graphs", "off"),  # no graphs: no window that keeps the tuned algorithms
-    ("+cudnn_benchmark", "process"), ("-cuda_graphs,+cudnn_benchmark", "process"), ("-cudnn_tuning", "off"),
-    ("+cudnn_dilated_only", "dilated"), ("-cuda_graphs,+cudnn_dilated_only", "off")])  # needs cudnn_tuning
+    ("+cudnn_benchmark", "process"), ("-cuda_graphs,+cudnn_benchmark", "process"), ("-cudnn_tuning", "off")])
 def test_cudnn_autotune_mode_on_cuda(text, want):
     assert cudnn_autotune_mode(resolve(text, GPU).on) == want
 

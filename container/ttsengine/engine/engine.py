@@ -60,7 +60,7 @@ class Engine:
         self._faults, self._fail_at = FaultCounter(), fail_at_step
         # voice encoding's convolutions wait for the codec's autotuned capture windows (cudnn_autotune_mode)
         self.planner = Planner(checkpoint, config, self.kv_positions,
-                               encode_lock=self.capture_lock if s.cudnn_autotune in ("graphs", "dilated") else None)
+                               encode_lock=self.capture_lock if s.cudnn_autotune == "graphs" else None)
         self.kernel_cache = kernel_cache(config, checkpoint, s)
         self.prefix_cache = PrefixCache() if s.prefix_cache else None
         self.scheduler = Scheduler(s.runner.max_slots, s.max_queue, s.runner.num_pages - 1, s.runner.page_size,

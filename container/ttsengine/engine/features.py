@@ -44,7 +44,6 @@ CODEC_COMPILE = "codec_compile"
 SNAKE_KERNEL = "snake_kernel"
 CUDNN_TUNING = "cudnn_tuning"
 CUDNN_BENCHMARK = "cudnn_benchmark"
-CUDNN_DILATED_ONLY = "cudnn_dilated_only"
 CODEC_CHANNELS_LAST = "codec_channels_last"
 CODEC_MERGE = "codec_merge"
 CODEC_ROUNDS = "codec_rounds"
@@ -171,9 +170,6 @@ FEATURES = (
             "engine/device/vocoder.py `apply`", requires=(CUDA, TRITON), unless=CODEC_COMPILE, keyed=True),
     Feature(CUDNN_TUNING, CODEC, "cuDNN times the codec's convolutions while its CUDA graphs are captured",
             "cuDNN's heuristics", "engine/device/vocoder.py `cudnn_autotuned`", requires=(CUDA, feature(CUDA_GRAPHS))),
-    Feature(CUDNN_DILATED_ONLY, CODEC, "cuDNN times only the codec's dilated convolutions (its heuristics' slow "
-            "picks), in captures too: a start without most of the tuning", "every convolution timed in the captures",
-            "engine/device/vocoder.py `apply`", requires=(feature(CUDNN_TUNING),), default=False),
     Feature(CUDNN_BENCHMARK, CODEC, "cuDNN times every new convolution shape, everywhere (syncs the GPU)",
             "tuning in graph captures only", "engine/engine.py", requires=(CUDA,), default=False),
     Feature(CODEC_CHANNELS_LAST, CODEC, "the streaming codec time-major with channels-last convolutions",

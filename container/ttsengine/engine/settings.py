@@ -57,14 +57,11 @@ def cudnn_autotune_mode(on: frozenset[str]) -> str:
     timing synchronizes the GPU, which fails a CUDA graph capture running on another thread. "graphs"
     (cudnn_tuning, with CUDA graphs) turns it on only inside the codec's capture windows, which hold the capture
     lock (so no other capture runs) and which voice encoding waits for; a captured graph keeps the tuned
-    algorithms. "dilated" (cudnn_tuning with cudnn_dilated_only) times only the dilated convolutions, whose
-    untuned picks are the slow ones, in the same windows. "process" (cudnn_benchmark) leaves it on everywhere: every
-    new shape is timed, also voice encodings'."""
+    algorithms. "process" (cudnn_benchmark) leaves it on everywhere: every new shape is timed, also voice
+    encodings'."""
     if features.CUDNN_BENCHMARK in on:
         return "process"
-    if features.CUDNN_TUNING not in on:
-        return "off"
-    return "dilated" if features.CUDNN_DILATED_ONLY in on else "graphs"
+    return "graphs" if features.CUDNN_TUNING in on else "off"
 
 
 def codec_switches(on: frozenset[str]) -> CodecSwitches:

@@ -55,8 +55,7 @@ class CodecSwitches:
         parts += ["rows 1/4/16/64"] * self.sparse_rows
         parts += ["compiled"] * self.compile + ["Snake kernel"] * self.snake_kernel
         parts.append({"off": "cuDNN untuned", "graphs": "cuDNN tuned in graph captures",
-                      "dilated": "cuDNN tuned for the dilated convs", "process": "cuDNN tuned everywhere"}
-                     [self.cudnn_autotune])
+                      "process": "cuDNN tuned everywhere"}[self.cudnn_autotune])
         return ", ".join(parts)
 
 
@@ -110,7 +109,6 @@ class Vocoder:
         self.compiled = False
         self.graphs = GraphSet("codec", capture_lock, self._graph_body, self._scratch_inputs,
                                capture_on_current_stream=True, gate=gate)
-        self._tune_dilated: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext
         self._capture_lock = capture_lock
         self._graph_rows = 0  # the planned graphs' largest batch
         self.merge_rows = merge_rows
@@ -130,13 +128,13 @@ class Vocoder:
     def apply(self, switches: CodecSwitches) -> None:
         """The engine's codec switches, but the layout (a constructor argument: time_major) and process-wide cuDNN
         tuning ("process": the caller's torch.backends.cudnn.benchmark): compile or the Snake kernel, and cuDNN
-        tuned in the graphs' captures ("graphs": every conv; "dilated": the dilated ones, warm-up and captures)."""
+        tuned in the graphs' captures ("graphs")."""
         if switches.compile:
             self.enable_compile()
         if switches.snake_kernel:
             self.use_snake_kernel()
-        if switches.cudnn_autotune in ("graphs", "dilated"):
-            self.autotune_captures(everything=switches.cudnn_autotune == "graphs")
+        if switches.cudnn_autotune == "graphs":
+            self.autotune_captures()
 
     def enable_compile(self) -> None:
         """torch.compile the chunk decode, one static-shape compile per (rows, chunk) key (a dynamic batch
@@ -151,12 +149,9 @@ class Vocoder:
         self._decode, self.compiled = self.codec.codes_to_audio, False
         self.plan_graphs(0)
 
-    def autotune_captures(self, everything: bool = True) -> None:
-        """cuDNN times its algorithms while each codec graph is first run and recorded (everything=False: only for
-        the time-major dilated convs, see _dilated_tuned); the graph keeps them."""
-        self._tune_dilated = cudnn_autotuned
-        if everything:
-            self.graphs.tune = cudnn_autotuned
+    def autotune_captures(self) -> None:
+        """cuDNN times its algorithms while each codec graph is first run and recorded; the graph keeps them."""
+        self.graphs.tune = cudnn_autotuned
 
     def use_snake_kernel(self) -> None:
         """Snake as one Triton kernel (model/kernels/snake.py): the eager codec's fused pass."""
@@ -276,7 +271,7 @@ class Vocoder:
             yield
             return
         with self.graphs.lock:
-            self.codec.tune_dilated = self._tune_dilated
+            self.codec.tune_dilated = self.graphs.tune
             try:
                 yield
             finally:
