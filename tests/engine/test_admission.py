@@ -126,10 +126,11 @@ def test_goodput_admission_refuses_what_would_fall_below_real_time():
 
 
 def only_the_wait_rule(eng: Engine) -> None:
-    """The wait rule alone: the step rule is out of the way by its floor (0.001x real time); the codec's backlog
-    rule has no setting, and a CPU codec falls behind these streams (torch 2.2's lane: "the codec is 80 frames
-    behind the 2 running streams"), so its reading is held at nothing here (that rule: test_goodput)."""
-    eng.intake.goodput.codec_backlog = lambda: 0
+    """The wait rule alone: the step rule is out of the way by its floor (0.001x real time); the codec's lag rule
+    has no setting, and a CPU codec falls behind these streams (torch 2.2's lane: "the codec is 80 frames behind
+    the 2 running streams", as that rule read then), so its reading is held at nothing here (that rule:
+    test_goodput)."""
+    eng.intake.goodput.codec_lag = lambda: 0.0
 
 
 def test_with_every_slot_taken_a_stream_waits_only_as_long_as_ending_streams_allow():

@@ -1,5 +1,5 @@
 """Goodput admission's rule (engine/control/goodput.py, issue 50) as a table: which stream counts it refuses from
-measured step times per bucket and the codec's backlog, and the room it reports to the router. Pure Python."""
+measured step times per bucket and the codec's lag, and the room it reports to the router. Pure Python."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from ttsengine.engine.control.goodput import BACKLOG_CHUNKS, FRESH_S, Goodput
+from ttsengine.engine.control.goodput import FRESH_S, Goodput
 
 FRAME = 1 / 21.5  # seconds of audio per frame
 BUDGET = FRAME / 1.2  # the step that keeps each stream at 1.2x real time: 38.8 ms
@@ -18,14 +18,14 @@ def bucket(n: int) -> int:
     return next(b for b in BUCKETS if b >= n)
 
 
-def gate(steps: dict[int, float], rtf: float = 1.2, backlog: int = 0) -> Goodput:
-    return Goodput(rtf, FRAME, bucket, steps, lambda: backlog, chunk_frames=8)
+def gate(steps: dict[int, float], rtf: float = 1.2, lag: float = 0.0) -> Goodput:
+    return Goodput(rtf, FRAME, bucket, steps, lambda: lag, chunk_frames=8)
 
 
 def test_nothing_measured_or_off_refuses_nothing():
     assert gate({}).refuses(256, 0) is None
     assert gate({256: 1.0}, rtf=0).refuses(256, 200) is None  # TTS_ADMIT_RTF=0
-    assert gate({256: 1.0}, rtf=0, backlog=10**6).refuses(256, 200) is None
+    assert gate({256: 1.0}, rtf=0, lag=100.0).refuses(256, 200) is None
 
 
 @pytest.mark.parametrize("steps, streams, refused", [
@@ -48,12 +48,14 @@ def test_the_step_rule(steps, streams, refused):
         assert f"a step for {streams} streams would take" in why and "38.8 ms that keep each at 1.2x real time" in why
 
 
-def test_the_codec_backlog_rule():
-    limit = BACKLOG_CHUNKS * 8 * 10  # 10 running streams, chunks of 8 frames
-    assert gate({}, backlog=limit).refuses(11, 10) is None
-    why = gate({}, backlog=limit + 1).refuses(11, 10)
-    assert why == f"the codec is {limit + 1} frames behind the 10 running streams"
-    assert gate({}, backlog=10**6).refuses(1, 0) is None  # nothing running: a backlog of ended streams only
+def test_the_codec_lag_rule():
+    lasts = 8 * FRAME / 1.2  # a chunk of 8 frames lasts 372 ms; at 1.2x real time it must be decoded within 310 ms
+    assert gate({}, lag=lasts - 0.01).refuses(11, 10) is None
+    assert gate({}, lag=lasts - 0.01).refuses(256, 2) is None  # however many frames wait: only their age counts
+    why = gate({}, lag=0.5).refuses(11, 10)
+    assert why == ("the codec is 0.50 s behind: a chunk of audio has waited longer than the 310 ms it lasts at 1.2x "
+                   "real time")
+    assert gate({}, lag=100.0).refuses(1, 0) is None  # nothing running: nothing to protect
 
 
 def test_room_is_the_largest_count_admitted():
@@ -62,7 +64,7 @@ def test_room_is_the_largest_count_admitted():
     assert g.room(40, 40, 256) == 0
     assert gate({64: 0.010}).room(10, 10, 64) == 54  # every free slot
     assert gate({64: 0.010}, rtf=0).room(10, 10, 64) == 54
-    assert gate({}, backlog=10**6).room(10, 10, 64) == 0  # the codec is behind: nothing
+    assert gate({}, lag=1.0).room(10, 10, 64) == 0  # the codec is behind: nothing
 
 
 def test_a_smaller_bucket_timed_slower_is_a_floor_everywhere():
@@ -77,14 +79,14 @@ def test_a_smaller_bucket_timed_slower_is_a_floor_everywhere():
 
 def test_an_idle_engine_refuses_nothing():
     # nothing running: nothing to protect and no timing of the current load; the slots decide
-    g = gate({1: 0.100, 256: 1.0}, backlog=10**6)
+    g = gate({1: 0.100, 256: 1.0}, lag=100.0)
     assert g.refuses(256, 0) is None and g.room(0, 0, 256) == 256
 
 
 def test_old_timings_stop_counting():
     # a bucket timed slow once and refused since never runs again: after FRESH_S its timing no longer refuses
     now = [100.0]
-    g = Goodput(1.2, FRAME, bucket, {64: 0.050}, lambda: 0, 8, timed_at={64: 100.0}, clock=lambda: now[0])
+    g = Goodput(1.2, FRAME, bucket, {64: 0.050}, lambda: 0.0, 8, timed_at={64: 100.0}, clock=lambda: now[0])
     assert g.refuses(64, 63) is not None
     now[0] += FRESH_S + 1
     assert g.refuses(64, 63) is None and g.predicted_step(64) is None

@@ -221,3 +221,25 @@ def test_a_call_longer_than_the_largest_chunk_is_refused(eager_engine):
     finally:
         voc.close()
     assert box == ["a codec call of 5 frames: longer than the largest chunk, 4"]
+
+
+def test_lag_is_the_age_of_the_oldest_decode_not_done(eager_engine):
+    """Goodput admission's codec reading (Vocoder.lag): 0 with nothing queued; while the worker is held, the age of
+    the first decode queued (not the last, not a count of frames); 0 again once everything queued was decoded."""
+    import time
+
+    voc = Vocoder(eager_engine.ckpt.codec, 4, 4096, (4,), (), threading.RLock(), lambda frames, s: None,
+                  lambda stream: None)
+    try:
+        assert voc.lag == 0.0
+        gate = threading.Event()
+        voc.call_async(gate.wait)
+        voc.decode([0], codes(1, 4), [Delivery(Recorder(), 0, 4)])
+        time.sleep(0.2)
+        voc.decode([1], codes(2, 4), [Delivery(Recorder(), 0, 4)])
+        assert voc.lag >= 0.2  # the first decode's age, though the second was queued just now
+        gate.set()
+        voc.call(lambda: None)  # everything queued before it ran
+        assert voc.lag == 0.0 and voc.frames_done == voc.frames_queued == 8
+    finally:
+        voc.close()

@@ -81,7 +81,7 @@ class Engine:
         self.audio = AudioFeed(self.vocoder, rounds, s.max_slots, s.first_chunk_frames, s.stream_chunk_frames)
         self.eos = checkpoint.tokenizer.im_end_id
         goodput = Goodput(s.admit_rtf, frame_seconds, s.bucket, self.budget.step_seconds,
-                          lambda: self.vocoder.backlog, s.stream_chunk_frames, self.budget.timed_at,
+                          lambda: self.vocoder.lag, s.stream_chunk_frames, self.budget.timed_at,
                           wait_s=s.admit_wait)
         self.intake = Intake(self.scheduler, s.max_queue, s.max_slots, str(self.device.device), self.metrics,
                              goodput)

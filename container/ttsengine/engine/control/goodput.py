@@ -10,9 +10,11 @@ Two tests, from what the engine measured itself (no constants of a GPU):
   from above. Scaling by more than TRUSTED_SCALE is not trusted (a 1-row step says little about 256 rows): past
   it the estimate stays at the scaled time there, so mostly the slots decide, as without this gate. A step is
   never faster with more rows: the slowest timed bucket at or below is a floor (timings are noisy).
-- the codec: it turns frames into audio on its own thread. When the frames sent to it and not yet decoded exceed
-  BACKLOG_CHUNKS of the largest audio chunk per running stream, it is behind already: nothing more goes in until
-  it catches up.
+- the codec: it turns frames into audio on its own thread. When the oldest chunk sent to it and not yet decoded has
+  waited longer than a chunk's audio lasts at rtf x real time, it is behind already: nothing more goes in until it
+  catches up. (A count of frames behind per running stream misjudged the end of a burst: the last chunks of the
+  streams that just ended, drained in milliseconds, read as "437 frames behind the 8 running streams" and refused
+  a stream with 248 slots free.)
 - the wait for a slot (TTS_ADMIT_WAIT): with every slot taken a new stream queues, and at twice the capacity the
   queue held a whole stream's length (docs/http-breakdown.md, "Stop 55"): shed, don't stretch. A stream that must
   wait is taken only while the streams ahead of it, at the rate streams have been ending (the last RATE_WINDOW_S),
@@ -30,7 +32,6 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 ADMIT_RTF = 1.2  # TTS_ADMIT_RTF=auto on a GPU: the floor for every stream; a CPU is never real time: off
-BACKLOG_CHUNKS = 3  # codec frames waiting per running stream, in largest chunks, that mean it has fallen behind
 TRUSTED_SCALE = 2  # a timed bucket predicts buckets up to this many times its size
 RATE_WINDOW_S = 10.0  # the streams that ended this recently give the rate slots free at
 ENDS_KEPT = 512  # the most recent ends remembered (more than any engine's slots end within the window)
@@ -44,7 +45,7 @@ class Goodput:
     frame_seconds: float  # one frame of audio
     bucket: Callable[[int], int]  # streams -> the decode step's batch bucket
     step_seconds: Mapping[int, float]  # PrefillBudget.step_seconds: a decode step per bucket (the loop writes it)
-    codec_backlog: Callable[[], int]  # frames sent to the codec and not yet decoded
+    codec_lag: Callable[[], float]  # seconds the oldest chunk sent to the codec and not decoded yet has waited
     chunk_frames: int  # the largest audio chunk
     timed_at: Mapping[int, float] = field(default_factory=dict)  # PrefillBudget.timed_at: when each was last timed
     clock: Callable[[], float] = time.monotonic
@@ -95,9 +96,10 @@ class Goodput:
             count = f"{streams} stream{'s' if streams != 1 else ''}"
             return (f"a step for {count} would take {step * 1e3:.3g} ms, over the {budget * 1e3:.3g} ms that keep "
                     f"each at {self.rtf:g}x real time")
-        backlog = self.codec_backlog()
-        if running and backlog > BACKLOG_CHUNKS * self.chunk_frames * running:
-            return f"the codec is {backlog} frames behind the {running} running streams"
+        lag, lasts = self.codec_lag(), self.chunk_frames * self.frame_seconds / self.rtf
+        if lag > lasts:
+            return (f"the codec is {lag:.2f} s behind: a chunk of audio has waited longer than the {lasts * 1e3:.0f} "
+                    f"ms it lasts at {self.rtf:g}x real time")
         return None
 
     def predicted_step(self, streams: int) -> float | None:

@@ -116,6 +116,9 @@ class Vocoder:
         self._q: queue.SimpleQueue = queue.SimpleQueue()
         self.frames_queued = 0  # real frames put in decode commands (loop thread)
         self.frames_done = 0  # of those, decoded or failed (worker thread)
+        # (frames_queued after a decode command, when it was queued) per command not done yet: the loop thread
+        # appends, the worker drops what it finished, `lag` peeks (deque's append and popleft are atomic)
+        self._waiting: deque = deque()
         self._cuda = self.device.type == "cuda"
         self._stream = torch.cuda.Stream(self.device) if self._cuda else None
         self.pinned_copy = pinned_copy
@@ -192,13 +195,18 @@ class Vocoder:
     def decode(self, slots: list[int], codes: np.ndarray, deliveries: list[Delivery]) -> None:
         """codes: int64 [b, n, K] for the streams in `slots` (one row each)."""
         self.frames_queued += sum(d.frames for d in deliveries)
+        self._waiting.append((self.frames_queued, time.monotonic()))
         self._q.put(("decode", slots, codes, deliveries))
 
     @property
-    def backlog(self) -> int:
-        """Frames queued for decoding and not decoded yet (goodput admission: the codec has fallen behind). Two
-        counters, each written by one thread only, so no lock."""
-        return max(0, self.frames_queued - self.frames_done)
+    def lag(self) -> float:
+        """Seconds the oldest decode not done yet has waited since it was queued, 0 with none (goodput admission:
+        the codec has fallen behind real time once a chunk waits longer than its audio lasts)."""
+        try:
+            upto, queued_at = self._waiting[0]
+        except IndexError:
+            return 0.0
+        return time.monotonic() - queued_at if upto > self.frames_done else 0.0
 
     def reset(self, slot: int) -> None:
         self._q.put(("reset", slot))
@@ -345,6 +353,8 @@ class Vocoder:
                 finally:
                     if kind == "decode":  # a merged command carries the deliveries of every decode it took
                         self.frames_done += sum(d.frames for d in cmd[3])
+                        while self._waiting and self._waiting[0][0] <= self.frames_done:
+                            self._waiting.popleft()
 
     def _finish(self, cmd: tuple) -> None:
         # counted before the stream ends: whoever waits on the stream then sees the count that includes it (the
