@@ -29,7 +29,8 @@ lt() { local name=$1 t0; t0=$(date +%s); shift; timeout 240 python3 -m ttsengine
   --max-new-tokens "$FRAMES" --processes "$PROCS" --out "$W/$name" "$@" > "$W/$name.log" 2>&1
   echo "loadtest $name exit $? ($(( $(date +%s) - t0 )) s)"; RUNS+=("$name"); }
 live() { local name=$1; shift; timeout 240 python3 -m ttsengine livetest "$URL" --out "$W/$name" "$@" \
-  > "$W/$name.log" 2>&1; echo "livetest $name exit $?"; LIVE+=("$name"); }
+  > "$W/$name.log" 2>&1; echo "livetest $name exit $?"; LIVE+=("$name")
+  cp "$W/$name/livetest.json" "$OUT/$name.json" 2>/dev/null; }  # every turn's record comes back
 serve() {  # serve NAME: starts the server, waits for a settled /ready; sets PID
   local t0; t0=$(date +%s.%N)
   TTS_MODEL_DIR="$CKPT" TTS_CACHE_DIR="$CACHE" TTS_DATA_DIR=/tmp/tts-data TTS_PORT=$PORT TTS_LOG_LEVEL=$SERVER_LOG \

@@ -39,11 +39,13 @@ def test_sessions_fed_by_a_simulated_llm_speak_every_sentence(tmp_path):
         assert report["processes"] == 2 and len(s["client_cpu_pct"]) == 2  # a session in each client process
         for r in report["records"]:
             assert r["reason"] == "stop" and r["first_audio_ms"] > 0 and r["x_real_time"] > 0
+            assert r["connect_ms"] > 0 and 0 < r["complete_ms"] < 1000 * r["audio_s"] + 60_000
             # two sentences -> two segments of FRAMES frames each (the tiny model may end one early: at least one)
             assert FRAMES * 2048 / 44100 * 0.9 <= r["audio_s"] <= 2 * FRAMES * 2048 / 44100 * 1.05
         live = s["server"]["live_first_audio"]
         assert 4 <= live["count"] <= 8 and live["mean_ms"] > 0  # each turn's segments, as the server timed them
         assert "first_audio_p95_ms" in run.stdout and "server live_first_audio" in run.stdout
+        assert run.stdout.count("slow turn: first audio") == 3 and "s into the run, connect" in run.stdout
 
         # the default text's five sentences: cancelled in the first segment's audio, four more never made
         barge = livetest(url, tmp_path / "bi", "--sessions", "1", "--barge-in", "0", "--tokens-per-s", "400")

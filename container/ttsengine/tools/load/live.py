@@ -70,6 +70,7 @@ async def _barge_in(ws, after: float, marks: dict) -> None:
 async def turn(ws, request: dict, pieces: list[str], rate: float, sample_rate: int, barge_in: float | None,
                timeout: float) -> dict:
     """One start .. finish on an open socket -> its record."""
+    started, started_unix = time.perf_counter(), time.time()
     await ws.send(_pack(event="start", request=request))
     marks: dict = {}
     feeder = asyncio.create_task(_feed(ws, pieces, rate, marks))
@@ -92,7 +93,9 @@ async def turn(ws, request: dict, pieces: list[str], rate: float, sample_rate: i
     reason, finished = event.get("reason"), now
     record = {"error": event.get("message") if reason == "error" else None, "reason": reason,
               "audio_s": sum(s for _, s in arrivals), "first_audio_ms": None, "x_real_time": None,
-              "stalls": 0, "stall_s": 0.0, "cancel_to_last_audio_ms": None, "cancel_to_finish_ms": None}
+              "stalls": 0, "stall_s": 0.0, "cancel_to_last_audio_ms": None, "cancel_to_finish_ms": None,
+              "started_unix": started_unix,  # when `start` went (time.time(): the same clock in every process)
+              "complete_ms": 1000 * (marks["complete"] - started) if "complete" in marks else None}
     if arrivals and "complete" in marks:
         record["first_audio_ms"] = 1000 * (arrivals[0][0] - marks["complete"])
         span = arrivals[-1][0] - arrivals[0][0]
@@ -110,11 +113,13 @@ async def session(url: str, headers: dict, request: dict, pieces: list[str], arg
     from websockets.asyncio.client import connect
 
     await asyncio.sleep(delay)
+    t0 = time.perf_counter()
     ws_url = url.replace("http://", "ws://").replace("https://", "wss://") + "/v1/tts/live"
     try:
         async with connect(ws_url, additional_headers=headers, max_size=None, open_timeout=args.timeout) as ws:
+            connect_ms = 1000 * (time.perf_counter() - t0)
             return [await turn(ws, request, pieces, args.tokens_per_s, args.sample_rate, args.barge_in,
-                               args.timeout) for _ in range(args.turns)]
+                               args.timeout) | {"connect_ms": connect_ms} for _ in range(args.turns)]
     except Exception as e:  # noqa: BLE001 - a refused or broken session is a figure of the run, not a crash
         return [{"error": f"{type(e).__name__}: {e}"[:300]}]
 
@@ -219,8 +224,22 @@ def main(argv: list[str] | None = None) -> int:
         if (h := summary["server"].get(key)) and h["count"]:
             print(f"server {key}: n {h['count']:.0f}, mean/p50/p95 {h['mean_ms']:.0f}/{h['p50_ms']:.0f}/"
                   f"{h['p95_ms']:.0f} ms")
+    for line in slowest(records):
+        print(line)
     print(f"wrote {args.out / 'livetest.json'}")
     return 1 if summary["errors"] == summary["turns"] else 0
+
+
+def slowest(records: list[dict], n: int = 3) -> list[str]:
+    """The n turns slowest to their first audio, each with when it started in the run (turns slow together point at
+    a moment of the server's, one alone at its session), its socket's connect and when its sentence was complete."""
+    timed = [r for r in records if r.get("first_audio_ms") is not None]
+    if not timed:
+        return []
+    begin = min(r["started_unix"] for r in timed)
+    return [f"slow turn: first audio {r['first_audio_ms']:.0f} ms, started +{r['started_unix'] - begin:.2f} s into the "
+            f"run, connect {r['connect_ms']:.0f} ms, first sentence complete {r['complete_ms']:.0f} ms after start"
+            for r in sorted(timed, key=lambda r: -r["first_audio_ms"])[:n]]
 
 
 if __name__ == "__main__":
