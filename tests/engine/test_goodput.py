@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from ttsengine.engine.control.goodput import FRESH_S, Goodput
+from ttsengine.engine.control.goodput import FRESH_S, LAG_CHUNKS, Goodput
 
 FRAME = 1 / 21.5  # seconds of audio per frame
 BUDGET = FRAME / 1.2  # the step that keeps each stream at 1.2x real time: 38.8 ms
@@ -49,12 +49,12 @@ def test_the_step_rule(steps, streams, refused):
 
 
 def test_the_codec_lag_rule():
-    lasts = 8 * FRAME / 1.2  # a chunk of 8 frames lasts 372 ms; at 1.2x real time it must be decoded within 310 ms
+    lasts = LAG_CHUNKS * 8 * FRAME / 1.2  # chunks of 8 frames (372 ms each) at 1.2x real time: 3 in 930 ms
     assert gate({}, lag=lasts - 0.01).refuses(11, 10) is None
     assert gate({}, lag=lasts - 0.01).refuses(256, 2) is None  # however many frames wait: only their age counts
-    why = gate({}, lag=0.5).refuses(11, 10)
-    assert why == ("the codec is 0.50 s behind: a chunk of audio has waited longer than the 310 ms it lasts at 1.2x "
-                   "real time")
+    why = gate({}, lag=1.5).refuses(11, 10)
+    assert why == "the codec is 1.50 s behind: a chunk of audio has waited longer than 3 chunks last at 1.2x real " \
+                  "time (930 ms)"
     assert gate({}, lag=100.0).refuses(1, 0) is None  # nothing running: nothing to protect
 
 

@@ -11,10 +11,10 @@ Two tests, from what the engine measured itself (no constants of a GPU):
   it the estimate stays at the scaled time there, so mostly the slots decide, as without this gate. A step is
   never faster with more rows: the slowest timed bucket at or below is a floor (timings are noisy).
 - the codec: it turns frames into audio on its own thread. When the oldest chunk sent to it and not yet decoded has
-  waited longer than a chunk's audio lasts at rtf x real time, it is behind already: nothing more goes in until it
-  catches up. (A count of frames behind per running stream misjudged the end of a burst: the last chunks of the
-  streams that just ended, drained in milliseconds, read as "437 frames behind the 8 running streams" and refused
-  a stream with 248 slots free.)
+  waited longer than LAG_CHUNKS chunks of audio last at rtf x real time, it is behind already: nothing more goes in
+  until it catches up. By age, not by frames behind per running stream: at the end of a burst the ended streams'
+  last chunks (drained at once) read as many frames behind the few still running; and by several chunks, not one:
+  a stream plays the audio it already has while its next chunk waits (docs/http-breakdown.md, "Stop 56").
 - the wait for a slot (TTS_ADMIT_WAIT): with every slot taken a new stream queues, and at twice the capacity the
   queue held a whole stream's length (docs/http-breakdown.md, "Stop 55"): shed, don't stretch. A stream that must
   wait is taken only while the streams ahead of it, at the rate streams have been ending (the last RATE_WINDOW_S),
@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 
 ADMIT_RTF = 1.2  # TTS_ADMIT_RTF=auto on a GPU: the issue's floor for every stream; a CPU is never real time: off
 TRUSTED_SCALE = 2  # a timed bucket predicts buckets up to this many times its size
+LAG_CHUNKS = 3  # the codec is behind once its oldest chunk waited as long as this many chunks of audio last
 RATE_WINDOW_S = 10.0  # the streams that ended this recently give the rate slots free at
 ENDS_KEPT = 512  # the most recent ends remembered (more than any engine's slots end within the window)
 FRESH_S = 30.0  # a bucket's timing counts this long after it was taken: then a refused size is tried again
@@ -96,10 +97,10 @@ class Goodput:
             count = f"{streams} stream{'s' if streams != 1 else ''}"
             return (f"a step for {count} would take {step * 1e3:.3g} ms, over the {budget * 1e3:.3g} ms that keep "
                     f"each at {self.rtf:g}x real time")
-        lag, lasts = self.codec_lag(), self.chunk_frames * self.frame_seconds / self.rtf
+        lag, lasts = self.codec_lag(), LAG_CHUNKS * self.chunk_frames * self.frame_seconds / self.rtf
         if lag > lasts:
-            return (f"the codec is {lag:.2f} s behind: a chunk of audio has waited longer than the {lasts * 1e3:.0f} "
-                    f"ms it lasts at {self.rtf:g}x real time")
+            return (f"the codec is {lag:.2f} s behind: a chunk of audio has waited longer than {LAG_CHUNKS} chunks "
+                    f"last at {self.rtf:g}x real time ({lasts * 1e3:.0f} ms)")
         return None
 
     def predicted_step(self, streams: int) -> float | None:
