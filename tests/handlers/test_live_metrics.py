@@ -27,8 +27,10 @@ def server(tmp_path_factory):
 
 
 def read(url: str, protocol: str) -> dict[str, float]:
-    """This protocol's live series: name -> value (histograms: _count and _sum; a stage label as name{stage})."""
-    return {s.name + (f"{{{s.labels['stage']}}}" if "stage" in s.labels else ""): s.value for s in scrape(url)
+    """This protocol's live series: name -> value (histograms: _count and _sum; a stage or segment label as
+    name{stage})."""
+    return {s.name + "".join(f"{{{s.labels[k]}}}" for k in ("stage", "segment") if k in s.labels): s.value
+            for s in scrape(url)
             if s.name.startswith("tts_live_") and s.labels.get("protocol") == protocol and "le" not in s.labels}
 
 
@@ -59,7 +61,8 @@ def test_every_series_is_there_from_the_start(server):
     for protocol in ("fish", "elevenlabs"):
         names = set(read(server, protocol))
         assert {"tts_live_connections_open", "tts_live_sessions_open", "tts_live_sessions_total",
-                "tts_live_segments_total", FIRST_AUDIO + "_count", BARGE_IN + "_count", SUBMIT + "_count{thread}",
+                "tts_live_segments_total", FIRST_AUDIO + "_count{first}", FIRST_AUDIO + "_count{next}",
+                BARGE_IN + "_count", SUBMIT + "_count{thread}",
                 SUBMIT + "_count{taken}"} <= names
 
 
@@ -79,8 +82,8 @@ def test_a_fish_session_counts_segments_and_times_each_first_audio(server):
     after = settled(server, "fish", {"tts_live_connections_open": before["tts_live_connections_open"]})
     assert during["tts_live_sessions_open"] == before["tts_live_sessions_open"] + 1
     assert during["tts_live_connections_open"] == before["tts_live_connections_open"] + 1
-    assert during[FIRST_AUDIO + "_count"] == before[FIRST_AUDIO + "_count"] + 1
-    first = delta(during, before, FIRST_AUDIO + "_sum")
+    assert during[FIRST_AUDIO + "_count{first}"] == before[FIRST_AUDIO + "_count{first}"] + 1
+    first = delta(during, before, FIRST_AUDIO + "_sum{first}")
     assert 0 < first <= client_saw  # the server's part of what the client waited
     # its parts: the wait for a thread, then the engine taking it (the rest: the engine and the way back)
     thread, taken = delta(during, before, SUBMIT + "_sum{thread}"), delta(during, before, SUBMIT + "_sum{taken}")
@@ -88,7 +91,8 @@ def test_a_fish_session_counts_segments_and_times_each_first_audio(server):
     assert after_finish["tts_live_sessions_open"] == before["tts_live_sessions_open"]  # finish: closed
     assert delta(after, before, "tts_live_sessions_total") == 1
     assert delta(after, before, "tts_live_segments_total") == 2
-    assert delta(after, before, FIRST_AUDIO + "_count") == 2
+    assert delta(after, before, FIRST_AUDIO + "_count{first}") == 1  # the session's first segment
+    assert delta(after, before, FIRST_AUDIO + "_count{next}") == 1  # and the one after it
     assert delta(after, before, BARGE_IN + "_count") == 0  # spoken to the end: no barge-in
 
 
@@ -127,7 +131,9 @@ def test_elevenlabs_contexts_spoken_and_barged_in(server):
                                            "tts_live_connections_open": before["tts_live_connections_open"]})
     assert delta(spoken, before, "tts_live_sessions_total") == 1
     assert delta(spoken, before, "tts_live_segments_total") == 2
-    assert delta(spoken, before, FIRST_AUDIO + "_count") == 2 and delta(spoken, before, FIRST_AUDIO + "_sum") > 0
+    assert delta(spoken, before, FIRST_AUDIO + "_count{first}") == 1
+    assert delta(spoken, before, FIRST_AUDIO + "_count{next}") == 1
+    assert delta(spoken, before, FIRST_AUDIO + "_sum{first}") > 0
     assert delta(after, before, "tts_live_sessions_total") == 2
     assert delta(after, before, BARGE_IN + "_count") == 1 and 0 < delta(after, before, BARGE_IN + "_sum") < 5
     assert after["tts_live_sessions_open"] == before["tts_live_sessions_open"]

@@ -37,7 +37,9 @@ class LiveMetrics:
                                 registry=r)
         self.first_audio = Histogram("tts_live_segment_first_audio_seconds", "A segment's text complete and "
                                      "submitted (the segment before it done) to its first audio taken by the "
-                                     "socket.", p, buckets=FIRST_AUDIO_BUCKETS, registry=r)
+                                     "socket; segment=first: a session's first (what a listener waits for), next: "
+                                     "the later ones (their listener is still playing the one before).",
+                                     (*p, "segment"), buckets=FIRST_AUDIO_BUCKETS, registry=r)
         self.submit = Histogram("tts_live_segment_submit_seconds", "A segment's text complete and submitted (the "
                                 "segment before it done) to: a thread beginning to submit it (stage thread), the "
                                 "engine taking it, planned and queued (stage taken).", (*p, "stage"),
@@ -46,11 +48,12 @@ class LiveMetrics:
                                   "socket closed) while a segment was being made, to the session's producer "
                                   "stopped and the engine's slot freed.", p, buckets=BARGE_IN_BUCKETS, registry=r)
         for name in PROTOCOLS:  # every series from the first scrape, at 0
-            for metric in (self.connections, self.open, self.sessions, self.segments, self.first_audio,
-                           self.barge_in):
+            for metric in (self.connections, self.open, self.sessions, self.segments, self.barge_in):
                 metric.labels(name)
             for stage in ("thread", "taken"):
                 self.submit.labels(name, stage)
+            for which in ("first", "next"):
+                self.first_audio.labels(name, which)
 
     def watch(self, protocol: str, submit: Callable) -> SessionWatch:
         return SessionWatch(self, protocol, submit)
@@ -64,6 +67,7 @@ class SessionWatch:
     def __init__(self, metrics: LiveMetrics, protocol: str, submit: Callable):
         self.m, self.protocol, self._submit = metrics, protocol, submit
         self._timed = None  # the latest segment whose first audio was timed
+        self._timed_any = False  # a segment's first audio was timed: the next ones are "next"
         self._open = True
         metrics.sessions.labels(protocol).inc()
         metrics.open.labels(protocol).inc()
@@ -78,7 +82,8 @@ class SessionWatch:
         if segment is None or segment is self._timed:
             return None
         self._timed = segment
-        histogram = self.m.first_audio.labels(self.protocol)
+        histogram = self.m.first_audio.labels(self.protocol, "next" if self._timed_any else "first")
+        self._timed_any = True
 
         def sent() -> None:
             histogram.observe(time.perf_counter() - segment.ready_at)

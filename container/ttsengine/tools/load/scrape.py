@@ -17,6 +17,7 @@ HISTOGRAMS = {  # our name: the metric (summed over its labels), or (metric, lab
     "chunk_send": ("tts_trace_chunk_seconds", "stage", "send"),
     "chunk_total": ("tts_trace_chunk_seconds", "stage", "total"),
     "live_first_audio": "tts_live_segment_first_audio_seconds",  # a live segment's text complete -> its first audio
+    "live_first_segment": ("tts_live_segment_first_audio_seconds", "segment", "first"),  # of a session's first one
     "live_barge_in": "tts_live_barge_in_seconds",  # a live barge-in -> the engine's slot freed
     "live_submit_thread": ("tts_live_segment_submit_seconds", "stage", "thread"),  # -> a thread submits it
     "live_submit_taken": ("tts_live_segment_submit_seconds", "stage", "taken"),  # -> the engine took it
