@@ -46,6 +46,23 @@ def test_fifo_admission_fills_slots_in_order():
     assert admit(s) == [jobs[2]]
 
 
+def test_the_queue_is_kept_in_deadline_order_ties_by_arrival():
+    # segment_slack: a job with slack (a live session's next segment) goes behind those due before it; without
+    # slack every deadline is its arrival, so the queue stays first come, first served
+    s = sched(slots=1)
+    running, patient, a, b, late = Job(10, 5), Job(10, 5, deadline=5.0), Job(10, 5, deadline=2.0), \
+        Job(10, 5, deadline=2.0), Job(10, 5, deadline=9.0)
+    for j in (running, patient, a, b, late):
+        s.submit(j)
+    assert list(s.waiting) == [running, a, b, patient, late]
+    order = []
+    for _ in range(5):
+        (job,) = admit(s)
+        order.append(job)
+        s.release([job])
+    assert order == [running, a, b, patient, late]
+
+
 def test_backpressure_is_immediate():
     s = sched(slots=1, queue=2)
     for _ in range(3):  # the free slot and the two queue places (issue 50: a burst onto idle slots was refused)

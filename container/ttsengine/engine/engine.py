@@ -326,9 +326,11 @@ class Engine:
             key, pages = prefix_key(task.prompt, min(task.plan.prefix_length, task.prompt.shape[1] - 1),
                                     self.settings.runner.page_size)
         req = task.plan.request
+        slack = task.plan.slack_s if self.settings.segment_slack else 0.0
         job = Job(task.prompt.shape[1], budget, owner=task, stop_on_eos=not task.plan.ignore_stop,
                   prefix_key=key, prefix_pages=pages, prompt=task.prompt, frame_offset=task.frame_offset,
-                  sampling=(req.temperature, req.top_p, req.repetition_penalty, req.seed))
+                  sampling=(req.temperature, req.top_p, req.repetition_penalty, req.seed),
+                  deadline=time.perf_counter() + slack)
         task.job = job
         try:
             self.scheduler.submit(job, front=front)

@@ -39,6 +39,7 @@ LAZY_GRAPHS = "lazy_graphs"
 PREFILL_GRAPHS = "prefill_graphs"
 OVERLAP_STEP = "overlap_step"
 STEP_PRIORITY = "step_priority"
+SEGMENT_SLACK = "segment_slack"
 # the codec (engine/device/vocoder.py, engine/audio_feed.py, model/codec_cache.py)
 CODEC_COMPILE = "codec_compile"
 SNAKE_KERNEL = "snake_kernel"
@@ -135,6 +136,10 @@ FEATURES = (
             "each step waits for the host", "engine/engine.py `_iteration`", auto=(CUDA,)),
     Feature(STEP_PRIORITY, ENGINE, "the decode step and prefill on a high-priority CUDA stream",
             "the default stream's priority", "engine/engine.py `_run`", requires=(CUDA,)),
+    # segment_slack: opt-in until measured on a GPU with livetest (docs/voice-agents.md, "stop 56")
+    Feature(SEGMENT_SLACK, ENGINE, "a live session's next segment queues behind requests due before it while its "
+            "listener still has audio to play (earliest deadline first)", "first come, first served",
+            "engine/engine.py `_enqueue`", default=False),
     # ---- the decode step's fused kernels ----
     # Why the defaults (the figures: docs/performance.md, "Fused decode-step kernels"): each kernel on by default was
     # measured faster than the unfused path. merged_ffn: int8/int4 linears are left unmerged by merge_inputs. The

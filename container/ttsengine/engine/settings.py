@@ -112,6 +112,7 @@ class BatchSettings:
     cuda_graphs: bool
     overlap_step: bool  # the next step is launched before the last one's frames are read (engine.py _iteration)
     step_priority: bool  # the engine loop's stream at high priority (engine.py _run)
+    segment_slack: bool  # the queue by deadline: a request's slack_s lets those due earlier go first (scheduler.py)
     lazy_graphs: bool  # capture the smallest bucket before ready, the rest later (cuda_graphs.py)
     prefill_graphs: bool  # the prefill as CUDA graphs per padded shape (with cuda_graphs)
     compile: bool  # torch.compile the decode step's units
@@ -232,6 +233,7 @@ class BatchSettings:
                              first_chunk_frames=config.first_chunk_frames,
                              stream_chunk_frames=config.stream_chunk_frames, cuda_graphs=graphs,
                              overlap_step=features.OVERLAP_STEP in on, step_priority=features.STEP_PRIORITY in on,
+                             segment_slack=features.SEGMENT_SLACK in on,
                              lazy_graphs=features.LAZY_GRAPHS in on, prefill_graphs=features.PREFILL_GRAPHS in on,
                              compile=compile_, codec=codec_switches(on),
                              codec_merge_rows=max_batch if features.CODEC_MERGE in on else 0,

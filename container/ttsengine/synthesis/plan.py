@@ -50,6 +50,7 @@ class Plan:
     ignore_stop: bool = False  # benchmarks only: generate exactly max_new_tokens frames
     keep_codes: bool = False  # checks only (bench --check-audio): each text chunk's kept codes land in `codes`
     admitted: bool = False  # SynthesisRequest.admitted: goodput admission lets it in
+    slack_s: float = 0.0  # SynthesisRequest.slack_s
     codes: list[np.ndarray] = field(default_factory=list)  # int64 [num_codebooks, kept frames] per text chunk
     # the first columns every chunk's prompt shares with other requests using the same references (the
     # references' turns: everything before the previous chunk and the text); the engine caches their KV
@@ -115,7 +116,7 @@ class Planner:
         lengths = [self.prompt(text, refs, tokens).shape[1] for text in texts]
         self.capacity.check(lengths, req.max_new_tokens)
         return Plan(req, refs, texts, tokens, lengths, prefix_length=self.prefix(refs, tokens).shape[1],
-                    keep_codes=request.keep_codes, admitted=request.admitted)
+                    keep_codes=request.keep_codes, admitted=request.admitted, slack_s=max(0.0, request.slack_s))
 
     def check_reference_lengths(self, req: ResolvedRequest, abandoned: Callable[[], bool] | None = None) -> None:
         """The cheap checks, before any encode: at most max_references references, every reference's header

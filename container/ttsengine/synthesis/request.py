@@ -40,6 +40,9 @@ class SynthesisRequest:
     keep_codes: bool = False  # each text chunk's kept codes stay on the plan (a live session's next context, checks)
     admitted: bool = False  # the follow-up of a stream already admitted (a live session's next segment): goodput
     # admission does not refuse it, so a conversation under way is never cut off mid-turn (the slots still decide)
+    slack_s: float = 0.0  # seconds its first audio may come later without a listener waiting for it (a live
+    # session's next segment while the one before still plays): with the feature segment_slack the engine starts
+    # it behind requests queued after it whose deadline (queued + slack) is earlier
 
 
 @dataclass(frozen=True)

@@ -61,6 +61,7 @@ class Job:
     prompt: object = None  # int64 [n+1, T] CPU tensor
     sampling: tuple = ()  # (temperature, top_p, repetition_penalty, seed)
     frame_offset: int = 0  # frames the request generated before this job (the sampler's RNG counter start)
+    deadline: float = 0.0  # the queue is kept in this order (ties: arrival): queued-at + slack (segment_slack)
 
     @property
     def max_len(self) -> int:
@@ -116,7 +117,12 @@ class Scheduler:
         if len(self.waiting) >= self.max_queue + self.free_slots:  # a burst waits here for the free slots too
             raise BusyError(f"the engine is busy ({len(self.running)} streams running, {len(self.waiting)} "
                             "waiting); retry shortly")
-        self.waiting.append(job)
+        # earliest deadline first, arrival order among equals: without slack every deadline is its arrival (or 0),
+        # so this is an append; a job with slack goes behind those due before it (scanned from the back)
+        i = len(self.waiting)
+        while i and self.waiting[i - 1].deadline > job.deadline:
+            i -= 1
+        self.waiting.insert(i, job)
 
     @property
     def free_slots(self) -> int:

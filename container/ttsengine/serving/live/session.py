@@ -35,6 +35,9 @@ from ..voices import VoiceStore
 from .segmenter import Segmenter
 
 _DONE = object()
+# of the audio a listener still has to play when a next segment is submitted, what that segment's first audio may
+# not use (its own prefill and first chunk under load, with room to spare): the rest is its slack_s
+SLACK_MARGIN_S = 1.0
 log = logging.getLogger(__name__)
 
 
@@ -90,6 +93,7 @@ class LiveSession:
         self._last: Stream | None = None  # the latest segment's stream (stopped() waits for its end)
         self._native = 0  # samples the engine made in this session, at the model's rate
         self.native_rate = 0  # the model's rate (its audio's), known once the first segment is submitted
+        self._first_audio_at: float | None = None  # time.perf_counter() of the session's first audio handed on
         self.current: Segment | None = None  # the segment whose audio audio() yields now
         self.ended = False  # stop came: no more text
         self.cancelled = False
@@ -162,6 +166,8 @@ class LiveSession:
                         self._native += len(chunk.audio)
                         data = await enc.encode(scaled(chunk.audio, self.job.volume))
                         if data and not self.cancelled:
+                            if self._first_audio_at is None:
+                                self._first_audio_at = time.perf_counter()
                             yield data
                     else:
                         self._context = self._next_context(stream)
@@ -182,6 +188,15 @@ class LiveSession:
             if enc is not None:
                 enc.close()  # an encoder in a worker process: its state goes (nothing after finish)
 
+    def slack(self, now: float | None = None) -> float:
+        """Seconds the next segment's first audio may wait without the listener waiting: the audio made so far
+        less what has played since the first audio (played at 1x from there on: a client that buffers more only has
+        more), less SLACK_MARGIN_S; 0 before any audio (a session's first segment: the listener is waiting)."""
+        if self._first_audio_at is None or not self.native_rate:
+            return 0.0
+        played = (time.perf_counter() if now is None else now) - self._first_audio_at
+        return max(0.0, self._native / self.native_rate - played - SLACK_MARGIN_S)
+
     def _start(self, segment: str) -> Stream:
         current = self.current
         if current is not None:
@@ -192,7 +207,8 @@ class LiveSession:
         # admitted: after its first segment a session is a conversation under way; goodput admission refuses new
         # sessions at capacity, never the next sentence of one that is speaking
         stream = self._submit(dataclasses.replace(self.job.request, text=segment, references=refs,
-                                                  keep_codes=self.chain, admitted=self.segments > 0),
+                                                  keep_codes=self.chain, admitted=self.segments > 0,
+                                                  slack_s=self.slack()),
                               abandoned=self._is_cancelled)
         self.segments += 1
         self._last = stream
