@@ -18,6 +18,9 @@ def main(argv: list[str] | None = None) -> int:
         modes = "\n".join(f"  {name:<7} {help_}" for name, (_, help_) in MODES.items())
         print(f"usage: python -m handlers {{{'|'.join(MODES)}}} [args]\n{modes}", file=sys.stderr)
         return 2
+    from ttsengine import read_weights_ahead  # light: the configuration and a reader, no torch
+
+    read_weights_ahead()  # the disk reads the weights while the adapter imports torch and its web framework
     module = importlib.import_module(MODES[argv[0]][0])
     return module.main(argv[1:])
 

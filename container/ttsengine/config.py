@@ -375,6 +375,19 @@ def from_env(env: Mapping[str, str] | None = None, defaults: Mapping[str, object
     return replace(cfg, features=features.normalise(",".join(old + ([] if cfg.features == "auto" else [cfg.features]))))
 
 
+def read_ahead_paths(env: Mapping[str, str] | None = None) -> tuple[Path, Path | None] | None:
+    """(model directory, cache directory) whose weight files an entry point may start reading before its imports
+    (feature early_readahead; serving/prefetch.py); None when that is switched off or the environment does not read
+    (the start itself reports that, in its words)."""
+    try:
+        cfg = from_env(env)
+    except ConfigError:
+        return None
+    if features.switched_off(cfg.features, features.EARLY_READAHEAD):
+        return None
+    return cfg.model_dir, cfg.cache_dir
+
+
 # the on/off variables TTS_FEATURES replaced, still read for one release (a warning names the replacement):
 # variable -> the feature (or group) it switched
 RETIRED = {"TTS_CUDA_GRAPHS": features.CUDA_GRAPHS, "TTS_COMPILE": features.COMPILE,

@@ -92,7 +92,9 @@ run_case() {  # run_case QUANT CASE ROUND
   fi
   evict "$dir"
   t0=$(date +%s)
-  TTS_QUANT=$q timeout $(( $(left) - 5 )) python3 -m ttsengine warm "${args[@]}" --cache-dir "$dir" > "$log" 2>&1
+  # the same paths in the environment too: `warm` starts reading $TTS_MODEL_DIR's weights before its imports
+  TTS_MODEL_DIR="$CK" TTS_CACHE_DIR="$dir" TTS_QUANT=$q timeout $(( $(left) - 5 )) python3 -m ttsengine warm "${args[@]}" \
+    --cache-dir "$dir" > "$log" 2>&1
   status=$?
   LAST[$q-$c]=$(( $(date +%s) - t0 ))
   if [ "$c" = empty ] && [ $status = 0 ]; then  # this run's cache is the newest complete one

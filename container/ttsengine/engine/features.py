@@ -50,6 +50,7 @@ CODEC_MERGE = "codec_merge"
 CODEC_ROUNDS = "codec_rounds"
 CODEC_PINNED_COPY = "codec_pinned_copy"
 CODEC_CACHE = "codec_cache"
+EARLY_READAHEAD = "early_readahead"
 CODEC_KV_RING = "codec_kv_ring"
 CODEC_SPARSE_ROWS = "codec_sparse_rows"
 
@@ -140,6 +141,8 @@ FEATURES = (
     Feature(SEGMENT_SLACK, ENGINE, "a live session's next segment queues behind requests due before it while its "
             "listener still has audio to play (earliest deadline first)", "first come, first served",
             "engine/engine.py `_enqueue`", default=False),
+    Feature(EARLY_READAHEAD, ENGINE, "the servers and `warm` start reading the weight files from disk before they "
+            "import torch and the web framework", "read from the load's start on", "serving/prefetch.py"),
     # ---- the decode step's fused kernels ----
     # Why the defaults (the figures: docs/performance.md, "Fused decode-step kernels"): each kernel on by default was
     # measured faster than the unfused path. merged_ffn: int8/int4 linears are left unmerged by merge_inputs. The

@@ -38,6 +38,7 @@ from torch import Tensor
 from ...compat import load_torch_file, torch_version
 from ...errors import CheckpointError
 from ..state_dict import StateDict
+from .readahead import mtime
 
 log = logging.getLogger(__name__)
 FORMAT = 1  # bump when what an entry holds changes
@@ -184,17 +185,10 @@ class CodecCache:
 
     def prune(self) -> None:
         """Keeps the `keep` most recently used entries; removes older ones and temporary files of dead writers."""
-        entries = sorted(self.directory.glob("codec-*.pt"), key=_mtime, reverse=True)
-        stale = [p for p in self.directory.glob("codec-*.tmp") if time.time() - _mtime(p) > 3600]
+        entries = sorted(self.directory.glob("codec-*.pt"), key=mtime, reverse=True)
+        stale = [p for p in self.directory.glob("codec-*.tmp") if time.time() - mtime(p) > 3600]
         for p in entries[self.keep:] + stale:
             p.unlink(missing_ok=True)
-
-
-def _mtime(p: Path) -> float:
-    try:
-        return p.stat().st_mtime
-    except OSError:
-        return 0.0
 
 
 def make(directory: Path | None, switch: str) -> CodecCache | None:

@@ -12,6 +12,30 @@ import threading
 from pathlib import Path
 
 BLOCK = 8 << 20
+# the weight files a model directory may hold (families/s1.py MODEL_FILES and CODEC_FILES: a test keeps them equal),
+# named here so that weight_files() needs neither torch nor a family
+MODEL_FILES = ("model.pth", "model.safetensors")
+CODEC_FILES = ("codec.pth", "codec.safetensors")
+
+
+def weight_files(model_dir: Path, cache_dir: Path | None) -> list[Path]:
+    """The files a load of model_dir will read, found without torch (for a read started before torch is imported):
+    the model's weights, and the newest converted codec under cache_dir (codec_cache.py: weights/codec-*.pt; its
+    key needs torch's version, so the newest stands for it) or else the codec's own file. Missing ones are left
+    out: the load reports them in its words."""
+    found = [next((p for p in (model_dir / n for n in MODEL_FILES) if p.is_file()), None)]
+    cached = sorted(Path(cache_dir, "weights").glob("codec-*.pt"), key=mtime) if cache_dir is not None else []
+    found.append(cached[-1] if cached else next((p for p in (model_dir / n for n in CODEC_FILES) if p.is_file()),
+                                                None))
+    return [p for p in found if p is not None]
+
+
+def mtime(p: Path) -> float:
+    """p's modification time, 0 when it is gone (a file removed while a directory is listed)."""
+    try:
+        return p.stat().st_mtime
+    except OSError:
+        return 0.0
 
 
 class Readahead:
