@@ -5,6 +5,7 @@ after the first as SynthesisRequest.slack_s (the engine's feature segment_slack 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 
 import pytest
@@ -25,6 +26,10 @@ def test_slack_is_the_audio_still_to_play_less_a_margin():
     s._first_audio_at, s.native_rate, s._native = 100.0, 44100, 6 * 44100  # 6 s made, the first at t=100
     assert s.slack(now=101.0) == pytest.approx(6 - 1 - SLACK_MARGIN_S)
     assert s.slack(now=105.5) == 0.0  # less left than the margin: no slack
+    fast = session()  # the same audio played at speed 2 lasts half as long
+    fast.job = dataclasses.replace(fast.job, speed=2.0)
+    fast._first_audio_at, fast.native_rate, fast._native = 100.0, 44100, 6 * 44100
+    assert fast.slack(now=101.0) == pytest.approx(3 - 1 - SLACK_MARGIN_S)
 
 
 def test_each_segment_after_the_first_is_submitted_with_the_slack_it_has():

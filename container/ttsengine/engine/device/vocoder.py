@@ -200,8 +200,8 @@ class Vocoder:
 
     @property
     def lag(self) -> float:
-        """Seconds the oldest decode not done yet has waited since it was queued, 0 with none (goodput admission:
-        the codec has fallen behind real time once a chunk waits longer than its audio lasts)."""
+        """Seconds the oldest decode not done yet has waited since it was queued, 0 with none (goodput admission's
+        reading of whether the codec has fallen behind: control/goodput.py LAG_CHUNKS)."""
         try:
             upto, queued_at = self._waiting[0]
         except IndexError:

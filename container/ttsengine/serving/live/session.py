@@ -189,13 +189,15 @@ class LiveSession:
                 enc.close()  # an encoder in a worker process: its state goes (nothing after finish)
 
     def slack(self, now: float | None = None) -> float:
-        """Seconds the next segment's first audio may wait without the listener waiting: the audio made so far
-        less what has played since the first audio (played at 1x from there on: a client that buffers more only has
-        more), less SLACK_MARGIN_S; 0 before any audio (a session's first segment: the listener is waiting)."""
+        """Seconds the next segment's first audio may wait without the listener waiting: the audio made so far (at
+        the job's speed) less what has played since the first audio (played at 1x from there on: a client that
+        buffers more only has more), less SLACK_MARGIN_S; 0 before any audio (a session's first segment: the
+        listener is waiting)."""
         if self._first_audio_at is None or not self.native_rate:
             return 0.0
         played = (time.perf_counter() if now is None else now) - self._first_audio_at
-        return max(0.0, self._native / self.native_rate - played - SLACK_MARGIN_S)
+        made = self._native / (self.native_rate * self.job.speed)
+        return max(0.0, made - played - SLACK_MARGIN_S)
 
     def _start(self, segment: str) -> Stream:
         current = self.current
