@@ -11,14 +11,17 @@
 #             over each of $LIVE_PROCS client processes (issue 45);
 #   warm:     the server restarted on the filled kernel cache: ready after, and its first burst (issue 44).
 # Prints the tables last. Usage: scripts/device/front_door.sh   (env: PARTS="bench cold overload live warm",
-#   MAX=256, FRAMES=192, PROCS=4, SESSIONS=64, LIVE_PROCS=$PROCS, BENCH_FEATURES="- -codec_sparse_rows" (TTS_FEATURES per bench run),
+#   MAX=256, FRAMES=192, PROCS=4, SESSIONS=64, LIVE_PROCS=$PROCS (a list; repeats run again), BENCH_RUNS=1
+#   (bench's first audio at 256 moves between runs: several show how much),
+#   BENCH_FEATURES="- -codec_sparse_rows" (TTS_FEATURES per bench run),
 #   SERVER_LOG=WARNING (INFO: its start's captures, kept in $OUT/server-NAME-start.txt), CKPT, CACHE; the server takes
 #   any TTS_* exported, e.g. TTS_TRACE_CHUNKS=on)
 set -uo pipefail
 . scripts/device/lib.sh
 device_setup "${WORK:-/tmp/front-door}" 8000
 PARTS=${PARTS:-bench cold overload live warm} MAX=${MAX:-256} FRAMES=${FRAMES:-192} PROCS=${PROCS:-4}
-SESSIONS=${SESSIONS:-64} LIVE_PROCS=${LIVE_PROCS:-$PROCS} SERVER_LOG=${SERVER_LOG:-WARNING} BENCH_FEATURES=${BENCH_FEATURES:--}
+SESSIONS=${SESSIONS:-64} LIVE_PROCS=${LIVE_PROCS:-$PROCS} BENCH_RUNS=${BENCH_RUNS:-1}
+SERVER_LOG=${SERVER_LOG:-WARNING} BENCH_FEATURES=${BENCH_FEATURES:--}
 CKPT=${CKPT:-/tmp/s1-random} CACHE=${CACHE:-/tmp/front-door-cache} PORT=${PORT:-8080}
 URL=http://127.0.0.1:$PORT
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
@@ -47,10 +50,12 @@ LIVE=()
 for part in $PARTS; do
   case $part in
     bench) for f in $BENCH_FEATURES; do  # one bench per TTS_FEATURES value ("-": the defaults, into $W/bench)
-             d=$([ "$f" = - ] && echo bench || echo "bench${f//[^a-z_+-]/_}")
-             TTS_FEATURES=$([ "$f" = - ] && echo auto || echo "$f") timeout 300 python3 -m ttsengine bench \
-               --random-weights s1-mini --frames "$FRAMES" --concurrency "$MAX" --check-audio 0 --out "$W/$d" \
-               > "$W/$d.log" 2>&1; echo "bench $f exit $?"
+             for r in $(seq 1 "$BENCH_RUNS"); do  # runs after the first: $W/bench...-runN
+               d=$([ "$f" = - ] && echo bench || echo "bench${f//[^a-z_+-]/_}")$([ "$r" = 1 ] || echo "-run$r")
+               TTS_FEATURES=$([ "$f" = - ] && echo auto || echo "$f") timeout 300 python3 -m ttsengine bench \
+                 --random-weights s1-mini --frames "$FRAMES" --concurrency "$MAX" --check-audio 0 --out "$W/$d" \
+                 > "$W/$d.log" 2>&1; echo "bench $f run $r exit $?"
+             done
            done ;;
     cold) rm -rf "$CACHE"; serve cold || exit 1
           lt burst-cold --concurrency "$MAX" --requests "$MAX"; lt steady --concurrency "$MAX" ;;
@@ -60,8 +65,10 @@ for part in $PARTS; do
     live) live live-1 --sessions 1 --turns 3 --max-new-tokens 128
           live barge-1 --sessions 1 --turns 3 --barge-in 0.5
           for n in $SESSIONS; do
-            for p in $LIVE_PROCS; do
-              live "live-$n-p$p" --sessions "$n" --ramp 2 --max-new-tokens 128 --processes "$p"
+            for p in $LIVE_PROCS; do  # a repeated count gets its own name: live-64-p1, live-64-p1-2
+              name="live-$n-p$p" k=2
+              while [[ " ${LIVE[*]} " == *" $name "* ]]; do name="live-$n-p$p-$k"; k=$((k + 1)); done
+              live "$name" --sessions "$n" --ramp 2 --max-new-tokens 128 --processes "$p"
             done
           done ;;
     warm) stop cold; serve warm || exit 1; lt burst-warm --concurrency "$MAX" --requests "$MAX"; stop warm ;;

@@ -131,7 +131,8 @@ def test_a_stream_waits_for_a_slot_only_as_long_as_the_ending_streams_allow():
     for _ in range(50):
         clock.now += 0.01
         none.ended()
-    assert none.refuses_wait(1) is not None  # TTS_ADMIT_WAIT=0: no waiting at all
+    assert none.refuses_wait(1) == "every slot is taken and TTS_ADMIT_WAIT=0 queues none"  # no waiting at all
+    assert none.refuses_wait(1, head_wait=0.5) == "every slot is taken and TTS_ADMIT_WAIT=0 queues none"
 
 
 def test_a_queue_whose_head_waited_past_the_limit_takes_no_one_more():

@@ -73,6 +73,8 @@ class Goodput:
         head has waited past wait_s already is not moving fast enough, whatever the rate says."""
         if self.rtf <= 0 or ahead <= 0:
             return None
+        if self.wait_s <= 0:
+            return "every slot is taken and TTS_ADMIT_WAIT=0 queues none"
         if head_wait > self.wait_s:
             return (f"every slot is taken and the stream waiting longest has waited {head_wait:.2f} s, over the "
                     f"{self.wait_s:g} s allowed")
