@@ -14,7 +14,7 @@ from ..dual_ar_config import DualARConfig
 from ..families import Family, detect
 from ..tokenizer import Tokenizer
 from .codec_cache import CodecCache
-from .readahead import Readahead
+from .readahead import Readahead, first_file
 from .upload import to_device
 from .weights import check_strict, read_state_dict
 
@@ -33,10 +33,10 @@ class Checkpoint:
 
 
 def find_weights_file(model_dir: Path, names: tuple[str, ...]) -> Path:
-    for name in names:
-        if (model_dir / name).is_file():
-            return model_dir / name
-    raise CheckpointError(f"{model_dir}: none of {', '.join(names)} found")
+    found = first_file(model_dir, names)
+    if found is None:
+        raise CheckpointError(f"{model_dir}: none of {', '.join(names)} found")
+    return found
 
 
 def check_consistency(cfg: DualARConfig, tok: Tokenizer, codec_cfg: CodecConfig, model_dir: Path) -> None:

@@ -38,7 +38,7 @@ from torch import Tensor
 from ...compat import load_torch_file, torch_version
 from ...errors import CheckpointError
 from ..state_dict import StateDict
-from .readahead import mtime
+from .readahead import CODEC_CACHE_DIR, CODEC_ENTRY, mtime
 
 log = logging.getLogger(__name__)
 FORMAT = 1  # bump when what an entry holds changes
@@ -100,7 +100,7 @@ class CodecCache:
                                "torch": ".".join(map(str, torch_version()))}, sort_keys=True)
             self._keys[memo] = hashlib.sha256(text.encode()).hexdigest()[:20]
         key = self._keys[memo]
-        return self.directory / f"codec-{key}.pt", key
+        return self.directory / CODEC_ENTRY.format(key=key), key
 
     def read(self, source: Path, dtype: torch.dtype, expected: dict[str, Tensor]) -> StateDict | None:
         """The converted state dict of `source` if a sound entry exists (mmap'd: read as it is used), else None.
@@ -185,7 +185,7 @@ class CodecCache:
 
     def prune(self) -> None:
         """Keeps the `keep` most recently used entries; removes older ones and temporary files of dead writers."""
-        entries = sorted(self.directory.glob("codec-*.pt"), key=mtime, reverse=True)
+        entries = sorted(self.directory.glob(CODEC_ENTRY.format(key="*")), key=mtime, reverse=True)
         stale = [p for p in self.directory.glob("codec-*.tmp") if time.time() - mtime(p) > 3600]
         for p in entries[self.keep:] + stale:
             p.unlink(missing_ok=True)
@@ -195,4 +195,4 @@ def make(directory: Path | None, switch: str) -> CodecCache | None:
     """The cache under `directory` (the kernel-cache dir) unless there is none or `switch` is off."""
     if directory is None or switch == "off":
         return None
-    return CodecCache(Path(directory) / "weights")
+    return CodecCache(Path(directory) / CODEC_CACHE_DIR)

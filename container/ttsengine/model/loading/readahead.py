@@ -16,17 +16,24 @@ BLOCK = 8 << 20
 # named here so that weight_files() needs neither torch nor a family
 MODEL_FILES = ("model.pth", "model.safetensors")
 CODEC_FILES = ("codec.pth", "codec.safetensors")
+# the codec cache's layout (codec_cache.py): its folder under the kernel-cache directory, an entry's name by its key
+CODEC_CACHE_DIR = "weights"
+CODEC_ENTRY = "codec-{key}.pt"
+
+
+def first_file(model_dir: Path, names: tuple[str, ...]) -> Path | None:
+    """The first of `names` that is a file in model_dir (checkpoint.py find_weights_file says when none is)."""
+    return next((model_dir / n for n in names if (model_dir / n).is_file()), None)
 
 
 def weight_files(model_dir: Path, cache_dir: Path | None) -> list[Path]:
     """The files a load of model_dir will read, found without torch (for a read started before torch is imported):
-    the model's weights, and the newest converted codec under cache_dir (codec_cache.py: weights/codec-*.pt; its
-    key needs torch's version, so the newest stands for it) or else the codec's own file. Missing ones are left
-    out: the load reports them in its words."""
-    found = [next((p for p in (model_dir / n for n in MODEL_FILES) if p.is_file()), None)]
-    cached = sorted(Path(cache_dir, "weights").glob("codec-*.pt"), key=mtime) if cache_dir is not None else []
-    found.append(cached[-1] if cached else next((p for p in (model_dir / n for n in CODEC_FILES) if p.is_file()),
-                                                None))
+    the model's weights, and the newest converted codec under cache_dir (an entry's key needs torch's version, so
+    the newest stands for it) or else the codec's own file. Missing ones are left out: the load reports them in its
+    words."""
+    entries = Path(cache_dir, CODEC_CACHE_DIR).glob(CODEC_ENTRY.format(key="*")) if cache_dir is not None else ()
+    cached = max(entries, key=mtime, default=None)
+    found = [first_file(model_dir, MODEL_FILES), cached or first_file(model_dir, CODEC_FILES)]
     return [p for p in found if p is not None]
 
 
