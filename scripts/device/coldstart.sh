@@ -13,6 +13,11 @@
 #   usage: scripts/device/coldstart.sh      env: BUDGET (s, default 530) RUNS (3) QUANTS ("bf16 int8")
 #                                                CASES ("empty dir blob") WORK (/tmp/coldstart) EVICT (1)
 #                                                COMPILEALL (1: byte-compile site-packages first, as the image)
+#                                                VARIANTS ("-": TTS_FEATURES values the dir and blob cases run
+#                                                under, each in every round, e.g. "- -early_readahead"; the empty
+#                                                case runs under the first only)
+#                                                FRESH (1: start from empty caches; 0 keeps an earlier
+#                                                invocation's, e.g. CASES=empty RUNS=1, then FRESH=0 CASES=dir)
 set -uo pipefail
 export PYTHONPATH=$PWD/container:$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 OUT=${OUT:-device-out}
@@ -21,6 +26,7 @@ RUNS=${RUNS:-3}
 QUANTS=${QUANTS:-bf16 int8}
 CASES=${CASES:-empty dir blob}
 EVICT=${EVICT:-1}
+VARIANTS=${VARIANTS:--}
 CK=$WORK/s1-mini
 END=$(( $(date +%s) + ${BUDGET:-530} ))
 mkdir -p "$OUT" "$WORK"
@@ -69,9 +75,10 @@ PY
 }
 
 declare -A LAST  # seconds the last run of each case took (the estimate for the next one)
-run_case() {  # run_case QUANT CASE ROUND
-  local q=$1 c=$2 r=$3 kc="$WORK/kc-$1" dir log est t0 status
-  log="$OUT/coldstart-$q-$c-$r.log"
+run_case() {  # run_case QUANT CASE ROUND [FEATURES]
+  local q=$1 c=$2 r=$3 f=${4:--} kc="$WORK/kc-$1" dir log est t0 status tag
+  tag=$c; [ "$f" = - ] || { tag=${f//-/no}; tag="$c.${tag//+/with}"; }  # the variant in the log's name: dir.noearly_readahead
+  log="$OUT/coldstart-$q-$tag-$r.log"
   local args=(--model "$CK" --until-first-audio --no-blob)
   case $c in
     empty)
@@ -85,7 +92,7 @@ run_case() {  # run_case QUANT CASE ROUND
       compgen -G "$kc/artifacts-*.bin" > /dev/null || { echo "skipped $q $c $r: no blob"; return; }
       dir="$WORK/kc-$q-blob"; rm -rf "$dir"; mkdir -p "$dir"; cp "$kc"/artifacts-*.bin "$dir"/ ;;
   esac
-  est=${LAST[$q-$c]:-$([ "$c" = empty ] && echo 75 || echo 30)}
+  est=${LAST[$q-$tag]:-$([ "$c" = empty ] && echo 75 || echo 30)}
   if [ "$(left)" -lt $(( est + 10 )) ]; then
     echo "skipped $q $c run $r: $(left) s left, it takes ~$est s"
     return
@@ -93,22 +100,24 @@ run_case() {  # run_case QUANT CASE ROUND
   evict "$dir"
   t0=$(date +%s)
   # the same paths in the environment too: `warm` starts reading $TTS_MODEL_DIR's weights before its imports
+  TTS_FEATURES=$([ "$f" = - ] && echo auto || echo "$f") \
   TTS_MODEL_DIR="$CK" TTS_CACHE_DIR="$dir" TTS_QUANT=$q timeout $(( $(left) - 5 )) python3 -m ttsengine warm "${args[@]}" \
     --cache-dir "$dir" > "$log" 2>&1
   status=$?
-  LAST[$q-$c]=$(( $(date +%s) - t0 ))
+  LAST[$q-$tag]=$(( $(date +%s) - t0 ))
   if [ "$c" = empty ] && [ $status = 0 ]; then  # this run's cache is the newest complete one
     [ -d "$kc" ] || mv "$dir" "$kc"
   fi
-  echo "$q $c run $r: exit $status, ${LAST[$q-$c]} s wall | $(grep '^{' "$log" | tail -1 | cut -c1-160)"
+  echo "$q $tag run $r: exit $status, ${LAST[$q-$tag]} s wall | $(grep '^{' "$log" | tail -1 | cut -c1-160)"
   [ $status = 0 ] || grep -v "^\s*$" "$log" | tail -3
 }
 
-rm -rf "$WORK"/kc-*  # every invocation starts from empty caches (the checkpoint is kept)
+[ "${FRESH:-1}" = 0 ] || rm -rf "$WORK"/kc-*  # an invocation starts from empty caches (the checkpoint is kept)
 for r in $(seq 1 "$RUNS"); do
   for q in $QUANTS; do
     for c in $CASES; do
-      run_case "$q" "$c" "$r"
+      if [ "$c" = empty ]; then run_case "$q" "$c" "$r" "${VARIANTS%% *}"; continue; fi
+      for f in $VARIANTS; do run_case "$q" "$c" "$r" "$f"; done
     done
   done
 done
@@ -118,7 +127,7 @@ python3 - "$OUT" <<'PY'
 import glob, json, os, statistics, sys
 rows = {}
 for path in sorted(glob.glob(os.path.join(sys.argv[1], "coldstart-*-*-*.log"))):
-    q, c, _ = os.path.basename(path)[len("coldstart-"):-len(".log")].split("-")
+    q, c, _ = os.path.basename(path)[len("coldstart-"):-len(".log")].split("-", 2)
     lines = [line for line in open(path, errors="replace") if line.startswith("{")]
     if lines:
         rows.setdefault((q, c), []).append(json.loads(lines[-1]))
@@ -130,12 +139,11 @@ def med(runs, key):  # "-" where a run's JSON lacks the key (an older warm)
     values = [r[key] for r in runs if isinstance(r.get(key), (int, float))]
     return f"{statistics.median(values):.2f}" if len(values) == len(runs) else "-"
 for q in ("bf16", "int8", "int4"):
-    for c in ("empty", "dir", "blob"):
-        runs = rows.get((q, c))
-        if not runs:
-            continue
+    for c in sorted((c for qq, c in rows if qq == q), key=lambda c: (list(names).index(c.split(".")[0]), c)):
+        runs = rows[(q, c)]
         first = [r["process_to_first_audio_s"] for r in runs]
-        print(f"| {names[c]} | {q} | {len(runs)} | {statistics.median(first):.1f} s "
+        case, _, variant = c.partition(".")
+        print(f"| {names[case]}{' (' + variant + ')' if variant else ''} | {q} | {len(runs)} | {statistics.median(first):.1f} s "
               f"({', '.join(f'{x:.1f}' for x in first)}) | {med(runs, 'imports_s')} | {med(runs, 'load_s')} | "
               f"{med(runs, 'warmup_s')} | "
               f"{'/'.join(sorted({r['codec_cache'] for r in runs}))} | "
