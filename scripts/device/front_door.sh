@@ -9,11 +9,15 @@
 #             is the load generator part of what the clients see?);
 #   live:     `livetest`: one session (first audio, barge-in), then each of $SESSIONS sessions at 30 tokens/s,
 #             over each of $LIVE_PROCS client processes (issue 45);
-#   warm:     the server restarted on the filled kernel cache: ready after, and its first burst (issue 44).
+#   warm:     the server restarted on the filled kernel cache: ready after, and its first burst (issue 44);
+#   restart:F the server restarted on the filled kernel cache with TTS_FEATURES=F ("-": the defaults); the parts
+#             after it run against that server, their runs named after it (an A/B of a server feature in one call:
+#             PARTS="cold live restart:+segment_slack live restart:- live").
 # Prints the tables last. Usage: scripts/device/front_door.sh   (env: PARTS="bench cold overload live warm",
 #   MAX=256, FRAMES=192, PROCS=4, SESSIONS=64, LIVE_PROCS=$PROCS (a list; repeats run again), BENCH_RUNS=1
 #   (bench's first audio at 256 moves between runs: several show how much),
-#   BENCH_FEATURES="- -codec_sparse_rows" (TTS_FEATURES per bench run),
+#   BENCH_FEATURES="- -codec_sparse_rows" (TTS_FEATURES per bench run), LIVE_JSON=0 (1: every live run's turns
+#   come back as NAME.json; the full livetest output is in live.txt, one line per run in table.txt),
 #   SERVER_LOG=WARNING (INFO: its start's captures, kept in $OUT/server-NAME-start.txt), CKPT, CACHE; the server takes
 #   any TTS_* exported, e.g. TTS_TRACE_CHUNKS=on)
 set -uo pipefail
@@ -31,9 +35,10 @@ RUNS=()
 lt() { local name=$1 t0; t0=$(date +%s); shift; timeout 240 python3 -m ttsengine loadtest "$URL" \
   --max-new-tokens "$FRAMES" --processes "$PROCS" --out "$W/$name" "$@" > "$W/$name.log" 2>&1
   echo "loadtest $name exit $? ($(( $(date +%s) - t0 )) s)"; RUNS+=("$name"); }
+SRV=cold PFX=  # the server now running; a restart's live runs carry its name ($PFX)
 live() { local name=$1; shift; timeout 240 python3 -m ttsengine livetest "$URL" --out "$W/$name" "$@" \
   > "$W/$name.log" 2>&1; echo "livetest $name exit $?"; LIVE+=("$name")
-  cp "$W/$name/livetest.json" "$OUT/$name.json" 2>/dev/null; }  # every turn's record comes back
+  [ "${LIVE_JSON:-0}" = 0 ] || cp "$W/$name/livetest.json" "$OUT/$name.json" 2>/dev/null; }  # every turn's record
 serve() {  # serve NAME: starts the server, waits for a settled /ready; sets PID
   local t0; t0=$(date +%s.%N)
   TTS_MODEL_DIR="$CKPT" TTS_CACHE_DIR="$CACHE" TTS_DATA_DIR=/tmp/tts-data TTS_PORT=$PORT TTS_LOG_LEVEL=$SERVER_LOG \
@@ -62,19 +67,24 @@ for part in $PARTS; do
     overload) lt overload --concurrency $((2 * MAX)) ;;
     clients) lt steady-httpx --concurrency "$MAX" --client httpx
              lt "steady-p$((2 * PROCS))" --concurrency "$MAX" --processes $((2 * PROCS)) ;;
-    live) live live-1 --sessions 1 --turns 3 --max-new-tokens 128
-          live barge-1 --sessions 1 --turns 3 --barge-in 0.5
+    live) live "${PFX}live-1" --sessions 1 --turns 3 --max-new-tokens 128
+          live "${PFX}barge-1" --sessions 1 --turns 3 --barge-in 0.5
           for n in $SESSIONS; do
             for p in $LIVE_PROCS; do  # a repeated count gets its own name: live-64-p1, live-64-p1-2
-              name="live-$n-p$p" k=2
-              while [[ " ${LIVE[*]} " == *" $name "* ]]; do name="live-$n-p$p-$k"; k=$((k + 1)); done
+              name="${PFX}live-$n-p$p" k=2
+              while [[ " ${LIVE[*]} " == *" $name "* ]]; do name="${PFX}live-$n-p$p-$k"; k=$((k + 1)); done
               live "$name" --sessions "$n" --ramp 2 --max-new-tokens 128 --processes "$p"
             done
           done ;;
-    warm) stop cold; serve warm || exit 1; lt burst-warm --concurrency "$MAX" --requests "$MAX"; stop warm ;;
+    warm) stop "$SRV"; SRV=warm; serve warm || exit 1; lt burst-warm --concurrency "$MAX" --requests "$MAX"
+          stop warm; SRV=stopped ;;
+    restart:*) f=${part#restart:}; stop "$SRV"; SRV=$([ "$f" = - ] && echo default || { f2=${f//-/no}; echo "${f2//[^a-z_]/}"; })
+               k=2; while [ -f "$W/server-$SRV.log" ]; do SRV="${SRV%-[0-9]*}-$k"; k=$((k + 1)); done
+               TTS_FEATURES=$([ "$f" = - ] && echo auto || echo "$f") serve "$SRV" || exit 1; PFX="$SRV-" ;;
   esac
 done
-[[ " $PARTS " == *" warm "* ]] || stop cold
+[ "$SRV" = stopped ] || stop "$SRV"
 python3 scripts/device/http_breakdown_table.py "$W" "${RUNS[@]}" | tee "$OUT/table.txt"
-for n in "${LIVE[@]}"; do echo "== $n"; grep -v '^wrote' "$W/$n.log"; done | tee -a "$OUT/table.txt"
+for n in "${LIVE[@]}"; do echo "== $n"; grep -v '^wrote' "$W/$n.log"; done > "$OUT/live.txt"
+[ ${#LIVE[@]} = 0 ] || python3 scripts/device/live_table.py "$W" "${LIVE[@]}" | tee -a "$OUT/table.txt"
 [ -f "$W/bench/bench.json" ] && cp "$W/bench/bench.json" "$OUT/bench.json"
