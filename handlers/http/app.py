@@ -6,6 +6,7 @@ the JSON error handlers, the routes (routes.py, catalog.py, downloads.py), the O
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
 
 from fastapi import FastAPI
@@ -16,6 +17,7 @@ from ttsengine import EngineConfig, Fleet, ServerConfig
 from ttsengine.serving import chunk_trace
 from ttsengine.serving.audio_store import AudioStore
 from ttsengine.serving.delivery import close_encoders, start_encoders
+from ttsengine.serving.network import loop_lag
 from ttsengine.serving.network.api_key import ApiKey, CrossSite
 from ttsengine.serving.network.body_limit import BodyLimit
 from ttsengine.serving.network.listen import HeadAsGet
@@ -41,7 +43,9 @@ def create_app(server: ServerConfig, engine_config: EngineConfig,
     async def lifespan(app: FastAPI):
         service.start()
         await run_in_threadpool(start_encoders)  # the mp3/opus workers now, not in the first streams' time
+        lag = asyncio.create_task(loop_lag.watch(app.state.metrics.loop_lag.observe))
         yield
+        lag.cancel()
         await run_in_threadpool(service.close)
         await run_in_threadpool(close_encoders)  # after the drain: the last streams have ended
 

@@ -46,6 +46,7 @@ SCOPE_KEY = "tts.exchange"  # the ASGI scope entry holding a request's Exchange
 SPEECH_LABELS = ("route", "status", "format", "voice", "device")
 LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 2.0, 5.0, 10.0, 30.0)
 DURATION_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0)
+LAG_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
 RTF_BUCKETS = (0.1, 0.25, 0.5, 0.75, 1.0, 1.25, 1.5, 2.0, 3.0, 5.0, 10.0, 20.0, 50.0, 100.0)
 
 
@@ -131,6 +132,9 @@ class HttpMetrics:
                                     SPEECH_LABELS, buckets=LATENCY_BUCKETS, registry=r)
         self.audio_seconds = Counter("tts_speech_audio_seconds_total", "Seconds of audio delivered.",
                                      SPEECH_LABELS, registry=r)
+        self.loop_lag = Histogram("tts_event_loop_lag_seconds", "How late the event loop woke a timer due every "
+                                  "0.1 s: time every socket's bytes and live messages waited for the loop.",
+                                  buckets=LAG_BUCKETS, registry=r)
         self.live = LiveMetrics(r)
         self.chunk = None
         if chunk_trace.enabled():

@@ -170,6 +170,15 @@ def test_the_engine_loops_time_is_counted(server):
     assert total("tts_engine_step_wait_seconds_total") == 0
 
 
+def test_the_event_loops_lag_is_observed(server):
+    def count() -> float:
+        return next(s.value for s in scrape(server) if s.name == "tts_event_loop_lag_seconds_count")
+
+    before = count()
+    time.sleep(0.5)  # the watcher wakes every 0.1 s on the server's loop
+    assert count() >= before + 3
+
+
 def test_each_app_counts_on_its_own_registry(tmp_path):
     (tmp_path / "a").mkdir()
     (tmp_path / "b").mkdir()

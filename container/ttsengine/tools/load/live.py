@@ -221,7 +221,7 @@ def main(argv: list[str] | None = None) -> int:
         if key != "server":
             print(f"{key}: {round(value, 3) if isinstance(value, float) else value}")
     for key in ("live_first_audio", "live_first_segment", "live_submit_thread", "live_submit_taken",
-                "engine_first_audio", "live_barge_in"):
+                "engine_first_audio", "live_barge_in", "loop_lag"):
         if (h := summary["server"].get(key)) and h["count"]:
             print(f"server {key}: n {h['count']:.0f}, mean/p50/p95 {h['mean_ms']:.0f}/{h['p50_ms']:.0f}/"
                   f"{h['p95_ms']:.0f} ms")

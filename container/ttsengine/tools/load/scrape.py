@@ -16,6 +16,7 @@ HISTOGRAMS = {  # our name: the metric (summed over its labels), or (metric, lab
     "chunk_encode": ("tts_trace_chunk_seconds", "stage", "encode"),
     "chunk_send": ("tts_trace_chunk_seconds", "stage", "send"),
     "chunk_total": ("tts_trace_chunk_seconds", "stage", "total"),
+    "loop_lag": "tts_event_loop_lag_seconds",  # how late the server's event loop woke a 0.1 s timer
     "live_first_audio": "tts_live_segment_first_audio_seconds",  # a live segment's text complete -> its first audio
     "live_first_segment": ("tts_live_segment_first_audio_seconds", "segment", "first"),  # of a session's first one
     "live_barge_in": "tts_live_barge_in_seconds",  # a live barge-in -> the engine's slot freed
