@@ -54,5 +54,5 @@ def main(argv: list[str] | None = None) -> int:
                           reply=lambda e: error_body(str(e), body_error_kind(e.status), e.status),
                           max_connections=max_connections(server.max_connections))
     serve(app, app.state.service, server.host, server.port, engine_config.log_level.lower(), server.drain_seconds,
-          deadlines)
+          deadlines, engine_config.features)
     return 0

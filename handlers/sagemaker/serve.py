@@ -211,5 +211,5 @@ def main(argv: list[str] | None = None) -> int:
     deadlines = Deadlines(server.idle_timeout, server.header_timeout, reply=lambda e: error_body(e.status, str(e)),
                           max_connections=max_connections(server.max_connections))
     serve_draining(create_app(server, service), service, "0.0.0.0", server.port, engine_config.log_level.lower(),
-                   server.drain_seconds, deadlines)
+                   server.drain_seconds, deadlines, engine_config.features)
     return 0

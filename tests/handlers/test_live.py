@@ -133,6 +133,19 @@ def test_fish_audio_sdk_wrong_key_is_refused(server):
 
 
 # ---- the protocol, raw ----------------------------------------------------------------------------------------
+def test_audio_goes_uncompressed_though_the_client_offers_deflate(server):
+    # websockets' client offers permessage-deflate; the server declines it (plain_websocket): deflating audio would
+    # cost the event loop every socket is served by, for a few percent of the bytes
+    with open_live(server) as ws:
+        assert "permessage-deflate" in ws.request.headers.get("Sec-WebSocket-Extensions", "")
+        assert ws.response.headers.get("Sec-WebSocket-Extensions") is None
+        start(ws)
+        send(ws, event="text", text="Short.")
+        send(ws, event="stop")
+        audio, finish = until_finish(ws)
+        assert audio and finish["reason"] == "stop"
+
+
 def test_segments_flush_stop_and_a_second_session_on_one_socket(server):
     with open_live(server) as ws:
         start(ws)

@@ -1,7 +1,8 @@
 """The live sockets' metrics, read from /metrics of the real server (tiny model on CPU) after real sessions: Fish's
 /v1/tts/live and ElevenLabs' multi-stream-input, spoken to the end and barged in on (cancel, close_context, the
 socket closed). Each session's segments are counted, each segment's first audio is timed (never longer than the
-client saw it take), a barge-in is timed until the engine let go, and the open gauges go back to 0."""
+client saw it take), a barge-in is timed until the engine let go, and the open gauges go back to 0. This server runs
+with plain_websocket off (TTS_FEATURES=-plain_websocket): its sockets deflate when the client offers it."""
 
 from __future__ import annotations
 
@@ -20,7 +21,8 @@ SUBMIT = "tts_live_segment_submit_seconds"
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    proc, url = start_server(tmp_path_factory.mktemp("livemetrics"), TTS_HOST="127.0.0.1")
+    proc, url = start_server(tmp_path_factory.mktemp("livemetrics"), TTS_HOST="127.0.0.1",
+                             TTS_FEATURES="-plain_websocket")
     wait_ready(url, proc)
     yield url
     stop(proc)
@@ -64,6 +66,12 @@ def test_every_series_is_there_from_the_start(server):
                 "tts_live_segments_total", FIRST_AUDIO + "_count{first}", FIRST_AUDIO + "_count{next}",
                 BARGE_IN + "_count", SUBMIT + "_count{thread}",
                 SUBMIT + "_count{taken}"} <= names
+
+
+def test_the_off_switch_of_plain_websocket_lets_the_sockets_deflate(server):
+    for ws_open in (open_fish, open_eleven):
+        with ws_open(server) as ws:
+            assert "permessage-deflate" in ws.response.headers.get("Sec-WebSocket-Extensions", "")
 
 
 def test_a_fish_session_counts_segments_and_times_each_first_audio(server):

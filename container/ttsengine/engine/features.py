@@ -41,6 +41,7 @@ OVERLAP_STEP = "overlap_step"
 STEP_PRIORITY = "step_priority"
 SEGMENT_SLACK = "segment_slack"
 EARLY_READAHEAD = "early_readahead"
+PLAIN_WEBSOCKET = "plain_websocket"
 # the codec (engine/device/vocoder.py, engine/audio_feed.py, model/codec_cache.py)
 CODEC_COMPILE = "codec_compile"
 SNAKE_KERNEL = "snake_kernel"
@@ -143,6 +144,11 @@ FEATURES = (
             "engine/engine.py `_enqueue`", default=False),
     Feature(EARLY_READAHEAD, ENGINE, "the servers and `warm` start reading the weight files from disk before they "
             "import torch and the web framework", "read from the load's start on", "serving/prefetch.py"),
+    # plain_websocket: audio barely deflates (a tenth of its bytes), and deflating it on the one event loop made
+    # every other socket wait behind it: live sessions' first audio measured with and without in docs/voice-agents.md
+    Feature(PLAIN_WEBSOCKET, ENGINE, "the servers' WebSockets decline permessage-deflate: audio goes uncompressed",
+            "uvicorn's default: each message deflated on the event loop when the client offers it",
+            "serving/network/shutdown.py `serve`"),
     # ---- the decode step's fused kernels ----
     # Why the defaults (the figures: docs/performance.md, "Fused decode-step kernels"): each kernel on by default was
     # measured faster than the unfused path. merged_ffn: int8/int4 linears are left unmerged by merge_inputs. The

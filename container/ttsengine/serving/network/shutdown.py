@@ -14,6 +14,7 @@ import functools
 import logging
 import threading
 
+from ...engine import features as feature_names
 from ..service import Service
 from .connection_guard import ConnectionGuard, Deadlines
 
@@ -23,8 +24,9 @@ NEVER = 365 * 86400  # uvicorn's keep-alive has no "off"; TTS_IDLE_TIMEOUT=0 ask
 
 
 def serve(app, service: Service, host: str, port: int, log_level: str, drain_seconds: int,
-          deadlines: Deadlines) -> None:
-    """uvicorn.run(app, ...) with the drain above, each connection under `deadlines` (connection_guard.py)."""
+          deadlines: Deadlines, features: str = "auto") -> None:
+    """uvicorn.run(app, ...) with the drain above, each connection under `deadlines` (connection_guard.py);
+    features: TTS_FEATURES (plain_websocket: WebSockets without permessage-deflate)."""
     import uvicorn
     from uvicorn.protocols.http.auto import AutoHTTPProtocol
 
@@ -45,5 +47,12 @@ def serve(app, service: Service, host: str, port: int, log_level: str, drain_sec
 
     config = uvicorn.Config(app, host=host, port=port, log_level=log_level, timeout_graceful_shutdown=FLUSH_SECONDS,
                             http=functools.partial(ConnectionGuard, AutoHTTPProtocol, deadlines),
-                            timeout_keep_alive=deadlines.idle or NEVER)
+                            timeout_keep_alive=deadlines.idle or NEVER,
+                            ws_per_message_deflate=websocket_deflate(features))
     DrainingServer(config).run()
+
+
+def websocket_deflate(features: str) -> bool:
+    """Whether the WebSockets accept a client's offer of permessage-deflate: only with plain_websocket switched off.
+    Audio barely compresses, and each message would be deflated on the event loop every socket is served by."""
+    return feature_names.switched_off(features, feature_names.PLAIN_WEBSOCKET)
