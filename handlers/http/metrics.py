@@ -1,7 +1,8 @@
 """/metrics through prometheus_client, one registry per app (several apps in one process never collide):
 - the Instrument middleware: HTTP requests by method, route template and status code, in flight, and their
-  duration; for a speech request (respond() calls watch_speech) also its first audio, duration, real-time factor,
-  queue wait and audio seconds, labelled by route, outcome, format, voice kind and engine device;
+  duration; for a speech request (respond() calls watch_speech) also its first audio (and the stages on its way),
+  duration, real-time factor, queue wait and audio seconds, labelled by route, outcome, format, voice kind and
+  engine device;
 - EngineCollector: the engines' own stats (Service.stats()), read at scrape time, per engine where they have
   one entry each;
 - GpuCollector: utilisation, memory and power from NVML where nvidia-ml-py and a GPU are present;
@@ -19,7 +20,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
@@ -59,6 +60,7 @@ class Speech:
     voice: str  # default | stored | inline
     stream: Stream
     tally: Tally
+    admitted_at: float = field(default_factory=time.perf_counter)  # the engine took it (made right after admit())
 
 
 @dataclass
@@ -126,6 +128,12 @@ class HttpMetrics:
         self.rtf = Histogram("tts_speech_real_time_factor",
                              "Audio seconds delivered / wall seconds of the request (above 1: faster than real "
                              "time); completed requests only.", SPEECH_LABELS, buckets=RTF_BUCKETS, registry=r)
+        self.first_audio_stage = Histogram("tts_speech_first_audio_stage_seconds",
+                                           "Speech request accepted to a stage on the way to its first audio: "
+                                           "admitted = the engine took it (planned; with the engine process, its "
+                                           "round trip), emitted = its first audio chunk reached this process "
+                                           "(requests with first audio only).", ("stage",),
+                                           buckets=LATENCY_BUCKETS, registry=r)
         self.queue_wait = Histogram("tts_speech_queue_wait_seconds",
                                     "Submitted to the engine until its first prefill (waiting for a slot); a "
                                     "request that never got one (the client left, an error): until it ended.",
@@ -173,6 +181,9 @@ class HttpMetrics:
         self.speech_duration.labels(*labels).observe(wall)
         if ex.first_audio_at is not None:
             self.first_audio.labels(*labels).observe(ex.first_audio_at - ex.accepted_at)
+            self.first_audio_stage.labels("admitted").observe(sp.admitted_at - ex.accepted_at)
+            if sp.stream.first_audio_at is not None:
+                self.first_audio_stage.labels("emitted").observe(sp.stream.first_audio_at - ex.accepted_at)
         if status == "ok" and sp.tally.audio_seconds > 0 and wall > 0:
             self.rtf.labels(*labels).observe(sp.tally.audio_seconds / wall)
         self.queue_wait.labels(*labels).observe(sp.stream.waited(end))  # a request that left the queue too
