@@ -5,7 +5,14 @@ from __future__ import annotations
 
 import pytest
 
-from ttsengine.engine.control.prefill_budget import HEADROOM, PrefillBudget
+from ttsengine.engine.control.prefill_budget import (
+    HEADROOM,
+    SLACK_MARGIN_S,
+    SLACK_STEP_MAX_S,
+    PrefillBudget,
+    iteration_seconds,
+    listener_slack,
+)
 
 FRAME = 2048 / 44100  # 46.4 ms
 
@@ -48,3 +55,29 @@ def test_an_unmeasured_bucket_borrows_a_timed_one_instead_of_the_whole_limit():
     b.observe(256, 0, 0.050)
     assert b.tokens(128) == 64  # the nearest timed bucket above (slower than real time: the floor)
     assert b.tokens(8) == b.tokens(64)  # a smaller batch: the nearest above
+
+
+# ---- slack_prefill: longer steps while every listener has audio in hand ----------------------------------------
+def test_an_iteration_may_spend_the_listeners_audio_less_the_margin_up_to_the_cap():
+    real_time = HEADROOM * FRAME
+    assert iteration_seconds(FRAME, 0.0) == real_time  # no slack: the real-time budget
+    assert iteration_seconds(FRAME, SLACK_MARGIN_S + 0.01) == real_time  # less than a frame's headroom to spend
+    assert iteration_seconds(FRAME, SLACK_MARGIN_S + 0.06) == pytest.approx(0.06)
+    assert iteration_seconds(FRAME, 30.0) == SLACK_STEP_MAX_S  # never a longer step than the cap
+
+
+def test_the_budget_grows_with_slack_and_stays_within_the_limit():
+    b = PrefillBudget(limit=4096, frame_seconds=FRAME, floor=64)
+    b.observe(8, 0, 0.010)
+    b.observe(8, 1000, 0.030)  # 20 us a position
+    assert b.tokens(8, slack=0.0) == b.tokens(8) == int((HEADROOM * FRAME - 0.010) / 20e-6)
+    assert b.tokens(8, slack=SLACK_MARGIN_S + 0.06) == pytest.approx(2500, abs=1)  # (60 - 10 ms) / 20 us: > real time's
+    assert b.tokens(8, slack=30.0) == 4096  # the cap's room (4,500) is beyond TTS_PREFILL_TOKENS
+
+
+def test_listener_slack_is_the_least_audio_ahead_of_any_playing_listener():
+    now = 100.0
+    # 100 frames (4.64 s) made, playing for 1 s: 3.64 s ahead; 43 frames (2.0 s) playing for 1.5 s: 0.5 s ahead
+    assert listener_slack([(100, now - 1.0), (43, now - 1.5)], now, FRAME) == pytest.approx(43 * FRAME - 1.5)
+    assert listener_slack([(10, now - 5.0)], now, FRAME) == 0.0  # behind playback already: nothing to spend
+    assert listener_slack([], now, FRAME) == 0.0  # nobody playing

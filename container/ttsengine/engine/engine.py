@@ -26,7 +26,7 @@ from ..synthesis.stream import Stream
 from .audio_feed import AudioFeed, CodecRounds, Task, chunk_sizes
 from .control.faults import FaultCounter, simulated
 from .control.goodput import Goodput
-from .control.prefill_budget import PrefillBudget
+from .control.prefill_budget import PrefillBudget, listener_slack
 from .control.prefix_cache import PrefixCache, prefix_key
 from .control.scheduler import Job, Scheduler
 from .control.step_plan import Reset, StepPlan, StepResult
@@ -293,7 +293,10 @@ class Engine:
         playing = any(j.decoding for j in running) and any(j.owner.playing for j in running)
         t0 = time.perf_counter()
         bucket_of = self.settings.bucket
-        plan = self.scheduler.schedule(lambda rows: self.budget.tokens(bucket_of(rows) if playing else 0))
+        # slack_prefill: longer steps while every listener has audio in hand, only when requests are waiting
+        slack = self._listener_slack(running) if self.settings.slack_prefill and playing and self.scheduler.waiting \
+            else 0.0
+        plan = self.scheduler.schedule(lambda rows: self.budget.tokens(bucket_of(rows) if playing else 0, slack))
         for chunk in plan.chunks:
             task: Task = chunk.job.owner
             if task.voc_slot < 0:  # the job's first chunk
@@ -310,6 +313,14 @@ class Engine:
             self._in_flight = None
             self._read(launched)
         self.audio.due([job.owner for job in self.scheduler.running], time.perf_counter())
+
+    def _listener_slack(self, running: list[Job]) -> float:
+        """The least audio a playing stream's listener has ahead (control/prefill_budget.py), less the codec's lag:
+        frames sent to the codec are not audio yet. Host numbers only."""
+        tasks = [j.owner for j in running]
+        streams = [(t.audio_offset + t.decoded, t.stream.first_audio_at) for t in tasks
+                   if t.playing and t.stream.first_audio_at is not None]
+        return max(0.0, listener_slack(streams, time.perf_counter(), self.budget.frame_seconds) - self.vocoder.lag)
 
     def _intake(self) -> None:
         for key in self.intake.take(lambda task: self._enqueue(task, front=False)):

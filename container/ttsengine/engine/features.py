@@ -40,6 +40,7 @@ PREFILL_GRAPHS = "prefill_graphs"
 OVERLAP_STEP = "overlap_step"
 STEP_PRIORITY = "step_priority"
 SEGMENT_SLACK = "segment_slack"
+SLACK_PREFILL = "slack_prefill"
 EARLY_READAHEAD = "early_readahead"
 PLAIN_WEBSOCKET = "plain_websocket"
 # the codec (engine/device/vocoder.py, engine/audio_feed.py, model/codec_cache.py)
@@ -142,6 +143,10 @@ FEATURES = (
     Feature(SEGMENT_SLACK, ENGINE, "a live session's next segment queues behind requests due before it while its "
             "listener still has audio to play (earliest deadline first)", "first come, first served",
             "engine/engine.py `_enqueue`", default=False),
+    # slack_prefill: opt-in until measured on a GPU against the default (front_door.sh `restart:+slack_prefill`)
+    Feature(SLACK_PREFILL, ENGINE, "while every playing stream's listener has more than 1 s of audio ahead, a step "
+            "may prefill past the real-time budget (up to that audio less 1 s, at most 0.1 s a step)",
+            "every step within 80% of a frame's time", "engine/control/prefill_budget.py", default=False),
     Feature(EARLY_READAHEAD, ENGINE, "the servers and `warm` start reading the weight files from disk before they "
             "import torch and the web framework", "read from the load's start on", "serving/prefetch.py"),
     # plain_websocket: audio barely deflates (a tenth of its bytes), and deflating it on the one event loop made

@@ -113,6 +113,7 @@ class BatchSettings:
     overlap_step: bool  # the next step is launched before the last one's frames are read (engine.py _iteration)
     step_priority: bool  # the engine loop's stream at high priority (engine.py _run)
     segment_slack: bool  # the queue by deadline: a request's slack_s lets those due earlier go first (scheduler.py)
+    slack_prefill: bool  # a step may prefill past the real-time budget while listeners have audio ahead
     lazy_graphs: bool  # capture the smallest bucket before ready, the rest later (cuda_graphs.py)
     prefill_graphs: bool  # the prefill as CUDA graphs per padded shape (with cuda_graphs)
     compile: bool  # torch.compile the decode step's units
@@ -233,7 +234,7 @@ class BatchSettings:
                              first_chunk_frames=config.first_chunk_frames,
                              stream_chunk_frames=config.stream_chunk_frames, cuda_graphs=graphs,
                              overlap_step=features.OVERLAP_STEP in on, step_priority=features.STEP_PRIORITY in on,
-                             segment_slack=features.SEGMENT_SLACK in on,
+                             segment_slack=features.SEGMENT_SLACK in on, slack_prefill=features.SLACK_PREFILL in on,
                              lazy_graphs=features.LAZY_GRAPHS in on, prefill_graphs=features.PREFILL_GRAPHS in on,
                              compile=compile_, codec=codec_switches(on),
                              codec_merge_rows=max_batch if features.CODEC_MERGE in on else 0,
