@@ -12,7 +12,9 @@
 #   warm:     the server restarted on the filled kernel cache: ready after, and its first burst (issue 44);
 #   restart:F the server restarted on the filled kernel cache with TTS_FEATURES=F ("-": the defaults); the parts
 #             after it run against that server, their runs named after it (an A/B of a server feature in one call:
-#             PARTS="cold live restart:+segment_slack live restart:- live").
+#             PARTS="cold live restart:+segment_slack live restart:- live");
+#   burst, steady: cold's two loads again against the server now running (named after it), e.g.
+#             PARTS="cold restart:+slack_prefill burst steady restart:- burst steady".
 # Prints the tables last. Usage: scripts/device/front_door.sh   (env: PARTS="bench cold overload live warm",
 #   MAX=256, FRAMES=192, PROCS=4, SESSIONS=64, LIVE_PROCS=$PROCS (a list; repeats run again), BENCH_RUNS=1
 #   (bench's first audio at 256 moves between runs: several show how much),
@@ -65,6 +67,8 @@ for part in $PARTS; do
     cold) rm -rf "$CACHE"; serve cold || exit 1
           lt burst-cold --concurrency "$MAX" --requests "$MAX"; lt steady --concurrency "$MAX" ;;
     overload) lt overload --concurrency $((2 * MAX)) ;;
+    burst) lt "${PFX}burst" --concurrency "$MAX" --requests "$MAX" ;;  # $MAX at once, one request each
+    steady) lt "${PFX}steady" --concurrency "$MAX" ;;
     clients) lt steady-httpx --concurrency "$MAX" --client httpx
              lt "steady-p$((2 * PROCS))" --concurrency "$MAX" --processes $((2 * PROCS)) ;;
     live) live "${PFX}live-1" --sessions 1 --turns 3 --max-new-tokens 128
