@@ -132,19 +132,24 @@ for path in sorted(glob.glob(os.path.join(sys.argv[1], "coldstart-*-*-*.log"))):
     if lines:
         rows.setdefault((q, c), []).append(json.loads(lines[-1]))
 names = {"empty": "empty cache", "dir": "warm cache directory", "blob": "blob into an empty directory"}
-print("| case | quant | runs | start -> first audio, median (all) | imports s | load s | warm-up s | codec cache |"
-      " kernel cache |")
+print("| case | quant | runs | start -> first audio, median (all) | imports s | load s (files/model/codec) | warm-up s |"
+      " codec cache | kernel cache |")
 print("|---|---|---|---|---|---|---|---|---|")
 def med(runs, key):  # "-" where a run's JSON lacks the key (an older warm)
     values = [r[key] for r in runs if isinstance(r.get(key), (int, float))]
     return f"{statistics.median(values):.2f}" if len(values) == len(runs) else "-"
+def phases(runs):  # the load's parts, medians: " (0.31/1.20/0.90)"
+    parts = [r.get("load_phases") or {} for r in runs]
+    if not all(parts):
+        return ""
+    return " (" + "/".join(f"{statistics.median(p.get(k, 0.0) for p in parts):.2f}" for k in ("files", "model", "codec")) + ")"
 for q in ("bf16", "int8", "int4"):
     for c in sorted((c for qq, c in rows if qq == q), key=lambda c: (list(names).index(c.split(".")[0]), c)):
         runs = rows[(q, c)]
         first = [r["process_to_first_audio_s"] for r in runs]
         case, _, variant = c.partition(".")
         print(f"| {names[case]}{' (' + variant + ')' if variant else ''} | {q} | {len(runs)} | {statistics.median(first):.1f} s "
-              f"({', '.join(f'{x:.1f}' for x in first)}) | {med(runs, 'imports_s')} | {med(runs, 'load_s')} | "
+              f"({', '.join(f'{x:.1f}' for x in first)}) | {med(runs, 'imports_s')} | {med(runs, 'load_s')}{phases(runs)} | "
               f"{med(runs, 'warmup_s')} | "
               f"{'/'.join(sorted({r['codec_cache'] for r in runs}))} | "
               f"{'/'.join(sorted({r['kernel_cache'] for r in runs}))} |")

@@ -73,6 +73,7 @@ def main(argv: list[str] | None = None) -> int:
         wait_for_writers()  # the codec cache's entry too: warm leaves a complete cache
     print(json.dumps({
         "process_to_first_audio_s": round(first_audio, 2), "imports_s": round(imports_s, 2), "load_s": round(load_s, 2),
+        "load_phases": ckpt.load_phases,
         "model": f"random weights ({random_weights})" if random_weights else str(config.model_dir),
         "write_checkpoint_s": write_s, "codec_cache": ckpt.codec_cache,
         "warmup_s": round(stats.warmup_seconds or 0.0, 2), "kernel_cache": stats.kernel_cache,

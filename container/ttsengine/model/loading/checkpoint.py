@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -30,6 +31,9 @@ class Checkpoint:
     codec: Codec
     quantization: str = "bf16 (none)"
     codec_cache: str = "off"  # what the codec cache did: off | hit | miss | damaged (codec_cache.py)
+    # seconds of each part of load_checkpoint, as the host saw them: files (configs, tokenizer, empty modules),
+    # model and codec (each read, checked and copied to its device); empty for random weights
+    load_phases: dict[str, float] = field(default_factory=dict)
 
 
 def find_weights_file(model_dir: Path, names: tuple[str, ...]) -> Path:
@@ -99,24 +103,34 @@ def load_checkpoint(model_dir: Path, device: torch.device | str = "cpu", dtype: 
     model_dir = Path(model_dir)
     codec_device = device if codec_device is None else codec_device
     ahead = Readahead(_weight_files(model_dir, codec_cache, codec_dtype))
+    phases, t = {}, time.perf_counter()
+
+    def phase(name: str) -> None:
+        nonlocal t
+        now = time.perf_counter()
+        phases[name], t = round(now - t, 3), now
+
     try:
         files = read_model_dir(model_dir)
         family, cfg, tok, codec_cfg = files.family, files.config, files.tokenizer, files.codec_config
         model_path, codec_path = files.model_path, files.codec_path
         model, codec = files.meta_modules()
+        phase("files")
         sd = check_strict(model, family.normalize_model_keys(read_state_dict(model_path)), str(model_path))
         model.load_state_dict(to_device(sd, device, lambda t: dtype), strict=True, assign=True)
         del sd  # the file's mapping goes with it
         model = model.to(device=device, dtype=dtype).eval()
         model.init_buffers()
+        phase("model")
         sd = _codec_state(codec, family, codec_path, codec_dtype, codec_cache)
         codec.load_state_dict(to_device(sd, codec_device, lambda t: codec_dtype), strict=True, assign=True)
         del sd
         codec = codec.to(device=codec_device, dtype=codec_dtype).eval()
+        phase("codec")
     finally:
         ahead.stop()
     return Checkpoint(model_dir, family, cfg, codec_cfg, tok, model, codec,
-                      codec_cache=codec_cache.status if codec_cache is not None else "off")
+                      codec_cache=codec_cache.status if codec_cache is not None else "off", load_phases=phases)
 
 
 def _codec_state(codec: Codec, family: Family, path: Path, dtype: torch.dtype, cache: CodecCache | None):
