@@ -28,6 +28,8 @@ def stream(url: str):
 
 def test_a_live_session_over_the_bidirectional_stream(serve):
     with stream(serve) as ws:  # no key: SageMaker authenticates the caller (SigV4) before the sidecar connects
+        # the client offers permessage-deflate; serve declines it as http does (feature plain_websocket)
+        assert ws.response.headers.get("Sec-WebSocket-Extensions") is None
         start(ws)
         send(ws, event="text", text="Hello there. How are")
         send(ws, event="text", text=" you today?")
