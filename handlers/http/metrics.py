@@ -129,10 +129,13 @@ class HttpMetrics:
                              "Audio seconds delivered / wall seconds of the request (above 1: faster than real "
                              "time); completed requests only.", SPEECH_LABELS, buckets=RTF_BUCKETS, registry=r)
         self.first_audio_stage = Histogram("tts_speech_first_audio_stage_seconds",
-                                           "Speech request accepted to a stage on the way to its first audio: "
-                                           "admitted = the engine took it (planned; with the engine process, its "
-                                           "round trip), emitted = its first audio chunk reached this process "
-                                           "(requests with first audio only).", ("stage",),
+                                           "Speech request accepted to a stage on the way to its first audio "
+                                           "(requests with first audio only): admitted = the engine took it "
+                                           "(planned; with the engine process, its round trip), started = its "
+                                           "first prefill, emitted = its first audio chunk reached this process; "
+                                           "with the engine process also received = its submit read there, "
+                                           "planned = the engine there took it, engine_audio = its first chunk "
+                                           "left the codec there.", ("stage",),
                                            buckets=LATENCY_BUCKETS, registry=r)
         self.queue_wait = Histogram("tts_speech_queue_wait_seconds",
                                     "Submitted to the engine until its first prefill (waiting for a slot); a "
@@ -181,9 +184,14 @@ class HttpMetrics:
         self.speech_duration.labels(*labels).observe(wall)
         if ex.first_audio_at is not None:
             self.first_audio.labels(*labels).observe(ex.first_audio_at - ex.accepted_at)
-            self.first_audio_stage.labels("admitted").observe(sp.admitted_at - ex.accepted_at)
-            if sp.stream.first_audio_at is not None:
-                self.first_audio_stage.labels("emitted").observe(sp.stream.first_audio_at - ex.accepted_at)
+            stream = sp.stream
+            # the waterfall, each stage from the request's acceptance: what this path knows of it (marks: the
+            # engine process's own stages)
+            stages = {**stream.marks, "admitted": sp.admitted_at, "started": stream.started_at,
+                      "emitted": stream.first_audio_at}
+            for stage, at in stages.items():
+                if at is not None:
+                    self.first_audio_stage.labels(stage).observe(at - ex.accepted_at)
         if status == "ok" and sp.tally.audio_seconds > 0 and wall > 0:
             self.rtf.labels(*labels).observe(sp.tally.audio_seconds / wall)
         self.queue_wait.labels(*labels).observe(sp.stream.waited(end))  # a request that left the queue too

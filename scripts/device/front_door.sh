@@ -13,6 +13,8 @@
 #   restart:F the server restarted on the filled kernel cache with TTS_FEATURES=F ("-": the defaults); the parts
 #             after it run against that server, their runs named after it (an A/B of a server feature in one call:
 #             PARTS="cold live restart:+segment_slack live restart:- live");
+#   benchopen:R: `bench` open loop, 2 x $MAX requests at R/s (Poisson), in-process and through the engine process;
+#   open:R:   the same arrivals through HTTP against the server now running (issue 43: the same load at each door);
 #   burst, steady: cold's two loads again against the server now running (named after it), e.g.
 #             PARTS="cold restart:+slack_prefill burst steady restart:- burst steady".
 # Prints the tables last. Usage: scripts/device/front_door.sh   (env: PARTS="bench cold overload live warm",
@@ -64,6 +66,12 @@ for part in $PARTS; do
                  > "$W/$d.log" 2>&1; echo "bench $f run $r exit $?"
              done
            done ;;
+    benchopen:*) r=${part#benchopen:}  # open loop in-process, then through the engine process: 2 x $MAX at RATE/s
+             for ep in off on; do d=bench-open$r$([ $ep = off ] || echo -ep)
+               timeout 300 python3 -m ttsengine bench --random-weights s1-mini --frames "$FRAMES" --check-audio 0 \
+                 --concurrency $((2 * MAX)) --arrivals "poisson:$r" --engine-process $ep --out "$W/$d" \
+                 > "$W/$d.log" 2>&1; echo "bench open $r engine-process $ep exit $?"; done ;;
+    open:*) lt "${PFX}open${part#open:}" --concurrency "$MAX" --requests $((2 * MAX)) --arrivals "poisson:${part#open:}" ;;
     cold) rm -rf "$CACHE"; serve cold || exit 1
           lt burst-cold --concurrency "$MAX" --requests "$MAX"; lt steady --concurrency "$MAX" ;;
     overload) lt overload --concurrency $((2 * MAX)) ;;

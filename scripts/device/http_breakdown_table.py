@@ -34,8 +34,9 @@ for name, report in runs:
         if lv["errors"]:
             print(f"  {name} {lv['format']} {lv['concurrency']}, an error: {(lv['error_sample'] or '')[:160]}")
 print()
-keys = ("queue_wait", "first_admitted", "engine_first_audio", "first_emitted", "first_byte_sent",
-        "loop_lag", "chunk_wake", "chunk_encode", "chunk_send", "chunk_total")
+keys = ("first_received", "first_planned", "first_admitted", "queue_wait", "first_started", "engine_first_audio",
+        "first_engine_audio", "first_emitted", "first_byte_sent", "loop_lag", "chunk_wake", "chunk_encode",
+        "chunk_send", "chunk_total")
 print("| run | c | " + " | ".join(f"{k} mean/p50/p95 ms" for k in keys) + " |")
 print("|---|---|" + "---|" * len(keys))
 for name, report in runs:

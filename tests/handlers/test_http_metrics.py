@@ -110,12 +110,15 @@ def test_speech_requests_are_observed_with_their_labels(server):
     assert histogram(samples, "tts_speech_real_time_factor", left)[0] == 0  # completed requests only
     for name in HISTOGRAMS:  # every observation is one of the above: no other label set
         assert sum(s.value for s in samples if s.name == name + "_count") == (4 if "real_time" in name else 5)
-    # the stages on the way to each first audio: the engine took it, its first chunk reached the front, then sent
+    # the stages on the way to each first audio: the engine took it and prefilled it, its first chunk reached the
+    # front, then sent (one process: no engine-process stages)
     stages = {st: histogram(samples, "tts_speech_first_audio_stage_seconds", {"stage": st})
-              for st in ("admitted", "emitted")}
+              for st in ("admitted", "started", "emitted", "received")}
     sent = sum(s.value for s in samples if s.name == "tts_speech_first_audio_seconds_sum")
-    assert stages["admitted"][0] == stages["emitted"][0] == 5
+    assert stages["admitted"][0] == stages["started"][0] == stages["emitted"][0] == 5
+    assert stages["received"][0] == 0
     assert 0 < stages["admitted"][1] < stages["emitted"][1] <= sent
+    assert 0 < stages["started"][1] < stages["emitted"][1]
 
     http = {"method": "POST", "route": SPEECH, "code": "200"}
     assert value(samples, "tts_http_requests_total", http) == 4

@@ -28,6 +28,10 @@ class Stream:
         self.started_at: float | None = None  # its first prefill: the end of its wait in the queue
         self.first_audio_at: float | None = None
         self.arrivals: list[tuple[float, int]] = []  # (time.perf_counter(), samples) of each audio chunk emitted
+        # time.perf_counter() of stages on the way to the first audio that only some paths see (the engine process:
+        # "received" its SUBMIT read there, "planned" the engine took it, "engine_audio" its first chunk left the
+        # codec there): the HTTP metrics' first-audio waterfall
+        self.marks: dict[str, float] = {}
         self.finished_at: float | None = None
         self._items: deque = deque()
         self._cond = threading.Condition()

@@ -70,8 +70,9 @@ def render_html(report: dict) -> str:
 COLUMNS = ("format", "concurrency", "requests", "errors", "requests_per_s", "ttfb_p50_ms", "first_audio_p50_ms",
            "first_audio_p95_ms", "first_audio_p99_ms", "rtf_p50", "rtf_p95", "audio_s_per_s", "stalls",
            "stalled_streams", "stall_s", "client_cpu_pct")
-SERVER = ("queue_wait", "first_admitted", "engine_first_audio", "first_emitted", "first_byte_sent",
-          "loop_lag", "chunk_wake", "chunk_encode", "chunk_send", "chunk_total")
+SERVER = ("first_received", "first_planned", "first_admitted", "queue_wait", "first_started", "engine_first_audio",
+          "first_engine_audio", "first_emitted", "first_byte_sent", "loop_lag", "chunk_wake", "chunk_encode",
+          "chunk_send", "chunk_total")
 
 
 def print_table(levels: list[dict]) -> None:

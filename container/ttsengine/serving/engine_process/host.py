@@ -18,6 +18,7 @@ import queue
 import signal
 import sys
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 from multiprocessing.connection import Connection
 
@@ -91,7 +92,7 @@ class Host:
         for msg in batch:
             tag = msg[0]
             if tag == SUBMIT:
-                self.pool.submit(self._submit, *msg[1:])
+                self.pool.submit(self._submit, *msg[1:], time.perf_counter())  # when it was read: the waterfall
             elif tag == CANCEL:
                 with self.lock:
                     stream = self.streams.get(msg[1])
@@ -105,7 +106,7 @@ class Host:
                 return False
         return True
 
-    def _submit(self, sid: int, request, ignore_stop: bool) -> None:
+    def _submit(self, sid: int, request, ignore_stop: bool, received: float) -> None:
         try:  # a CANCEL before or while it is planned (the client left): dropped, or stopped at the next reference
             abandoned = functools.partial(self.early.__contains__, sid)
             Abandoned.check(abandoned)
@@ -119,7 +120,8 @@ class Host:
             self.streams[sid] = stream
             early = sid in self.early
             self.early.discard(sid)
-        self.outbox.put((ACCEPTED, sid, list(stream.plan.texts), stream.seed, stream.device))
+        marks = {"received": received, "planned": time.perf_counter()}
+        self.outbox.put((ACCEPTED, sid, list(stream.plan.texts), stream.seed, stream.device, marks))
         stream.relay(functools.partial(self._forward, sid, stream, [0]))  # after ACCEPTED: the front knows the sid
         if early:
             stream.cancel()
@@ -130,7 +132,7 @@ class Host:
         reports = stream.plan.reports
         new, sent[0] = reports[sent[0]:], len(reports)
         if not is_end(item):
-            self.outbox.put((AUDIO, sid, item.text_index, item.audio, stream.started_at, new))
+            self.outbox.put((AUDIO, sid, item.text_index, item.audio, stream.started_at, stream.first_audio_at, new))
             return
         with self.lock:
             self.streams.pop(sid, None)

@@ -3,9 +3,10 @@ Connection: length-prefixed pickles). Each send carries a list of messages (tupl
 audio chunks costs one system call.
 
 front -> engine: (SUBMIT, sid, request, ignore_stop) | (CANCEL, sid) | (CALL, rid, name, args) | (CLOSE,)
-engine -> front: (LOADED, facts) | (FAILED, why) | (ACCEPTED, sid, texts, seed, device) | (REFUSED, sid, error)
-                 | (AUDIO, sid, text_index, audio float32 [L], started_at, new reports) | (END, sid, error, new
-                 reports, codes, started_at) | (REPLY, rid, ok, value) | (STATE, facts)
+engine -> front: (LOADED, facts) | (FAILED, why) | (ACCEPTED, sid, texts, seed, device, marks: received, planned)
+                 | (REFUSED, sid, error) | (AUDIO, sid, text_index, audio float32 [L], started_at, first_audio_at,
+                 new reports) | (END, sid, error, new reports, codes, started_at) | (REPLY, rid, ok, value)
+                 | (STATE, facts)
 Times are time.perf_counter() readings: CLOCK_MONOTONIC on Linux, one clock for every process of the machine.
 """
 

@@ -11,7 +11,11 @@ from collections import defaultdict
 HISTOGRAMS = {  # our name: the metric (summed over its labels), or (metric, label, value)
     "queue_wait": "tts_speech_queue_wait_seconds",
     "engine_first_audio": "tts_time_to_first_audio_seconds",
+    "first_received": ("tts_speech_first_audio_stage_seconds", "stage", "received"),  # -> in the engine process
+    "first_planned": ("tts_speech_first_audio_stage_seconds", "stage", "planned"),  # -> the engine there took it
     "first_admitted": ("tts_speech_first_audio_stage_seconds", "stage", "admitted"),  # accepted -> engine took it
+    "first_started": ("tts_speech_first_audio_stage_seconds", "stage", "started"),  # -> its first prefill
+    "first_engine_audio": ("tts_speech_first_audio_stage_seconds", "stage", "engine_audio"),  # -> codec's chunk
     "first_emitted": ("tts_speech_first_audio_stage_seconds", "stage", "emitted"),  # -> first chunk in the front
     "first_byte_sent": "tts_speech_first_audio_seconds",
     "chunk_wake": ("tts_trace_chunk_seconds", "stage", "wake"),
