@@ -38,7 +38,8 @@ CORS_EXPOSED = ["X-Seed", "X-Sample-Rate", "X-Download-Path", "X-Download-URL", 
 
 def create_app(server: ServerConfig, engine_config: EngineConfig,
                engine_factory: Callable[[], Fleet] | None = None) -> FastAPI:
-    service = Service(engine_factory or engine_loader(engine_config), server.data_dir / "voices")
+    service = Service(engine_factory or engine_loader(engine_config), server.data_dir / "voices",
+                      engine_config.features)
 
     async def lifespan(app: FastAPI):
         service.start()

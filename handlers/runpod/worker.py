@@ -31,7 +31,7 @@ def volume_defaults(volume: Path | None) -> tuple[dict, dict]:
 
 def build(cfg: RunPodConfig, engine_config: EngineConfig, download: DownloadConfig) -> JobHandler:
     """The warm engine (fetched first from TTS_MODEL_SOURCE onto a fresh volume) behind the job handler."""
-    service = Service(engine_loader(engine_config, download), cfg.data_dir).load()
+    service = Service(engine_loader(engine_config, download), cfg.data_dir, engine_config.features).load()
     waited = service.settle(cfg.ready_when, cfg.ready_max_wait)  # a scale-out's first jobs meet full speed (issue 44)
     if waited >= 1:
         log.info("settled: waited %.1f s for the lazily captured graphs", waited)

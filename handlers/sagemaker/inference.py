@@ -117,7 +117,7 @@ def service_for(config: EngineConfig) -> Service:
     """The boot of model_fn (which loads it at once) and of `serve` (which loads it in the background): the
     configured engine, with voices stored beside the model when its directory is writable."""
     voices = config.model_dir / "voices" if _writable(config.model_dir) else None
-    return Service(engine_loader(config), voices)
+    return Service(engine_loader(config), voices, config.features)
 
 
 def job_for(body: dict, voices: VoiceStore | None, check_only: bool = False,

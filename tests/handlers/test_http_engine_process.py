@@ -16,7 +16,8 @@ import pytest
 import test_drain
 import test_http
 import test_runpod
-from test_http import start_server, stop, wait_ready
+from test_http import FRAMES, scrape, start_server, stop, wait_ready
+from test_http_metrics import histogram
 
 ON = {"TTS_ENGINE_PROCESS": "on"}
 
@@ -36,6 +37,23 @@ def server(tmp_path_factory):
     stop(proc)
 
 
+@pytest.fixture(scope="module")
+def direct(tmp_path_factory):
+    """The same server with direct_admit: the event loop hands each request to the engine process itself."""
+    proc, url = start_server(tmp_path_factory.mktemp("http-ep-direct"), TTS_FEATURES="+direct_admit", **ON)
+    wait_ready(url, proc)
+    yield url
+    stop(proc)
+
+
+@pytest.mark.parametrize("name", ["test_audio_streams_as_it_is_made", "test_sse", "test_same_seed_same_audio",
+                                  "test_no_audio_is_a_422_in_every_mode", "test_voices_round_trip",
+                                  "test_disconnect_mid_stream_frees_the_engine"])
+def test_direct_admit_as_in_one_process(direct, name):
+    # stored voices go directly (codes), inline reference audio through a planning thread (test_voices_round_trip)
+    getattr(test_http, name)(direct)
+
+
 @pytest.mark.parametrize("fmt", ["wav", "pcm", "mp3", "opus", "flac", "aac"])
 def test_every_format(server, fmt):
     test_http.test_every_format_decodes_to_the_expected_duration(server, fmt)
@@ -47,6 +65,30 @@ def test_every_format(server, fmt):
                                   "test_fish_tts_json_and_msgpack", "test_captioned_speech"])
 def test_as_in_one_process(server, name):
     getattr(test_http, name)(server)
+
+
+@pytest.mark.parametrize("door", ["server", "direct"])
+def test_first_audio_waterfall_crosses_the_process(door, request):
+    """The engine process's own stages reach the front's histogram, each request's in the order they happen:
+    accepted < received there < planned there < admitted here; received < started (first prefill: the engine loop
+    may run it before the planning thread reads its clock) < its first chunk out of the codec there <= here."""
+    server = request.getfixturevalue(door)
+    stage = lambda samples, st: histogram(samples, "tts_speech_first_audio_stage_seconds", {"stage": st})  # noqa: E731
+    names = ("received", "planned", "admitted", "started", "engine_audio", "emitted")
+    before = {st: stage(scrape(server), st) for st in names}
+    for i in range(3):
+        r = httpx.post(server + "/v1/audio/speech", json={"input": "Hello there.", "response_format": "pcm",
+                                                           "max_new_tokens": FRAMES, "seed": i}, timeout=60)
+        assert r.status_code == 200 and r.content, r.text
+    end = time.monotonic() + 10
+    while stage(scrape(server), "emitted")[0] < before["emitted"][0] + 3 and time.monotonic() < end:
+        time.sleep(0.05)  # the middleware observes a request once its response ended
+    after = {st: stage(scrape(server), st) for st in names}
+    count = {st: after[st][0] - before[st][0] for st in names}
+    mean = {st: (after[st][1] - before[st][1]) / 3 for st in names}  # histogram(): (count, sum)
+    assert count == dict.fromkeys(names, 3), count
+    assert 0 < mean["received"] < mean["planned"] < mean["admitted"], mean
+    assert mean["received"] < mean["started"] < mean["engine_audio"] <= mean["emitted"], mean
 
 
 def test_drain_lets_a_stream_finish(tmp_path):

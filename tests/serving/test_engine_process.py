@@ -3,6 +3,7 @@ through RemoteFleet as the Service drives it, against the same requests in one p
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import time
@@ -16,7 +17,7 @@ from ttsengine.errors import CheckpointError, EngineDown, InputError
 from ttsengine.serving.engine_process.remote_fleet import RemoteFleet
 from ttsengine.serving.failure import ModelFailed
 from ttsengine.serving.service import Service, engine_loader, own_process
-from ttsengine.synthesis.request import SynthesisRequest
+from ttsengine.synthesis.request import Reference, SynthesisRequest
 
 CONFIG = EngineConfig(model_dir=MODEL_DIR, device="cpu", max_batch=4, process="on")
 REQUESTS = [SynthesisRequest(text="Hello there.", seed=2, max_new_tokens=20, keep_codes=True),
@@ -71,6 +72,61 @@ def test_cancel_crosses_and_frees_the_slot(remote):
     while remote.stats().total.cancelled == before and time.monotonic() < deadline:
         time.sleep(0.05)
     assert remote.stats().total.cancelled == before + 1 and remote.open_streams == 0
+
+
+def test_admit_on_the_event_loop_is_submit_without_a_thread(remote):
+    # direct_admit: the same stream as submit() gives, with the engine process's stages marked on it
+    via_thread = remote.submit(REQUESTS[0])
+    direct = asyncio.run(remote.admit(REQUESTS[0]))
+    a, b = direct.result(), via_thread.result()
+    assert [c.tolist() for c in direct.plan.codes] == [c.tolist() for c in via_thread.plan.codes]
+    assert np.array_equal(a.audio, b.audio) or np.abs(a.audio - b.audio).max() < 1e-4
+    assert direct.plan.texts == via_thread.plan.texts and direct.seed == via_thread.seed == 2
+    marks = direct.marks
+    assert direct.submitted_at < marks["received"] < marks["planned"] and \
+        marks["received"] < direct.started_at < marks["engine_audio"] <= direct.first_audio_at, marks
+    with pytest.raises(InputError, match="temperature"):  # a refusal keeps its kind, and nothing is left open
+        asyncio.run(remote.admit(SynthesisRequest(text="x", temperature=-1.0)))
+    assert remote.open_streams == 0
+
+
+def test_the_service_admits_directly_only_with_the_feature_and_no_audio_to_send(remote):
+    # the planning threads closed: a request that still needs one fails to be scheduled there
+    wav = MODEL_DIR.parent / "reference.wav"
+    voice = Reference(text="A voice.", audio=wav.read_bytes() if wav.exists() else b"RIFF")
+    for features, direct in (("+direct_admit", True), ("auto", False)):
+        service = Service(lambda: remote, None, features).load()
+        service.planning.close()  # not service.close(): the module's fleet serves the other tests
+        if direct:
+            assert asyncio.run(service.admit(REQUESTS[0])).result().frames > 0
+        else:
+            with pytest.raises(RuntimeError, match="shutdown"):
+                asyncio.run(service.admit(REQUESTS[0]))
+        with pytest.raises(RuntimeError, match="shutdown"):  # reference audio: megabytes, sent from a thread
+            asyncio.run(service.admit(SynthesisRequest(text="Hi.", references=(voice,))))
+    assert remote.open_streams == 0
+
+
+def test_admit_given_up_frees_what_the_engine_took(remote):
+    # the caller cancelled (its client left) while the engine process planned it: CANCEL follows the SUBMIT, and
+    # the engine either drops it or stops it; nothing stays open on either side
+    before = remote.stats().total
+
+    async def leave():
+        task = asyncio.ensure_future(remote.admit(SynthesisRequest(text="Keep talking for a while.", seed=4,
+                                                                   max_new_tokens=400)))
+        await asyncio.sleep(0)  # the SUBMIT is out
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    asyncio.run(leave())
+    deadline = time.monotonic() + 30
+    while (remote.open_streams or remote.stats().total.running) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    after = remote.stats().total
+    assert remote.open_streams == 0 and after.running == 0 and after.waiting == 0
+    assert after.requests_done - before.requests_done <= 1  # stopped at once, if it was taken in at all
 
 
 def test_stats_voice_codes_and_facts_come_from_the_engine(remote, local):

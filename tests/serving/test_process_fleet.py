@@ -3,6 +3,7 @@ CPU engine processes on the tiny checkpoint; and the grouping rule (engine/place
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import time
@@ -61,6 +62,24 @@ def test_requests_spread_over_the_processes_and_match_one_engine(fleet):
             assert [c.tolist() for c in s.plan.codes] == [c.tolist() for c in want.plan.codes]
     finally:
         one.close()
+
+
+def test_admit_on_the_event_loop_routes_as_submit_does(fleet):
+    # direct_admit over several processes: the same spread, the same codes as submit() in a thread
+    requests = [SynthesisRequest(text=f"Hello number {i}.", seed=i, max_new_tokens=20, keep_codes=True)
+                for i in range(4)]
+    before = [e.requests_done for e in fleet.stats().engines]
+
+    async def all_at_once():
+        return await asyncio.gather(*(fleet.admit(r) for r in requests))
+
+    direct = asyncio.run(all_at_once())
+    threaded = [fleet.submit(r) for r in requests]
+    for d, t in zip(direct, threaded):
+        d.result(), t.result()
+        assert [c.tolist() for c in d.plan.codes] == [c.tolist() for c in t.plan.codes]
+    done = [e.requests_done - b for e, b in zip(fleet.stats().engines, before)]
+    assert sum(done) == 8 and all(n >= 2 for n in done), done  # four at once: two on each
 
 
 def test_the_front_plans_as_many_requests_at_once_as_its_processes_do(fleet):

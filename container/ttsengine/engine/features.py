@@ -43,6 +43,7 @@ SEGMENT_SLACK = "segment_slack"
 SLACK_PREFILL = "slack_prefill"
 EARLY_READAHEAD = "early_readahead"
 PLAIN_WEBSOCKET = "plain_websocket"
+DIRECT_ADMIT = "direct_admit"
 # the codec (engine/device/vocoder.py, engine/audio_feed.py, model/codec_cache.py)
 CODEC_COMPILE = "codec_compile"
 SNAKE_KERNEL = "snake_kernel"
@@ -143,7 +144,8 @@ FEATURES = (
     Feature(SEGMENT_SLACK, ENGINE, "a live session's next segment queues behind requests due before it while its "
             "listener still has audio to play (earliest deadline first)", "first come, first served",
             "engine/engine.py `_enqueue`", default=False),
-    # slack_prefill: opt-in until measured on a GPU against the default (front_door.sh `restart:+slack_prefill`)
+    # slack_prefill: opt-in: measured once (docs/http-breakdown.md, "Stop 58"): the first burst's first audio p95 778
+    # against 1,010-1,033 ms, the steady load's unchanged (some stream has always just started there)
     Feature(SLACK_PREFILL, ENGINE, "while every playing stream's listener has more than 1 s of audio ahead, a step "
             "may prefill past the real-time budget (up to that audio less 1 s, at most 0.1 s a step)",
             "every step within 80% of a frame's time", "engine/control/prefill_budget.py", default=False),
@@ -154,6 +156,13 @@ FEATURES = (
     Feature(PLAIN_WEBSOCKET, ENGINE, "the servers' WebSockets decline permessage-deflate: audio goes uncompressed",
             "uvicorn's default: each message deflated on the event loop when the client offers it",
             "serving/network/shutdown.py `serve`"),
+    # direct_admit: a front thread per request in planning only waited for the engine process's answer; 8 of them
+    # queued a burst's hand-offs (docs/http-breakdown.md, "Stop 58"). Opt-in until measured on a GPU against the
+    # default (front_door.sh `restart:+direct_admit`)
+    Feature(DIRECT_ADMIT, ENGINE, "with the engines in processes of their own, the event loop hands each request "
+            "over and awaits the answer (no front thread waits on the round trip)",
+            "a front planning thread per request waits for the engine process's answer (8 per engine process)",
+            "serving/service.py `admit`", default=False),
     # ---- the decode step's fused kernels ----
     # Why the defaults (the figures: docs/performance.md, "Fused decode-step kernels"): each kernel on by default was
     # measured faster than the unfused path. merged_ffn: int8/int4 linears are left unmerged by merge_inputs. The

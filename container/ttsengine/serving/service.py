@@ -18,6 +18,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 from ..config import DownloadConfig, EngineConfig
+from ..engine import features as feature_names
 from ..engine.fleet import Fleet
 from ..engine.stats import FleetStats
 from ..errors import Abandoned, EngineDown, ShuttingDown, engine_failed
@@ -80,10 +81,11 @@ def spawn_engine_processes(config: EngineConfig):
 
 
 class Service:
-    def __init__(self, load: Callable[[], Fleet], voices_dir: Path | None):
+    def __init__(self, load: Callable[[], Fleet], voices_dir: Path | None, features: str = "auto"):
         """load() -> a fleet with a warm engine (engine_loader, or a test's factory); voices_dir: where stored
-        voices live (None: this deployment has none)."""
+        voices live (None: this deployment has none); features: TTS_FEATURES (direct_admit: see admit)."""
         self._load, self.voices_dir = load, voices_dir
+        self.direct_admit = not feature_names.switched_off(features, feature_names.DIRECT_ADMIT)
         self.fleet: Fleet | None = None
         self.voices: VoiceStore | None = None
         self.voices_error: str | None = None  # why stored voices are off although a directory was configured
@@ -218,8 +220,14 @@ class Service:
 
     async def admit(self, request: SynthesisRequest, gone: Callable[[], Awaitable[bool]] | None = None) -> Stream:
         """submit() in the service's own planning threads (Planning, below), never the event loop's shared pool:
-        gone() (the client left?) is asked while it waits or is planned; then it is given up (Abandoned, 499)."""
-        self.require()  # a 503 without waiting for a planning thread
+        gone() (the client left?) is asked while it waits or is planned; then it is given up (Abandoned, 499).
+        Engines in processes of their own plan it there: the event loop hands it over and awaits the answer
+        (RemoteFleet.admit; feature direct_admit), unless it carries reference audio to send (megabytes: a
+        planning thread sends those)."""
+        fleet = self.require()  # a 503 without waiting for a planning thread
+        direct = getattr(fleet, "admit", None)  # RemoteFleet, ProcessFleet
+        if direct is not None and self.direct_admit and all(r.audio is None for r in request.references):
+            return await direct(request, gone)
         return await self.planning.submit(self.submit, request, gone)
 
     @property

@@ -11,10 +11,11 @@ serve on, and /health says degraded, then failed when none is left.
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 
 from ...config import EngineConfig
@@ -79,11 +80,7 @@ class ProcessFleet:
     def submit(self, request: SynthesisRequest, *, ignore_stop: bool = False,
                abandoned: Callable[[], bool] | None = None) -> Stream:
         """Like Fleet.submit; abandoned(): RemoteFleet.submit's (the client left: given up, Abandoned)."""
-        order = self.route(voice_affinity(request))
-        if not order:
-            if self.failure:
-                raise EngineDown(self.failure)
-            raise BusyError("no engine is ready yet; retry shortly")
+        order = self._order(request)
         refusals: list[BusyError] = []
         for member in order:
             try:
@@ -92,6 +89,32 @@ class ProcessFleet:
                 refusals.append(e)
             except EngineDown:  # went down since route(): the next one
                 continue
+        raise self._refused(order, refusals)
+
+    async def admit(self, request: SynthesisRequest, gone: Callable[[], Awaitable[bool]] | None = None) -> Stream:
+        """submit() on the event loop (RemoteFleet.admit), the same routing and backpressure."""
+        order = self._order(request)
+        refusals: list[BusyError] = []
+        for member in order:
+            try:
+                return await member.admit(request, gone)
+            except BusyError as e:
+                refusals.append(e)
+            except EngineDown:
+                continue
+        raise await asyncio.to_thread(self._refused, order, refusals)  # a stats round trip per process: not here
+
+    def _order(self, request: SynthesisRequest) -> list[RemoteFleet]:
+        """The processes to try, best first; EngineDown or BusyError when none is ready."""
+        order = self.route(voice_affinity(request))
+        if not order:
+            if self.failure:
+                raise EngineDown(self.failure)
+            raise BusyError("no engine is ready yet; retry shortly")
+        return order
+
+    def _refused(self, order: list[RemoteFleet], refusals: list[BusyError]) -> BusyError:
+        """Every process refused: the BusyError to raise, counted, with the streams running and waiting in all."""
         with self._lock:
             self.rejected += 1
         running = waiting = 0
@@ -101,7 +124,7 @@ class ProcessFleet:
             except EngineDown:
                 continue
             running, waiting = running + total.running, waiting + total.waiting
-        raise busy(len(order), running, waiting, refusals)
+        return busy(len(order), running, waiting, refusals)
 
     def synthesize(self, request: SynthesisRequest):
         return self.submit(request).result()
