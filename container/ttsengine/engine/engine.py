@@ -316,10 +316,10 @@ class Engine:
 
     def _listener_slack(self, running: list[Job]) -> float:
         """The least audio a playing stream's listener has ahead (control/prefill_budget.py), less the codec's lag:
-        frames sent to the codec are not audio yet. Host numbers only."""
-        tasks = [j.owner for j in running]
-        streams = [(t.audio_offset + t.decoded, t.stream.first_audio_at) for t in tasks
-                   if t.playing and t.stream.first_audio_at is not None]
+        frames sent to the codec are not audio yet. Host numbers only. (A stream with first audio is playing: its
+        frames went to the codec.)"""
+        streams = [(t.audio_offset + t.decoded, t.stream.first_audio_at) for t in (j.owner for j in running)
+                   if t.stream.first_audio_at is not None]
         return max(0.0, listener_slack(streams, time.perf_counter(), self.budget.frame_seconds) - self.vocoder.lag)
 
     def _intake(self) -> None:

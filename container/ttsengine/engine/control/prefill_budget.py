@@ -84,8 +84,5 @@ def listener_slack(streams, now: float, frame_seconds: float) -> float:
     least audio, in seconds, any of their listeners has ahead of playback (playing from the first audio on at 1x);
     0 when none plays. A stream whose audio has not started has nothing to lose but time to its first audio, as
     the requests still queued do: a longer step trades its wait against theirs (at most SLACK_STEP_MAX_S)."""
-    least = None
-    for frames, first_audio_at in streams:
-        ahead = frames * frame_seconds - (now - first_audio_at)
-        least = ahead if least is None else min(least, ahead)
-    return max(0.0, least or 0.0)
+    return max(0.0, min((frames * frame_seconds - (now - first_audio_at) for frames, first_audio_at in streams),
+                        default=0.0))
