@@ -30,7 +30,7 @@ from ..model.codec import Codec, CodecConfig, codec_buffer_key
 from ..model.dual_ar import DualAR
 from ..model.dual_ar_config import DualARConfig
 from ..model.families import Family, s1
-from ..model.loading.checkpoint import read_model_dir
+from ..model.loading.checkpoint import on_meta, read_model_dir
 from ..model.loading.synthetic import load_preset
 from ..model.loading.weights import load_strict, read_state_dict
 from ..model.quant import quantizable
@@ -80,7 +80,7 @@ class Size:
 # ---- reading ------------------------------------------------------------------------------------
 def from_preset(name: str) -> Described:
     p = load_preset(name)
-    with torch.device("meta"):
+    with on_meta():
         dual_ar = DualAR(p.config, p.tokenizer.semantic_begin_id, p.tokenizer.semantic_end_id)
         codec = Codec(p.codec_config)
     return Described(f"random weights ({name})", s1, p.config, p.codec_config, p.tokenizer, dual_ar, codec,

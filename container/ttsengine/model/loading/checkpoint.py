@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
+from torch.overrides import TorchFunctionMode
 
 from ...errors import CheckpointError, ConfigError
 from ..codec import Codec, CodecConfig, codec_buffer_key, load_codec_config
@@ -72,9 +74,33 @@ class ModelFiles:
     def meta_modules(self) -> tuple[DualAR, Codec]:
         """The model and codec these files describe, on the meta device (no memory): what loading fills and
         what info checks shapes against."""
-        with torch.device("meta"):
+        with on_meta():
             return (DualAR(self.config, self.tokenizer.semantic_begin_id, self.tokenizer.semantic_end_id),
                     Codec(self.codec_config))
+
+
+FILLS = frozenset({"normal_", "uniform_", "fill_", "zero_", "random_"})  # what nn.init writes into new parameters
+
+
+class _NoFill(TorchFunctionMode):
+    """Meta tensors hold no values, so filling them is skipped. Why: on the meta device nn.Embedding's normal_ runs
+    torch's reference decomposition, whose first call imports torch._dynamo: ~1 s of a warm start's load (stop 58,
+    the load's 'files' phase), on a path that may never compile."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if getattr(func, "__name__", "") in FILLS:  # Tensor.normal_(...) or nn.init.normal_(tensor=...)
+            target = args[0] if args else kwargs.get("tensor")
+            if isinstance(target, torch.Tensor) and target.is_meta:
+                return target
+        return func(*args, **kwargs)
+
+
+@contextlib.contextmanager
+def on_meta():
+    """Modules built inside have their parameters on the meta device (shapes, no memory, nothing filled)."""
+    with torch.device("meta"), _NoFill():
+        yield
 
 
 def read_model_dir(model_dir: Path) -> ModelFiles:
