@@ -6,10 +6,13 @@ from __future__ import annotations
 import pytest
 
 from ttsengine.engine.control.prefill_budget import (
+    FIT_MIN,
+    FIT_REACH,
     HEADROOM,
     SLACK_MARGIN_S,
     SLACK_STEP_MAX_S,
     PrefillBudget,
+    fit_cost,
     iteration_seconds,
     listener_slack,
 )
@@ -55,6 +58,34 @@ def test_an_unmeasured_bucket_borrows_a_timed_one_instead_of_the_whole_limit():
     b.observe(256, 0, 0.050)
     assert b.tokens(128) == 64  # the nearest timed bucket above (slower than real time: the floor)
     assert b.tokens(8) == b.tokens(64)  # a smaller batch: the nearest above
+
+
+# ---- prefill_fit: a fixed part plus a part per position ---------------------------------------------------------
+def test_the_fit_separates_the_fixed_cost_from_the_cost_per_position():
+    exact = [(n, 0.001 + 2e-6 * n) for n in (44, 88, 176, 352, 44, 132, 264, 440)]  # 1 ms + 2 us a position
+    fixed, per_token, seen = fit_cost(exact)
+    assert fixed == pytest.approx(0.001) and per_token == pytest.approx(2e-6) and seen == 440
+    assert fit_cost(exact[: FIT_MIN - 1]) is None  # too few
+    assert fit_cost([(44, 0.001)] * 4 + [(60, 0.0011)] * 4) is None  # too alike to tell the two apart
+    assert fit_cost([(n, 0.003 - 1e-6 * n) for n in (44, 88, 176, 352) * 2]) is None  # noise: a negative slope
+
+
+def test_with_the_fit_a_step_takes_what_fits_beside_the_fixed_cost_within_its_reach():
+    def fed(fit: bool) -> PrefillBudget:
+        b = PrefillBudget(limit=8192, frame_seconds=FRAME, floor=64, fit=fit)
+        b.observe(256, 0, 0.015)  # the full batch's step: 15 ms
+        for n in (44, 88, 44, 132, 44, 176, 88, 44):  # one to four prompts a step, 1 ms + 2 us a position
+            b.observe(256, n, 0.015 + 0.001 + 2e-6 * n)
+        return b
+
+    averaged, fitted = fed(False), fed(True)
+    assert averaged.cost is None and not averaged.samples  # off: nothing recorded, the old budget
+    assert averaged.tokens(256) == int((HEADROOM * FRAME - 0.015) / averaged.token_seconds)  # ~1,000: 20 us each
+    room = HEADROOM * FRAME - 0.015
+    assert fitted.tokens(256) == min(int((room - 0.001) / 2e-6), int(FIT_REACH * 176)) == 704  # the reach binds
+    for n in (704, 2816):  # the steps it allowed, at the same cost: the reach grows with what was seen
+        fitted.observe(256, n, 0.015 + 0.001 + 2e-6 * n)
+    assert int((room - 0.001) / 2e-6) > 10_000 and fitted.tokens(256) == 8192 > 4 * averaged.tokens(256)  # the limit
 
 
 # ---- slack_prefill: longer steps while every listener has audio in hand ----------------------------------------

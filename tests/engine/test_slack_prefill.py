@@ -1,6 +1,6 @@
-"""Feature slack_prefill on a real engine (tiny model, CPU): the switch reaches the settings, the engine's slack is
-the audio its playing streams have ahead of playback, and requests queued behind playing streams get the same audio
-with it as without (it changes when prompts are prefilled, never what is generated)."""
+"""Features slack_prefill and prefill_fit on a real engine (tiny model, CPU): the switches reach the engine, the
+engine's slack is the audio its playing streams have ahead of playback, and requests queued behind playing streams
+get the same audio with either as without (they change when prompts are prefilled, never what is generated)."""
 
 from __future__ import annotations
 
@@ -58,3 +58,16 @@ def test_the_slack_is_what_the_playing_stream_has_ahead():
         list(chunks)
     finally:
         eng.close()
+
+
+def test_queued_requests_get_the_same_audio_with_prefill_fit():
+    eng = Engine.load(EngineConfig(model_dir=MODEL_DIR, device="cpu", max_batch=1, features="+prefill_fit"))
+    try:
+        assert eng.budget.fit
+    finally:
+        eng.close()
+    on, _ = run("+prefill_fit")
+    off, _ = run("auto")
+    for a, b in zip(on, off):
+        assert a.shape == b.shape
+        np.testing.assert_allclose(a, b, atol=1e-4)

@@ -23,6 +23,7 @@ from ..synthesis.output import SynthesisResult
 from ..synthesis.plan import Plan, Planner
 from ..synthesis.request import SynthesisRequest
 from ..synthesis.stream import Stream
+from . import features as feature_names
 from .audio_feed import AudioFeed, CodecRounds, Task, chunk_sizes
 from .control.faults import FaultCounter, simulated
 from .control.goodput import Goodput
@@ -66,7 +67,8 @@ class Engine:
         self.scheduler = Scheduler(s.runner.max_slots, s.max_queue, s.runner.num_pages - 1, s.runner.page_size,
                                    s.prefill_tokens, self.prefix_cache, bucket=s.bucket)
         frame_seconds = checkpoint.codec.frame_length / checkpoint.codec.sample_rate
-        self.budget = PrefillBudget(s.prefill_tokens, frame_seconds, s.runner.page_size)
+        self.budget = PrefillBudget(s.prefill_tokens, frame_seconds, s.runner.page_size,
+                                    fit=feature_names.PREFILL_FIT in s.features)
         self.metrics = EngineMetrics()
         self.vocoder = Vocoder(checkpoint.codec, s.runner.max_slots, checkpoint.config.max_seq_len,
                                chunk_sizes(s.first_chunk_frames, s.stream_chunk_frames),

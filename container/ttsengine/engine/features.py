@@ -44,6 +44,7 @@ SLACK_PREFILL = "slack_prefill"
 EARLY_READAHEAD = "early_readahead"
 PLAIN_WEBSOCKET = "plain_websocket"
 DIRECT_ADMIT = "direct_admit"
+PREFILL_FIT = "prefill_fit"
 # the codec (engine/device/vocoder.py, engine/audio_feed.py, model/codec_cache.py)
 CODEC_COMPILE = "codec_compile"
 SNAKE_KERNEL = "snake_kernel"
@@ -149,6 +150,12 @@ FEATURES = (
     Feature(SLACK_PREFILL, ENGINE, "while every playing stream's listener has more than 1 s of audio ahead, a step "
             "may prefill past the real-time budget (up to that audio less 1 s, at most 0.1 s a step)",
             "every step within 80% of a frame's time", "engine/control/prefill_budget.py", default=False),
+    # prefill_fit: opt-in until measured on a GPU (front_door.sh `restart:+prefill_fit`): stop 58's waterfall put
+    # ~120 / ~390 ms (p50 / p95) in the engine's queue when 256 requests came back at once beside a full batch
+    Feature(PREFILL_FIT, ENGINE, "the prefill budget fits a step's prefill cost as a fixed part plus a part per "
+            "position over the recent steps, so a wave of arrivals goes in in fewer steps",
+            "one moving average per position, the fixed part included", "engine/control/prefill_budget.py",
+            default=False),
     Feature(EARLY_READAHEAD, ENGINE, "the servers and `warm` start reading the weight files from disk before they "
             "import torch and the web framework", "read from the load's start on", "serving/prefetch.py"),
     # plain_websocket: audio barely deflates (a tenth of its bytes), and deflating it on the one event loop made
