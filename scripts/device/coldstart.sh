@@ -132,7 +132,7 @@ for path in sorted(glob.glob(os.path.join(sys.argv[1], "coldstart-*-*-*.log"))):
     if lines:
         rows.setdefault((q, c), []).append(json.loads(lines[-1]))
 names = {"empty": "empty cache", "dir": "warm cache directory", "blob": "blob into an empty directory"}
-print("| case | quant | runs | start -> first audio, median (all) | imports s | load s (files/model/codec) | warm-up s |"
+print("| case | quant | runs | start -> first audio, median (all) | imports s | load s (files/compiler/model/codec) | warm-up s |"
       " codec cache | kernel cache |")
 print("|---|---|---|---|---|---|---|---|---|")
 def med(runs, key):  # "-" where a run's JSON lacks the key (an older warm)
@@ -142,7 +142,7 @@ def phases(runs):  # the load's parts, medians: " (0.31/1.20/0.90)"
     parts = [r.get("load_phases") or {} for r in runs]
     if not all(parts):
         return ""
-    return " (" + "/".join(f"{statistics.median(p.get(k, 0.0) for p in parts):.2f}" for k in ("files", "model", "codec")) + ")"
+    return " (" + "/".join(f"{statistics.median(p.get(k, 0.0) for p in parts):.2f}" for k in ("files", "compiler", "model", "codec")) + ")"
 for q in ("bf16", "int8", "int4"):
     for c in sorted((c for qq, c in rows if qq == q), key=lambda c: (list(names).index(c.split(".")[0]), c)):
         runs = rows[(q, c)]

@@ -1,6 +1,6 @@
 """Four engines, each in a process of its own (TTS_DEVICES=cpu,cpu,cpu,cpu, TTS_ENGINE_PROCESS=on: issue 49's layout
-on CPUs), through every door, for real: `python -m handlers http` (with direct_admit: the event loop hands each
-request to its engine process) routes one stream per engine, is busy only when all four are full, and serves on
+on CPUs), through every door, for real: `python -m handlers http` (direct_admit, the default: the event loop hands
+each request to its engine process) routes one stream per engine, is busy only when all four are full, and serves on
 with three when one fails mid-run; SageMaker's `serve` and the RunPod worker the same: concurrent requests spread
 over the four, one engine failing fails only its request, nothing hangs."""
 
@@ -21,8 +21,7 @@ from test_sagemaker_engines import concurrently, frames_of, invoke, model_copy
 
 from ttsengine import DownloadConfig, RunPodConfig, from_env
 
-FOUR = {"TTS_DEVICES": "cpu,cpu,cpu,cpu", "TTS_MAX_BATCH": "1", "TTS_MAX_QUEUE": "1", "TTS_ENGINE_PROCESS": "on",
-        "TTS_FEATURES": "+direct_admit"}
+FOUR = {"TTS_DEVICES": "cpu,cpu,cpu,cpu", "TTS_MAX_BATCH": "1", "TTS_MAX_QUEUE": "1", "TTS_ENGINE_PROCESS": "on"}
 
 
 def engines(url: str, name: str) -> list[float]:

@@ -38,9 +38,9 @@ def server(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def direct(tmp_path_factory):
-    """The same server with direct_admit: the event loop hands each request to the engine process itself."""
-    proc, url = start_server(tmp_path_factory.mktemp("http-ep-direct"), TTS_FEATURES="+direct_admit", **ON)
+def threaded(tmp_path_factory):
+    """The same server with direct_admit off: a front planning thread hands each request over and waits."""
+    proc, url = start_server(tmp_path_factory.mktemp("http-ep-threaded"), TTS_FEATURES="-direct_admit", **ON)
     wait_ready(url, proc)
     yield url
     stop(proc)
@@ -49,9 +49,9 @@ def direct(tmp_path_factory):
 @pytest.mark.parametrize("name", ["test_audio_streams_as_it_is_made", "test_sse", "test_same_seed_same_audio",
                                   "test_no_audio_is_a_422_in_every_mode", "test_voices_round_trip",
                                   "test_disconnect_mid_stream_frees_the_engine"])
-def test_direct_admit_as_in_one_process(direct, name):
-    # stored voices go directly (codes), inline reference audio through a planning thread (test_voices_round_trip)
-    getattr(test_http, name)(direct)
+def test_without_direct_admit_as_in_one_process(threaded, name):
+    # direct_admit's off switch: every request through a planning thread (as requests with reference audio always go)
+    getattr(test_http, name)(threaded)
 
 
 @pytest.mark.parametrize("fmt", ["wav", "pcm", "mp3", "opus", "flac", "aac"])
@@ -67,7 +67,7 @@ def test_as_in_one_process(server, name):
     getattr(test_http, name)(server)
 
 
-@pytest.mark.parametrize("door", ["server", "direct"])
+@pytest.mark.parametrize("door", ["server", "threaded"])
 def test_first_audio_waterfall_crosses_the_process(door, request):
     """The engine process's own stages reach the front's histogram, each request's in the order they happen:
     accepted < received there < planned there < admitted here; received < started (first prefill: the engine loop

@@ -94,7 +94,7 @@ def test_the_service_admits_directly_only_with_the_feature_and_no_audio_to_send(
     # the planning threads closed: a request that still needs one fails to be scheduled there
     wav = MODEL_DIR.parent / "reference.wav"
     voice = Reference(text="A voice.", audio=wav.read_bytes() if wav.exists() else b"RIFF")
-    for features, direct in (("+direct_admit", True), ("auto", False)):
+    for features, direct in (("auto", True), ("-direct_admit", False)):
         service = Service(lambda: remote, None, features).load()
         service.planning.close()  # not service.close(): the module's fleet serves the other tests
         if direct:

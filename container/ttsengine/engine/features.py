@@ -164,12 +164,13 @@ FEATURES = (
             "uvicorn's default: each message deflated on the event loop when the client offers it",
             "serving/network/shutdown.py `serve`"),
     # direct_admit: a front thread per request in planning only waited for the engine process's answer; 8 of them
-    # queued a burst's hand-offs (docs/http-breakdown.md, "Stop 58"). Opt-in until measured on a GPU against the
-    # default (front_door.sh `restart:+direct_admit`)
+    # queued a burst's hand-offs (docs/http-breakdown.md, "Stop 58": on the GPU host 62 / 271 ms p50 / p95 before the
+    # engine process saw a request; on 2 CPU cores, a burst of 256, 195-236 / 471-479 ms without, 39-66 / 81-97 with).
+    # On by default: front-side plumbing, measured on CPU; the GPU A/B is front_door.sh `restart:-direct_admit`
     Feature(DIRECT_ADMIT, ENGINE, "with the engines in processes of their own, the event loop hands each request "
             "over and awaits the answer (no front thread waits on the round trip)",
             "a front planning thread per request waits for the engine process's answer (8 per engine process)",
-            "serving/service.py `admit`", default=False),
+            "serving/service.py `admit`"),
     # ---- the decode step's fused kernels ----
     # Why the defaults (the figures: docs/performance.md, "Fused decode-step kernels"): each kernel on by default was
     # measured faster than the unfused path. merged_ffn: int8/int4 linears are left unmerged by merge_inputs. The

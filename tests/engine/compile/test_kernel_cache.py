@@ -233,7 +233,7 @@ def test_warm_command_reports_json(tmp_path):
     report = json.loads(proc.stdout.strip().splitlines()[-1])
     assert report["process_to_first_audio_s"] > report["load_s"] > 0
     phases = report["load_phases"]  # the load's parts: they add up to (almost) all of it
-    assert set(phases) == {"files", "model", "codec"} and all(s >= 0 for s in phases.values())
+    assert set(phases) == {"files", "compiler", "model", "codec"} and all(s >= 0 for s in phases.values())
     assert 0 < sum(phases.values()) <= report["load_s"] + 0.01
     assert report["quantization"] == "bf16 (none)" and report["compiled"] is False
 
