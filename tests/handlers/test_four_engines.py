@@ -7,17 +7,15 @@ over the four, one engine failing fails only its request, nothing hangs."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 import time
 
 import httpx
 import pytest
-from conftest import MODEL_DIR, ROOT, free_port
+from conftest import MODEL_DIR
+from test_drain import start_serve
 from test_http import _metric, scrape, start_server, stop, wait_ready
 from test_http_engines import FRAME_BYTES, LONG, TIMEOUT, open_long, open_queued, until
-from test_sagemaker_engines import concurrently, frames_of, invoke, model_copy
+from test_sagemaker_engines import concurrently, frames_of, invoke
 
 from ttsengine import DownloadConfig, RunPodConfig, from_env
 
@@ -118,24 +116,9 @@ def test_one_engine_of_four_failing_leaves_three_serving_and_nothing_hangs(tmp_p
 
 # ---- SageMaker's serve ------------------------------------------------------------------------------------------
 def test_sagemaker_serve_spreads_over_four_and_one_failing_fails_only_its_invocation(tmp_path):
-    port = free_port()
-    env = {**os.environ, "TTS_MODEL_DIR": str(model_copy(tmp_path)), "TTS_DEVICE": "cpu",
-           "TTS_DEVICES": "cpu,cpu,cpu,cpu", "TTS_ENGINE_PROCESS": "on", "TTS_MAX_BATCH": "1",
-           "TTS_TEST_FAIL_ENGINE": "2@30", "SAGEMAKER_BIND_TO_PORT": str(port), "TTS_LOG_LEVEL": "WARNING"}
-    proc = subprocess.Popen([sys.executable, "-m", "handlers", "serve"], cwd=ROOT, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)
-    url = f"http://127.0.0.1:{port}"
+    proc, url = start_serve(tmp_path, TTS_DEVICES="cpu,cpu,cpu,cpu", TTS_ENGINE_PROCESS="on", TTS_MAX_BATCH="1",
+                            TTS_TEST_FAIL_ENGINE="2@30")
     try:
-        end = time.time() + 120
-        while True:
-            assert proc.poll() is None, proc.stdout.read()
-            try:
-                if httpx.get(url + "/ping", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            assert time.time() < end, "serve did not become ready"
-            time.sleep(0.1)
         time.sleep(1)  # every engine process warm (they load side by side)
         # four at once, one per engine (one slot each); 60 frames run past engine 2's 30th decode step
         t0 = time.perf_counter()
@@ -153,11 +136,7 @@ def test_sagemaker_serve_spreads_over_four_and_one_failing_fails_only_its_invoca
                              *(({"text": "After.", "seed": s, "max_new_tokens": 16},) for s in range(3)))
         assert [r.status_code for r in after] == [200] * 3 and all(frames_of(r) == 15 for r in after)
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        stop(proc)
 
 
 # ---- the RunPod worker ------------------------------------------------------------------------------------------
