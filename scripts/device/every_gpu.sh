@@ -2,7 +2,8 @@
 # Issue 49 on a 4-GPU machine (nvidia-h200-x4), one device call, real S1-mini shapes with random weights:
 #   bench: `bench` in one process on 1, 2 and 4 GPUs (BENCH_MODES: off = engines as threads of this process, the old
 #          layout; on = one engine process per GPU behind bench's front, as the server runs them), and the split
-#          topology 3+1 (three DualARs, their codecs on the fourth GPU) in one process;
+#          topology 3+1 (three DualARs, their codecs on the fourth GPU; 1+1 on a 2-GPU machine) in one process;
+#   Runs that need more GPUs than the machine has are left out (a 2-GPU kind runs the 1- and 2-GPU rows).
 #   http:  `python -m handlers http` with TTS_ENGINE_PROCESS=on on 1, 2 and 4 GPUs (HTTP_GPUS), each warmed once, then
 #          `loadtest` at 256 streams per GPU (pcm, $PROCS client processes);
 #   fail:  the 4-GPU server with TTS_TEST_FAIL_ENGINE=1@$FAIL_AT (engine 1 dies mid-run as with a lost GPU) under a
@@ -20,6 +21,9 @@ export TTS_CACHE_DIR=$CACHE
 nvidia-smi --query-gpu=index,name,memory.total --format=csv,noheader
 python3 -c "import torch, uvicorn; print('torch', torch.__version__, '| uvicorn', uvicorn.__version__)"
 echo "cores: $(nproc)"
+NGPU=$(nvidia-smi -L | wc -l)
+fits() { local n out=""; for n in "$@"; do ((n <= NGPU)) && out+="${out:+ }$n"; done; echo "$out"; }
+BENCH_GPUS=$(fits $BENCH_GPUS) HTTP_GPUS=$(fits $HTTP_GPUS)
 gpus() { local n=$1 s="" i; for ((i = 0; i < n; i++)); do s+="${s:+,}cuda:$i"; done; echo "$s"; }
 RUNS=()
 part_bench() {
@@ -29,13 +33,16 @@ part_bench() {
     echo "bench $label exit $? ($(( $(date +%s) - t0 )) s)"; RUNS+=("bench:$label"); }
   for n in 1 2 4; do
     for mode in $BENCH_MODES; do
-      [[ $n == 1 && $mode == on ]] && continue  # one GPU: the server's own process figure is the HTTP run's
       [[ " $BENCH_GPUS " != *" $n "* ]] && continue
       # shellcheck disable=SC2046 # no flag for off: bench's default layout
       b "g$n-process-$mode" --devices "$(gpus $n)" --concurrency $((n * PER_GPU)) $([[ $mode == on ]] && echo --engine-process on)
     done
   done
-  b "split-3+1" --devices cuda:0,cuda:3,cuda:1,cuda:3,cuda:2,cuda:3 --topology split --concurrency $((3 * PER_GPU))
+  if ((NGPU >= 4)); then
+    b "split-3+1" --devices cuda:0,cuda:3,cuda:1,cuda:3,cuda:2,cuda:3 --topology split --concurrency $((3 * PER_GPU))
+  elif ((NGPU >= 2)); then
+    b "split-1+1" --devices cuda:0,cuda:1 --topology split --concurrency "$PER_GPU"
+  fi
 }
 if [[ " $PARTS " == *" http "* || " $PARTS " == *" fail "* ]]; then
   random_checkpoint "$CKPT" "$W/write.log" || exit 1
@@ -64,8 +71,8 @@ part_http() {
   done
 }
 part_fail() {
-  if serve fail "$(gpus 4)" TTS_TEST_FAIL_ENGINE="1@$FAIL_AT"; then
-    lt "http-fail" --concurrency $((4 * PER_GPU)) --requests $((4 * PER_GPU)); RUNS+=("http:http-fail")
+  if serve fail "$(gpus "$NGPU")" TTS_TEST_FAIL_ENGINE="1@$FAIL_AT"; then
+    lt "http-fail" --concurrency $((NGPU * PER_GPU)) --requests $((NGPU * PER_GPU)); RUNS+=("http:http-fail")
     curl -s "$URL/health" | head -c 600 > "$W/fail-health.json"; echo; echo "health: $(cat "$W/fail-health.json")"
     stop fail
   fi
