@@ -61,13 +61,14 @@ def test_the_slack_is_what_the_playing_stream_has_ahead():
 
 
 def test_queued_requests_get_the_same_audio_with_prefill_fit():
-    eng = Engine.load(EngineConfig(model_dir=MODEL_DIR, device="cpu", max_batch=1, features="+prefill_fit"))
-    try:
-        assert eng.budget.fit
-    finally:
-        eng.close()
-    on, _ = run("+prefill_fit")
-    off, _ = run("auto")
+    for features, fit in (("auto", True), ("-prefill_fit", False)):  # on by default; the off switch reaches the budget
+        eng = Engine.load(EngineConfig(model_dir=MODEL_DIR, device="cpu", max_batch=1, features=features))
+        try:
+            assert eng.budget.fit is fit
+        finally:
+            eng.close()
+    on, _ = run("auto")
+    off, _ = run("-prefill_fit")
     for a, b in zip(on, off):
         assert a.shape == b.shape
         np.testing.assert_allclose(a, b, atol=1e-4)
