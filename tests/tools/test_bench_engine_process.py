@@ -5,11 +5,14 @@ engines with the tiny golden checkpoint."""
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 from conftest import MODEL_DIR, run_cli
 
-from ttsengine.tools.bench_fleet import IN_PROCESS_ONLY
+from ttsengine.config import from_env
+from ttsengine.synthesis.request import SynthesisRequest
+from ttsengine.tools.bench_fleet import IN_PROCESS_ONLY, BenchFleet
 
 
 def _bench(tmp_path, *args: str):
@@ -55,3 +58,31 @@ def test_bench_says_in_one_line_what_engine_processes_cannot_do(tmp_path, flag, 
     assert words in errors[0] and "--engine-process off" in errors[0]
     assert not (tmp_path / "bench.json").exists()
 
+
+
+@pytest.mark.parametrize("features", ["auto", "-direct_admit"])
+def test_submit_all_hands_requests_over_at_their_times_and_counts_refusals(features):
+    # two CPU engine processes, one slot and one queue place each: 6 requests at once, 4 taken and 2 refused, every
+    # taken one generating all its frames, past its stop token (ignore_stop reaches the engine either way); then two
+    # arrivals 0.3 s apart sent no earlier than their times. auto: the event loop admits them (direct_admit);
+    # -direct_admit: one after another from this thread, as before
+
+    config = from_env({}, model_dir=str(MODEL_DIR), devices="cpu,cpu", max_batch=1, max_queue=1, features=features)
+    fleet = BenchFleet.start(config, None, engine_process=True)
+    try:
+        assert fleet.direct is (features == "auto")
+        refusals = []
+
+        def request(i: int) -> SynthesisRequest:
+            return SynthesisRequest(text="Number 2.", seed=2, max_new_tokens=60)  # stops after 42 frames unless told
+
+        t0 = time.perf_counter()
+        streams = fleet.submit_all([0.0] * 6, request, t0, lambda: refusals.append(1))
+        assert len(streams) == 4 and len(refusals) == 2
+        assert all(s.result().frames == 59 for s in streams)  # 60 tokens, 59 frames (bench's frames - 1)
+        t0 = time.perf_counter()
+        late = fleet.submit_all([0.0, 0.3], request, t0, lambda: refusals.append(1))
+        assert late[1].submitted_at - t0 >= 0.3 > late[0].submitted_at - t0 and len(refusals) == 2
+        assert [s.result().frames for s in late] == [59, 59]
+    finally:
+        fleet.close()

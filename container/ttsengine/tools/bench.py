@@ -26,7 +26,8 @@ from ..engine.loader import load
 from ..engine.placement import engine_configs
 from ..engine.settings import codec_switches, features_on, platform
 from ..engine.stats import EngineStats
-from ..errors import BusyError, TTSError
+from ..errors import TTSError
+from ..synthesis.plan import Plan
 from ..synthesis.request import Reference, SynthesisRequest
 from . import codec_bench
 from . import report as report_page
@@ -145,20 +146,19 @@ def run_level(fleet: BenchFleet, concurrency: int, load: Load, progress) -> Leve
     sampler = NvmlSampler(devices or (0,))
     sampler.start()
     t0 = time.perf_counter()
-    streams, rejected = [], 0
     checked = set(sampled(concurrency, load.check_audio))
-    for i, at in enumerate(load.arrival_times(concurrency)):
-        delay = t0 + at - time.perf_counter()
-        if delay > 0:
-            time.sleep(delay)
-        try:
-            request = load.request(i)
-            if i in checked:  # planned here so the plan keeps its codes
-                request = fleet.kept(request)
-            streams.append(fleet.submit(request, ignore_stop=True))
-        except BusyError:
-            rejected += 1
-            progress.update(1)
+    refusals = []
+
+    def request_of(i: int) -> SynthesisRequest | Plan:
+        request = load.request(i)
+        return fleet.kept(request) if i in checked else request  # planned here so the plan keeps its codes
+
+    def refused() -> None:
+        refusals.append(1)
+        progress.update(1)
+
+    streams = fleet.submit_all(load.arrival_times(concurrency), request_of, t0, refused)
+    rejected = len(refusals)
     results = []
     for s in streams:
         results.append(s.result())

@@ -8,8 +8,10 @@ report says why (in_process_only).
 
 from __future__ import annotations
 
+import asyncio
 import io
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -17,10 +19,11 @@ import soundfile as sf
 import torch
 
 from ..config import EngineConfig
+from ..engine import features
 from ..engine.fleet import Fleet
 from ..engine.placement import placements, process_configs
 from ..engine.stats import EngineStats
-from ..errors import TTSError
+from ..errors import BusyError, TTSError
 from ..model.quant import weight_bytes
 from ..serving.engine_process.process_fleet import ProcessFleet
 from ..synthesis.plan import Plan
@@ -41,6 +44,7 @@ class BenchFleet:
     fleet: Fleet | ProcessFleet
     gpus: tuple[int, ...]  # the CUDA device indices the engines use (DualARs and codecs), from the placement
     load_s: float  # in process mode: the processes' start, load and warm-up (they are not told apart from here)
+    direct: bool = False  # engine processes with feature direct_admit: requests handed over as the server does
 
     @property
     def in_process(self) -> bool:
@@ -67,10 +71,46 @@ class BenchFleet:
             fleet.close()
             raise TTSError(f"the engine on {bad.device} did not start: {bad.error}")
         fleet.settle()
-        return cls(fleet, gpus, load_s)
+        return cls(fleet, gpus, load_s, engine_process and not features.switched_off(config.features,
+                                                                                    features.DIRECT_ADMIT))
 
     def submit(self, request: SynthesisRequest | Plan, ignore_stop: bool = True) -> Stream:
         return self.fleet.submit(request, ignore_stop=ignore_stop)
+
+    def submit_all(self, arrivals: list[float], request_of: Callable[[int], SynthesisRequest | Plan], t0: float,
+                   refused: Callable[[], None]) -> list[Stream]:
+        """Request i submitted at t0 + arrivals[i] (perf_counter seconds); the streams the engines took, in arrival
+        order (refused() called for each BusyError). With `direct` as the server with direct_admit does it: an event
+        loop hands each request over and awaits its answer while the next ones go out. Otherwise one after another
+        from this thread, each waiting for its engine to take it (in process: planned here first): 512 requests to
+        two engine processes took ~650 ms that way, twice one GPU's ramp, in a level of 3-4 s (docs/performance.md)."""
+        if self.direct:
+            return asyncio.run(self._admit_all(arrivals, request_of, t0, refused))
+        streams = []
+        for i, at in enumerate(arrivals):
+            delay = t0 + at - time.perf_counter()
+            if delay > 0:
+                time.sleep(delay)
+            try:
+                streams.append(self.submit(request_of(i)))
+            except BusyError:
+                refused()
+        return streams
+
+    async def _admit_all(self, arrivals: list[float], request_of: Callable[[int], SynthesisRequest | Plan],
+                         t0: float, refused: Callable[[], None]) -> list[Stream]:
+        async def one(i: int, at: float) -> Stream | None:
+            delay = t0 + at - time.perf_counter()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            try:
+                return await self.fleet.admit(request_of(i), ignore_stop=True)
+            except BusyError:
+                refused()
+                return None
+
+        got = await asyncio.gather(*(one(i, at) for i, at in enumerate(arrivals)))
+        return [s for s in got if s is not None]
 
     def engines(self) -> tuple[EngineStats, ...]:
         """Each engine's stats, in TTS_DEVICES order (counters: EngineStats.since)."""

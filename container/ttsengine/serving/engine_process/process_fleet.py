@@ -91,13 +91,14 @@ class ProcessFleet:
                 continue
         raise self._refused(order, refusals)
 
-    async def admit(self, request: SynthesisRequest, gone: Callable[[], Awaitable[bool]] | None = None) -> Stream:
+    async def admit(self, request: SynthesisRequest, gone: Callable[[], Awaitable[bool]] | None = None, *,
+                    ignore_stop: bool = False) -> Stream:
         """submit() on the event loop (RemoteFleet.admit), the same routing and backpressure."""
         order = self._order(request)
         refusals: list[BusyError] = []
         for member in order:
             try:
-                return await member.admit(request, gone)
+                return await member.admit(request, gone, ignore_stop=ignore_stop)
             except BusyError as e:
                 refusals.append(e)
             except EngineDown:

@@ -126,7 +126,8 @@ class RemoteFleet:
                 self._submits.pop(sid, None)
         return self._taken(stream, *answer)
 
-    async def admit(self, request: SynthesisRequest, gone: Callable[[], Awaitable[bool]] | None = None) -> Stream:
+    async def admit(self, request: SynthesisRequest, gone: Callable[[], Awaitable[bool]] | None = None, *,
+                    ignore_stop: bool = False) -> Stream:
         """submit() on the event loop, no thread: the SUBMIT goes out now and the loop awaits the engine's answer.
         A front thread would only wait for that round trip, and a pool of them queued a burst's requests behind
         each other's (stop 58: 256 arriving at once waited up to 0.27 s p95 before the engine process saw them).
@@ -137,7 +138,7 @@ class RemoteFleet:
         waiting = asyncio.wrap_future(taken)
         waiting.add_done_callback(_retrieved)  # an answer nobody awaits any more (a timeout, a client gone)
         try:
-            self._tell((SUBMIT, sid, request, False))
+            self._tell((SUBMIT, sid, request, ignore_stop))
             answer = await asyncio.wait_for(
                 unless_left(waiting, gone, "the client left before the request was taken in"), SUBMIT_TIMEOUT)
         except asyncio.TimeoutError:
