@@ -202,8 +202,8 @@ class Connection:
             job = context_job(self.voice_id, self.service.voices, self.aliases, self.settings, msg.voice_settings)
         except InputError as e:
             raise ProtocolError(str(e), "invalid_request") from None
-        watch = self.live.watch("elevenlabs", self.service.submit)
-        ctx = Context(cid, LiveSession(watch.submit, job, max_chars=self.server.live_max_chars), watch)
+        watch = self.live.watch("elevenlabs", self.service.admit)
+        ctx = Context(cid, LiveSession(watch.admit, job, max_chars=self.server.live_max_chars), watch)
         ctx.producer = asyncio.create_task(self.produce(ctx))
         self.contexts[cid] = ctx
         return ctx

@@ -148,7 +148,9 @@ class JobHandler:
             if set(raw) != {"live"}:
                 raise InputError("a live job's input holds only `live` (the start event's request has the rest)")
             live = parse_live(raw["live"], self.voices, self.cfg.strict_fields)
-            async for item in live_items(live, self.engine.submit, PIECE_BYTES):
+            # a Service admits each segment (with engine processes on the event loop); a bare fleet (tests) in a thread
+            admit = self.engine.admit if isinstance(self.engine, Service) else self.engine.submit
+            async for item in live_items(live, admit, PIECE_BYTES):
                 yield item
         except TTSError as e:
             yield error_item(e)

@@ -135,3 +135,30 @@ def _child(pid: int) -> int:
             if int(stat[1]) == pid and b"engine_process.host" in cmd:
                 return int(entry)
     raise AssertionError("no engine process under the server")
+
+
+@pytest.fixture(scope="module")
+def live_server(tmp_path_factory):
+    """test_live's server with the engines in their own process: each live segment admitted on the event loop."""
+    import test_live
+
+    proc, url = start_server(tmp_path_factory.mktemp("live-ep"), TTS_HOST="127.0.0.1", TTS_API_KEY=test_live.KEY,
+                             TTS_LIVE_IDLE_TIMEOUT=str(test_live.IDLE), TTS_LIVE_MAX_CHARS=str(test_live.MAX_CHARS),
+                             **ON)
+    wait_ready(url, proc)
+    yield url
+    stop(proc)
+
+
+@pytest.mark.parametrize("name", ["test_segments_flush_stop_and_a_second_session_on_one_socket",
+                                  "test_the_same_seed_gives_the_same_audio",
+                                  "test_each_segment_is_spoken_with_the_one_before_as_context",
+                                  "test_cancel_is_barge_in_and_the_socket_stays_usable",
+                                  "test_closing_the_socket_is_barge_in",
+                                  "test_closing_the_socket_while_references_are_encoded_gives_the_segment_up"])
+def test_live_sessions_as_in_one_process(live_server, name):
+    # a live session's segments go to the engine process as /v1/tts requests do (Service.admit: the event loop hands
+    # each over; one with reference audio through a planning thread, given up when the socket closes)
+    import test_live
+
+    getattr(test_live, name)(live_server)

@@ -168,8 +168,8 @@ class FishConnection:
         try:
             self.service.require()  # loading: 1013 (stored voices are known once loaded)
             job, req = live_job(event.get("request"), self.service.voices, strict=self.server.strict_fields)
-            watch = self.live.watch("fish", self.service.submit)
-            self.session = LiveSession(watch.submit, job, max_chars=self.server.live_max_chars,
+            watch = self.live.watch("fish", self.service.admit)
+            self.session = LiveSession(watch.admit, job, max_chars=self.server.live_max_chars,
                                        chain=req.condition_on_previous_chunks, first_text=req.text)
         except InputError as e:
             raise ProtocolError(f"start: {e}", 1008) from None

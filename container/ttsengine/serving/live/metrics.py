@@ -41,8 +41,9 @@ class LiveMetrics:
                                      "the later ones (their listener is still playing the one before).",
                                      (*p, "segment"), buckets=FIRST_AUDIO_BUCKETS, registry=r)
         self.submit = Histogram("tts_live_segment_submit_seconds", "A segment's text complete and submitted (the "
-                                "segment before it done) to: a thread beginning to submit it (stage thread), the "
-                                "engine taking it, planned and queued (stage taken).", (*p, "stage"),
+                                "segment before it done) to: its submit beginning (stage thread: a thread's wait for a "
+                                "bare engine; ~0 for a Service, whose event loop admits it), the engine taking it, "
+                                "planned and queued (stage taken).", (*p, "stage"),
                                 buckets=FIRST_AUDIO_BUCKETS, registry=r)
         self.barge_in = Histogram("tts_live_barge_in_seconds", "Barge-in (cancel, a barge-in close_context, the "
                                   "socket closed) while a segment was being made, to the session's producer "
@@ -55,25 +56,25 @@ class LiveMetrics:
             for which in ("first", "next"):
                 self.first_audio.labels(name, which)
 
-    def watch(self, protocol: str, submit: Callable) -> SessionWatch:
-        return SessionWatch(self, protocol, submit)
+    def watch(self, protocol: str, admit: Callable) -> SessionWatch:
+        return SessionWatch(self, protocol, admit)
 
 
 class SessionWatch:
-    """One session's account: counted open from its making until closed(); `submit` is the engine's submit,
-    counting each segment; first_audio(session) -> the outbox's on_sent for an audio message (the first of each
-    segment times it); barge_in() observes a barge-in once the producer and the engine let go."""
+    """One session's account: counted open from its making until closed(); `admit` is the engine's (Service.admit,
+    awaited), counting each segment; first_audio(session) -> the outbox's on_sent for an audio message (the first of
+    each segment times it); barge_in() observes a barge-in once the producer and the engine let go."""
 
-    def __init__(self, metrics: LiveMetrics, protocol: str, submit: Callable):
-        self.m, self.protocol, self._submit = metrics, protocol, submit
+    def __init__(self, metrics: LiveMetrics, protocol: str, admit: Callable):
+        self.m, self.protocol, self._admit = metrics, protocol, admit
         self._timed = None  # the latest segment whose first audio was timed
         self._timed_any = False  # a segment's first audio was timed: the next ones are "next"
         self._open = True
         metrics.sessions.labels(protocol).inc()
         metrics.open.labels(protocol).inc()
 
-    def submit(self, request, **kw):
-        stream = self._submit(request, **kw)
+    async def admit(self, request, gone=None):
+        stream = await self._admit(request, gone)
         self.m.segments.labels(self.protocol).inc()
         return stream
 

@@ -18,10 +18,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import inspect
 import logging
 import secrets
 import time
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass
 
 from pydantic import Field
@@ -64,7 +65,7 @@ class Segment:
     ready_at: float
     start_sample: int
     end_sample: int | None = None  # None while it is spoken
-    submitting_at: float | None = None  # a thread began submitting it (the wait before: the thread pool's)
+    submitting_at: float | None = None  # its submit began (the wait before: a thread's, for a bare engine; else ~0)
     taken_at: float | None = None  # the engine took it (planned and queued)
 
 
@@ -80,11 +81,15 @@ def live_job(body: Mapping, voices: VoiceStore | None, strict: bool = True) -> t
 
 
 class LiveSession:
-    def __init__(self, submit: Callable[..., Stream], job: SpeechJob, *, max_chars: int,
+    def __init__(self, submit: Callable[..., Stream | Awaitable[Stream]], job: SpeechJob, *, max_chars: int,
                  chain: bool = True, first_text: str = ""):
-        """submit(request, abandoned=) -> Stream: the engine's (Service.submit, a Fleet's), called in a thread."""
+        """submit: the engine's. Either a coroutine function admit(request, gone) -> Stream (Service.admit: with the
+        engines in processes of their own the event loop hands the segment over, no thread waits on the round trip;
+        gone() says whether the session was cancelled meanwhile), or submit(request, abandoned=) -> Stream (a bare
+        Engine's or Fleet's), called in a thread."""
         self.job, self.chain, self.max_chars = job, chain, max_chars
         self._submit = submit
+        self._admits = inspect.iscoroutinefunction(submit)
         self._segmenter = Segmenter(job.request.chunk_length or 200)
         self._queue: asyncio.Queue = asyncio.Queue()
         self._chars = 0
@@ -150,7 +155,7 @@ class LiveSession:
                     break
                 self.current = Segment(segment, time.perf_counter(), self._out(enc))
                 try:
-                    stream = await asyncio.to_thread(self._start, segment)
+                    stream = await self._start(segment)
                 except Abandoned:  # cancelled (barge-in, the socket gone) while its references were encoded
                     break
                 self._stream = stream
@@ -199,26 +204,39 @@ class LiveSession:
         made = self._native / (self.native_rate * self.job.speed)
         return max(0.0, made - played - SLACK_MARGIN_S)
 
-    def _start(self, segment: str) -> Stream:
+    async def _start(self, segment: str) -> Stream:
         current = self.current
-        if current is not None:
-            current.submitting_at = time.perf_counter()
         refs = self.job.request.references + ((self._context,) if self._context is not None else ())
         # the kept codes become the next segment's context
-        # abandoned: a session cancelled while this is planned stops before its next reference is encoded
         # admitted: after its first segment a session is a conversation under way; goodput admission refuses new
         # sessions at capacity, never the next sentence of one that is speaking
-        stream = self._submit(dataclasses.replace(self.job.request, text=segment, references=refs,
-                                                  keep_codes=self.chain, admitted=self.segments > 0,
-                                                  slack_s=self.slack()),
-                              abandoned=self._is_cancelled)
+        request = dataclasses.replace(self.job.request, text=segment, references=refs, keep_codes=self.chain,
+                                      admitted=self.segments > 0, slack_s=self.slack())
+        # gone / abandoned: a session cancelled while this is planned stops before its next reference is encoded
+        if self._admits:
+            self._submitting(current)
+            stream = await self._submit(request, self._gone)
+        else:
+            def in_thread() -> Stream:
+                self._submitting(current)
+                return self._submit(request, abandoned=self._is_cancelled)
+
+            stream = await asyncio.to_thread(in_thread)
         self.segments += 1
         self._last = stream
         if current is not None:
             current.taken_at = time.perf_counter()
         return stream
 
+    @staticmethod
+    def _submitting(segment: Segment | None) -> None:
+        if segment is not None:
+            segment.submitting_at = time.perf_counter()
+
     def _is_cancelled(self) -> bool:
+        return self.cancelled
+
+    async def _gone(self) -> bool:
         return self.cancelled
 
     def _out(self, enc) -> int:
