@@ -116,7 +116,7 @@ def start_serve(tmp_path, **env) -> tuple[subprocess.Popen, str]:
                             stderr=subprocess.STDOUT)
     log.close()
     url = f"http://127.0.0.1:{port}"
-    end = time.time() + 90
+    end = time.time() + 120  # two engine processes on a busy 2-core CI machine
     while True:
         if proc.poll() is not None:
             raise RuntimeError((tmp_path / "serve.log").read_text())

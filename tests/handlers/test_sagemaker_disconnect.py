@@ -7,14 +7,13 @@ from __future__ import annotations
 import json
 import os
 import socket
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import httpx
 import pytest
-from conftest import ROOT, complete_model, free_port
+from test_drain import start_serve
+from test_http import stop
 
 LONG = {"input": "Long.", "response_format": "pcm", "max_new_tokens": 3000, "seed": 1}  # ~1000 frames, 25 s+ each
 TICK = os.sysconf("SC_CLK_TCK")
@@ -51,17 +50,9 @@ def quiet(pid: int, window: float = 3.0, most: float = 0.5) -> bool:
 
 @pytest.mark.parametrize("process", ["off", "on"])
 def test_a_whole_invocation_whose_client_left_stops_generating(tmp_path, process):
-    port = free_port()
-    model = complete_model(tmp_path / "opt-ml-model")  # serve keeps voices beside the model: a copy of its own
-    env = {**os.environ, "TTS_MODEL_DIR": str(model), "TTS_DEVICE": "cpu", "SAGEMAKER_BIND_TO_PORT": str(port),
-           "TTS_MAX_BATCH": "4", "TTS_LOG_LEVEL": "WARNING", "TTS_ENGINE_PROCESS": process}
-    log = open(tmp_path / "serve.log", "w")  # noqa: SIM115 - the server writes it until it ends
-    proc = subprocess.Popen([sys.executable, "-m", "handlers", "serve"], cwd=ROOT, env=env, stdout=log,
-                            stderr=subprocess.STDOUT)
-    log.close()
-    url = f"http://127.0.0.1:{port}"
+    proc, url = start_serve(tmp_path, TTS_MAX_BATCH="4", TTS_ENGINE_PROCESS=process)
+    port = int(url.rsplit(":", 1)[1])
     try:
-        until(lambda: _ping(url) == 200, 120, "the server to be ready")
         assert quiet(proc.pid), "the server is busy before the test"
         start = cpu_seconds(proc.pid)
         body = json.dumps(LONG).encode()
@@ -80,16 +71,7 @@ def test_a_whole_invocation_whose_client_left_stops_generating(tmp_path, process
         r = httpx.post(url + "/invocations", json={"input": "After.", "max_new_tokens": 8, "seed": 2}, timeout=60)
         assert r.status_code == 200 and r.content, r.text
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        stop(proc)
     assert "Traceback" not in (tmp_path / "serve.log").read_text(errors="replace")
 
 
-def _ping(url: str) -> int:
-    try:
-        return httpx.get(url + "/ping", timeout=2).status_code
-    except httpx.HTTPError:
-        return 0

@@ -6,16 +6,15 @@ from __future__ import annotations
 
 import io
 import json
-import os
-import subprocess
-import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import pytest
 import soundfile as sf
-from conftest import ROOT, complete_model, free_port
+from conftest import complete_model
+from test_drain import start_serve
+from test_http import stop
 
 from handlers.sagemaker import inference
 
@@ -46,33 +45,13 @@ def concurrently(fn, *args_list) -> list:
 @pytest.fixture(scope="module")
 def serve(tmp_path_factory):
     """Two engines; engine 1 fails at its 30th decode step (counted over every request it runs)."""
-    model = model_copy(tmp_path_factory.mktemp("sm-engines"))
-    port = free_port()
-    env = {**os.environ, "TTS_MODEL_DIR": str(model), "TTS_DEVICE": "cpu", "TTS_DEVICES": "cpu,cpu",
-           "TTS_TEST_FAIL_ENGINE": "1@30", "SAGEMAKER_BIND_TO_PORT": str(port), "TTS_MAX_BATCH": "2",
-           "TTS_LOG_LEVEL": "WARNING"}
-    proc = subprocess.Popen([sys.executable, "-m", "handlers", "serve"], cwd=ROOT, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)
-    url = f"http://127.0.0.1:{port}"
+    proc, url = start_serve(tmp_path_factory.mktemp("sm-engines"), TTS_DEVICES="cpu,cpu", TTS_TEST_FAIL_ENGINE="1@30",
+                            TTS_MAX_BATCH="2")
     try:
-        end = time.time() + 90
-        while True:
-            assert proc.poll() is None, proc.stdout.read()
-            try:
-                if httpx.get(url + "/ping", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            assert time.time() < end, "serve did not become ready"
-            time.sleep(0.1)
         time.sleep(0.5)  # the second engine joins the rotation once it is warm (at once on CPU)
         yield url
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        stop(proc)
 
 
 def test_ping_and_two_concurrent_invocations(serve):
