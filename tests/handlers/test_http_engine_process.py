@@ -100,6 +100,18 @@ def test_the_runpod_worker_streams_batches_reports_progress_and_drains(tmp_path)
     test_runpod.test_worker_loop_streams_batches_reports_progress_and_drains(tmp_path)
 
 
+def test_the_runpod_worker_streams_a_live_job(tmp_path, engine):
+    # the worker's Service admits each segment on its event loop (the engine process plans it); the same audio as
+    # a handler on the in-process engine
+    import test_runpod_live
+
+    from handlers.runpod import handler as rp
+    from ttsengine import RunPodConfig
+
+    test_runpod_live.test_the_worker_loop_streams_a_live_job(tmp_path, rp.JobHandler(engine, None,
+                                                                                     RunPodConfig(data_dir=tmp_path)))
+
+
 def test_a_broken_model_dir_reports_on_ready_and_health(tmp_path):
     test_http.test_broken_model_dir_reports_on_ready_and_health(tmp_path)
 
@@ -155,7 +167,8 @@ def live_server(tmp_path_factory):
                                   "test_each_segment_is_spoken_with_the_one_before_as_context",
                                   "test_cancel_is_barge_in_and_the_socket_stays_usable",
                                   "test_closing_the_socket_is_barge_in",
-                                  "test_closing_the_socket_while_references_are_encoded_gives_the_segment_up"])
+                                  "test_closing_the_socket_while_references_are_encoded_gives_the_segment_up",
+                                  "test_an_engine_error_is_a_finish_with_the_message"])
 def test_live_sessions_as_in_one_process(live_server, name):
     # a live session's segments go to the engine process as /v1/tts requests do (Service.admit: the event loop hands
     # each over; one with reference audio through a planning thread, given up when the socket closes)

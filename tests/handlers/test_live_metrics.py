@@ -93,7 +93,8 @@ def test_a_fish_session_counts_segments_and_times_each_first_audio(server):
     assert during[FIRST_AUDIO + "_count{first}"] == before[FIRST_AUDIO + "_count{first}"] + 1
     first = delta(during, before, FIRST_AUDIO + "_sum{first}")
     assert 0 < first <= client_saw  # the server's part of what the client waited
-    # its parts: the wait for a thread, then the engine taking it (the rest: the engine and the way back)
+    # its parts: the submit begun (~0: the event loop awaits Service.admit), then the engine taking it, planned (the
+    # rest: the engine and the way back)
     thread, taken = delta(during, before, SUBMIT + "_sum{thread}"), delta(during, before, SUBMIT + "_sum{taken}")
     assert 0 < thread <= taken < first and during[SUBMIT + "_count{taken}"] == before[SUBMIT + "_count{taken}"] + 1
     assert after_finish["tts_live_sessions_open"] == before["tts_live_sessions_open"]  # finish: closed

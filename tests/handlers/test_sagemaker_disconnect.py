@@ -73,5 +73,3 @@ def test_a_whole_invocation_whose_client_left_stops_generating(tmp_path, process
     finally:
         stop(proc)
     assert "Traceback" not in (tmp_path / "serve.log").read_text(errors="replace")
-
-

@@ -11,6 +11,7 @@ import pytest
 from conftest import MODEL_DIR, run_cli
 
 from ttsengine.config import from_env
+from ttsengine.errors import InputError
 from ttsengine.synthesis.request import SynthesisRequest
 from ttsengine.tools.bench_fleet import IN_PROCESS_ONLY, BenchFleet
 
@@ -28,6 +29,7 @@ def test_bench_reports_each_engine_in_either_layout(tmp_path, mode):
     assert proc.returncode == 0, proc.stderr
     report = json.loads((tmp_path / "bench.json").read_text())
     assert report["engine_process"] == mode and report["engines"] == ["cpu", "cpu"] and report["device"] == "cpu"
+    assert report["submit"] == {"on": "event loop", "off": "one after another"}[mode]
     assert report["voice_prompt_tokens"] == 22  # ceil(1 s * 44100 / 2048)
     (level,) = report["levels"]
     rows = level["per_engine"]
@@ -59,7 +61,6 @@ def test_bench_says_in_one_line_what_engine_processes_cannot_do(tmp_path, flag, 
     assert not (tmp_path / "bench.json").exists()
 
 
-
 @pytest.mark.parametrize("features", ["auto", "-direct_admit"])
 def test_submit_all_hands_requests_over_at_their_times_and_counts_refusals(features):
     # two CPU engine processes, one slot and one queue place each: 6 requests at once, 4 taken and 2 refused, every
@@ -69,6 +70,27 @@ def test_submit_all_hands_requests_over_at_their_times_and_counts_refusals(featu
 
     config = from_env({}, model_dir=str(MODEL_DIR), devices="cpu,cpu", max_batch=1, max_queue=1, features=features)
     fleet = BenchFleet.start(config, None, engine_process=True)
+    inner, flight = fleet.fleet, {"now": 0, "most": 0}
+
+    def counted(now: int) -> None:
+        flight["now"] += now
+        flight["most"] = max(flight["most"], flight["now"])
+
+    async def admit(*args, **kw):  # how many hand-overs are awaiting their answers at once
+        counted(1)
+        try:
+            return await inner.admit(*args, **kw)
+        finally:
+            counted(-1)
+
+    def submit(*args, **kw):
+        counted(1)
+        try:
+            return inner.submit(*args, **kw)
+        finally:
+            counted(-1)
+
+    fleet.fleet = type("Counted", (), {"admit": staticmethod(admit), "submit": staticmethod(submit)})()
     try:
         assert fleet.direct is (features == "auto")
         refusals = []
@@ -84,5 +106,38 @@ def test_submit_all_hands_requests_over_at_their_times_and_counts_refusals(featu
         late = fleet.submit_all([0.0, 0.3], request, t0, lambda: refusals.append(1))
         assert late[1].submitted_at - t0 >= 0.3 > late[0].submitted_at - t0 and len(refusals) == 2
         assert [s.result().frames for s in late] == [59, 59]
+        # the event loop sends all six before the first answer; one after another, one at a time
+        assert flight["most"] == (6 if features == "auto" else 1)
     finally:
+        fleet.fleet = inner
+        fleet.close()
+
+
+def test_submit_all_ends_the_level_on_an_error_with_nothing_left_generating():
+    # a request the engine refuses as bad input among good ones: the error is raised (bench exits with its line)
+    # and the streams already taken are cancelled, not left generating until bench closes the engines
+    config = from_env({}, model_dir=str(MODEL_DIR), devices="cpu", max_batch=4)
+    fleet = BenchFleet.start(config, None, engine_process=True)
+    taken = []
+    inner = fleet.fleet
+
+    async def admit(request, **kw):
+        stream = await inner.admit(request, **kw)
+        taken.append(stream)
+        return stream
+
+    fleet.fleet = type("Kept", (), {"admit": staticmethod(admit)})()
+    try:
+        def request(i: int) -> SynthesisRequest:
+            return SynthesisRequest(text="" if i == 2 else f"Number {i}.", seed=i, max_new_tokens=2000)
+
+        with pytest.raises(InputError):
+            fleet.submit_all([0.0, 0.0, 0.1], request, time.perf_counter(), lambda: None)
+        assert len(taken) == 2
+        end = time.monotonic() + 30
+        while not all(s.done for s in taken) and time.monotonic() < end:
+            time.sleep(0.05)
+        assert all(s.done for s in taken)  # cancelled: 2,000 frames would take minutes here
+    finally:
+        fleet.fleet = inner
         fleet.close()

@@ -344,6 +344,7 @@ def main(argv: list[str] | None = None) -> int:
     first = stats.engines[0]  # the settings the report names: the first engine's
     report = {
         **settings, "engine_process": args.engine_process,
+        "submit": "event loop" if fleet.direct else "one after another",
         "in_process_only": None if in_process else f"{', '.join(IN_PROCESS_ONLY)}: None, read from an engine in this "
                                                     "process (the engines ran in engine processes)",
         "torch": torch.__version__, "model": random_weights or str(config.model_dir), "write_checkpoint_s": write_s,

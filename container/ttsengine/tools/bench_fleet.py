@@ -109,8 +109,14 @@ class BenchFleet:
                 refused()
                 return None
 
-        got = await asyncio.gather(*(one(i, at) for i, at in enumerate(arrivals)))
-        return [s for s in got if s is not None]
+        got = await asyncio.gather(*(one(i, at) for i, at in enumerate(arrivals)), return_exceptions=True)
+        error = next((g for g in got if isinstance(g, BaseException)), None)
+        streams = [g for g in got if isinstance(g, Stream)]
+        if error is not None:  # an InputError, every engine down...: the level ends, nothing left generating
+            for s in streams:
+                s.cancel()
+            raise error
+        return streams
 
     def engines(self) -> tuple[EngineStats, ...]:
         """Each engine's stats, in TTS_DEVICES order (counters: EngineStats.since)."""

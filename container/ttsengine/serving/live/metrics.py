@@ -41,9 +41,10 @@ class LiveMetrics:
                                      "the later ones (their listener is still playing the one before).",
                                      (*p, "segment"), buckets=FIRST_AUDIO_BUCKETS, registry=r)
         self.submit = Histogram("tts_live_segment_submit_seconds", "A segment's text complete and submitted (the "
-                                "segment before it done) to: its submit beginning (stage thread: a thread's wait for a "
-                                "bare engine; ~0 for a Service, whose event loop admits it), the engine taking it, "
-                                "planned and queued (stage taken).", (*p, "stage"),
+                                "segment before it done) to: its submit beginning (stage thread: ~0 for a Service, "
+                                "which the event loop awaits; a bare engine's wait for a thread), the engine taking "
+                                "it, planned and queued, any wait for a planning thread included (stage taken).",
+                                (*p, "stage"),
                                 buckets=FIRST_AUDIO_BUCKETS, registry=r)
         self.barge_in = Histogram("tts_live_barge_in_seconds", "Barge-in (cancel, a barge-in close_context, the "
                                   "socket closed) while a segment was being made, to the session's producer "

@@ -65,7 +65,7 @@ class Segment:
     ready_at: float
     start_sample: int
     end_sample: int | None = None  # None while it is spoken
-    submitting_at: float | None = None  # its submit began (the wait before: a thread's, for a bare engine; else ~0)
+    submitting_at: float | None = None  # its submit began (~ready_at for a Service; a bare engine's: in a thread)
     taken_at: float | None = None  # the engine took it (planned and queued)
 
 
@@ -86,7 +86,8 @@ class LiveSession:
         """submit: the engine's. Either a coroutine function admit(request, gone) -> Stream (Service.admit: with the
         engines in processes of their own the event loop hands the segment over, no thread waits on the round trip;
         gone() says whether the session was cancelled meanwhile), or submit(request, abandoned=) -> Stream (a bare
-        Engine's or Fleet's), called in a thread."""
+        Engine's or Fleet's), called in a thread. Told apart by inspect.iscoroutinefunction: pass an `async def`
+        (a function or method), not a lambda or an object returning a coroutine."""
         self.job, self.chain, self.max_chars = job, chain, max_chars
         self._submit = submit
         self._admits = inspect.iscoroutinefunction(submit)
