@@ -8,7 +8,7 @@
 #          `loadtest` at 256 streams per GPU (pcm, $PROCS client processes);
 #   fail:  the 4-GPU server with TTS_TEST_FAIL_ENGINE=1@$FAIL_AT (engine 1 dies mid-run as with a lost GPU) under a
 #          1,024-stream level: the other three serve, the failed streams end with an error, none hangs.
-# Prints one table last. Usage: PARTS="bench http fail" scripts/device/every_gpu.sh
+# Prints one table last (and the HTTP runs' server breakdown). Usage: PARTS="bench http fail" scripts/device/every_gpu.sh
 #   (env: FRAMES=192, PER_GPU=256, PROCS=16, BENCH_MODES="off on", BENCH_GPUS="1 2 4", HTTP_GPUS="1 4", FAIL_AT=60,
 #    CKPT, CACHE)
 set -uo pipefail
@@ -79,4 +79,7 @@ part_fail() {
 }
 for part in $PARTS; do "part_$part"; done  # in the order given
 python3 scripts/device/every_gpu_table.py "$W" "${RUNS[@]}" | tee "$OUT/table.txt"
+# the server's side of each HTTP run (its first-audio waterfall, per-thread CPU): where a multi-GPU front spends it
+HTTP_RUNS=(); for r in "${RUNS[@]}"; do [[ $r == http:* ]] && HTTP_RUNS+=("${r#http:}"); done
+[ ${#HTTP_RUNS[@]} = 0 ] || python3 scripts/device/http_breakdown_table.py "$W" "${HTTP_RUNS[@]}" | tee -a "$OUT/table.txt"
 for r in "${RUNS[@]}"; do for j in "$W/${r#*:}"/*.json; do [ -f "$j" ] && cp "$j" "$OUT/${r#*:}-$(basename "$j")"; done; done
