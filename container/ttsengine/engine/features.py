@@ -151,9 +151,8 @@ FEATURES = (
             "may prefill past the real-time budget (up to that audio less 1 s, at most 0.1 s a step)",
             "every step within 80% of a frame's time", "engine/control/prefill_budget.py", default=False),
     # prefill_fit: stop 58's waterfall put ~120 / ~390 ms (p50 / p95) in the engine's queue when 256 requests came
-    # back at once beside a full batch. On by default since the GPU A/B (docs/http-breakdown.md, "Stop 59": two
-    # fresh servers each way, H200, 256 streams over HTTP): first audio p95 lower in every pairing (burst 507-566
-    # against 577-876 ms, closed loop 714-827 against 855-890, Poisson 48/s 137-152 against 158-161)
+    # back at once beside a full batch. On by default since its GPU A/B (docs/http-breakdown.md, "Stop 59"): first
+    # audio p95 lower than without in every same-call pairing, burst, closed loop and Poisson arrivals
     Feature(PREFILL_FIT, ENGINE, "the prefill budget fits a step's prefill cost as a fixed part plus a part per "
             "position over the recent steps, so a wave of arrivals goes in in fewer steps",
             "one moving average per position, the fixed part included", "engine/control/prefill_budget.py"),
@@ -167,8 +166,8 @@ FEATURES = (
     # direct_admit: a front thread per request in planning only waited for the engine process's answer; 8 of them
     # queued a burst's hand-offs (docs/http-breakdown.md, "Stop 58": on the GPU host 62 / 271 ms p50 / p95 before the
     # engine process saw a request; on 2 CPU cores, a burst of 256, 195-236 / 471-479 ms without, 39-66 / 81-97 with).
-    # On the GPU (docs/http-breakdown.md, "Stop 59", H200, 256 streams over HTTP): a burst's first audio p95 1,509 ms
-    # without, 577 with; the closed loop's 1,066 against 890; accepted -> received p95 243 against 10 ms
+    # Measured on the GPU since (docs/http-breakdown.md, "Stop 59"): a burst's first audio p95 a third of what it is
+    # without
     Feature(DIRECT_ADMIT, ENGINE, "with the engines in processes of their own, the event loop hands each request "
             "over and awaits the answer (no front thread waits on the round trip)",
             "a front planning thread per request waits for the engine process's answer (8 per engine process)",
