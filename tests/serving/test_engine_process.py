@@ -4,6 +4,7 @@ through RemoteFleet as the Service drives it, against the same requests in one p
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import os
 import signal
 import time
@@ -185,3 +186,62 @@ def test_the_switch():
         assert isinstance(fleet, Fleet)
     finally:
         fleet.close()
+
+
+@pytest.mark.parametrize("plan_thread", [False, True])
+def test_plain_requests_are_planned_by_one_thread_with_plan_thread(plan_thread):
+    # the host over a real pipe and a real fleet (here, not in a child: the test sees its threads): with plan_thread
+    # every request without reference audio is planned by the one plan thread, a request with reference audio by the
+    # pool (its encode must not hold up the plain ones); without, the pool plans all. Each gets its audio either way
+    import io
+    import multiprocessing
+    import threading
+
+    import soundfile as sf
+
+    from ttsengine.serving.engine_process.host import Host
+    from ttsengine.serving.engine_process.wire import ACCEPTED, CLOSE, END, SUBMIT, unpack_error
+
+    fleet = Fleet.load(CONFIG)
+    planned_by: dict[str, str] = {}
+    real = fleet.submit
+
+    def submit(request, **kw):
+        planned_by[request.text] = threading.current_thread().name.rsplit("_", 1)[0]
+        return real(request, **kw)
+
+    fleet.submit = submit
+    front, back = multiprocessing.Pipe()
+    host = threading.Thread(target=Host(fleet, back, plan_thread).serve, daemon=True)
+    host.start()
+    plain = [SynthesisRequest(text=f"Plain number {i}.", seed=i, max_new_tokens=6) for i in range(3)]
+    wav = io.BytesIO()
+    sf.write(wav, np.random.default_rng(0).normal(0, 0.1, 16000).astype(np.float32), 16000, format="WAV")
+    voiced = SynthesisRequest(text="With a voice.", seed=9, max_new_tokens=6,
+                              references=(Reference(text="ref", audio=wav.getvalue()),))  # 1 s to encode
+    front.send([(SUBMIT, sid, r, False) for sid, r in enumerate([*plain, voiced])])
+    accepted, ended = set(), {}
+    end = time.monotonic() + 60
+    while len(ended) < 4 and time.monotonic() < end:
+        if front.poll(0.5):
+            for msg in front.recv():
+                if msg[0] == ACCEPTED:
+                    accepted.add(msg[1])
+                elif msg[0] == END:
+                    ended[msg[1]] = unpack_error(msg[2])
+    front.send([(CLOSE,)])
+    host.join(30)
+    assert accepted == {0, 1, 2, 3} and ended == dict.fromkeys(range(4)), ended
+    want = "engine-process-plan" if plan_thread else "engine-process-call"
+    assert [planned_by[r.text] for r in plain] == [want] * 3
+    assert planned_by["With a voice."] == "engine-process-call"
+
+
+def test_an_engine_process_with_plan_thread_makes_the_same_audio(local):
+    fleet = RemoteFleet.spawn(dataclasses.replace(CONFIG, features="+plan_thread"))
+    try:
+        got = [fleet.submit(r).result() for r in REQUESTS]
+    finally:
+        fleet.close()
+    for g, want in zip(got, [local.submit(r).result() for r in REQUESTS]):
+        np.testing.assert_array_equal(g.audio, want.audio)

@@ -45,6 +45,7 @@ EARLY_READAHEAD = "early_readahead"
 PLAIN_WEBSOCKET = "plain_websocket"
 DIRECT_ADMIT = "direct_admit"
 PREFILL_FIT = "prefill_fit"
+PLAN_THREAD = "plan_thread"
 # the codec (engine/device/vocoder.py, engine/audio_feed.py, model/codec_cache.py)
 CODEC_COMPILE = "codec_compile"
 SNAKE_KERNEL = "snake_kernel"
@@ -172,6 +173,13 @@ FEATURES = (
             "over and awaits the answer (no front thread waits on the round trip)",
             "a front planning thread per request waits for the engine process's answer (8 per engine process)",
             "serving/service.py `admit`"),
+    # plan_thread: opt-in until measured on a GPU (front_door.sh `restart:+plan_thread`). Stop 59's waterfall put
+    # p50 ~56 / p95 ~165 ms between the engine process reading a request and having planned it, for 0.1 ms of CPU
+    # a plan: its 8 planning threads take the GIL turn about with the engine loop and each other (each small torch
+    # op in a plan gives it up and waits to take it back); one thread does the same work with one waiter
+    Feature(PLAN_THREAD, ENGINE, "in an engine process, the requests without reference audio are planned by one "
+            "thread, in arrival order (reference audio to encode still goes to the pool)",
+            "8 pool threads plan every request", "serving/engine_process/host.py `_handle`", default=False),
     # ---- the decode step's fused kernels ----
     # Why the defaults (the figures: docs/performance.md, "Fused decode-step kernels"): each kernel on by default was
     # measured faster than the unfused path. merged_ffn: int8/int4 linears are left unmerged by merge_inputs. The

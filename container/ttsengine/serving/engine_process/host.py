@@ -5,8 +5,9 @@ front died; the engines must not outlive it).
 
 Threads: this one reads commands; a writer sends everything outgoing in batches; submits and voice encodes run on a
 small pool (a request with reference audio is encoded by the codec at submit: it must not hold up cancels; a CANCEL
-that comes first drops it or stops it at its next reference), the other calls (stats...) on two threads of their
-own, so health checks never wait behind planning;
+that comes first drops it or stops it at its next reference; with feature plan_thread the requests without reference
+audio are planned by one thread of their own instead), the other calls (stats...) on two threads of their own, so
+health checks never wait behind planning;
 audio leaves from the engine's own codec thread through Stream.relay, with no waiter per stream.
 """
 
@@ -22,6 +23,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from multiprocessing.connection import Connection
 
+from ...engine import features
 from ...engine.fleet import Fleet
 from ...errors import Abandoned, TTSError
 from ...synthesis.stream import Stream, is_end
@@ -50,13 +52,15 @@ STATE_EVERY = 0.2  # seconds between checks of ready / failure / max_streams (se
 
 
 class Host:
-    def __init__(self, fleet: Fleet, conn: Connection):
+    def __init__(self, fleet: Fleet, conn: Connection, plan_thread: bool = False):
+        """plan_thread: feature plan_thread (requests without reference audio planned by one thread of their own)."""
         self.fleet, self.conn = fleet, conn
         self.outbox: queue.SimpleQueue = queue.SimpleQueue()  # messages for the writer; None stops it
         self.streams: dict[int, Stream] = {}  # sid -> the engine's stream, until its END is queued
         self.early: set[int] = set()  # sids cancelled before their submit returned
         self.lock = threading.Lock()
         self.pool = ThreadPoolExecutor(8, thread_name_prefix="engine-process-call")  # submits, voice encodes
+        self.plans = ThreadPoolExecutor(1, thread_name_prefix="engine-process-plan") if plan_thread else self.pool
         # stats and the other calls on threads of their own: /health and /metrics never wait behind planning
         self.control = ThreadPoolExecutor(2, thread_name_prefix="engine-process-control")
         self.stopped = threading.Event()
@@ -82,6 +86,7 @@ class Host:
                     break
         finally:
             self.stopped.set()
+            self.plans.shutdown(wait=True, cancel_futures=True)
             self.pool.shutdown(wait=True, cancel_futures=True)
             self.control.shutdown(wait=True, cancel_futures=True)
             self.fleet.close()  # ends what is still open with an error: those ENDs go out before the writer stops
@@ -92,7 +97,9 @@ class Host:
         for msg in batch:
             tag = msg[0]
             if tag == SUBMIT:
-                self.pool.submit(self._submit, *msg[1:], time.perf_counter())  # when it was read: the waterfall
+                plain = all(r.audio is None for r in msg[2].references)  # nothing to encode: ~0.1 ms of CPU
+                read = time.perf_counter()  # the waterfall's `received`
+                (self.plans if plain else self.pool).submit(self._submit, *msg[1:], read)
             elif tag == CANCEL:
                 with self.lock:
                     stream = self.streams.get(msg[1])
@@ -202,7 +209,7 @@ def main(argv: list[str] | None = None) -> int:
             log.exception("the engine failed to load")
         conn.send([(FAILED, pack_error(e))])
         return 1
-    Host(fleet, conn).serve()
+    Host(fleet, conn, not features.switched_off(config.features, features.PLAN_THREAD)).serve()
     return 0
 
 
