@@ -88,7 +88,10 @@ def test_the_sdks_convert_realtime(server, output_format, bytes_per_second):
         "default", text=iter(["Hello", " there.", " How are", " you"]), model_id="eleven_flash_v2_5",
         output_format=output_format))
     seconds, segment = len(audio) / bytes_per_second, (FRAMES - 1) * 2048 / 44100
-    assert segment < seconds < 2 * segment + 0.02  # "Hello there." | "How are you" (no seed: one may end early)
+    # "Hello there." | "How are you". The SDK sends no seed: the session draws one for both segments, and for some
+    # seeds the tiny model ends both early (a fresh-clone CI run once had 0.46 s): at least the first chunk's frames
+    # (as test_live's assert_segments with early_end), at most two whole segments
+    assert 3 * 2048 / 44100 < seconds < 2 * segment + 0.02
 
 
 def test_stream_input_ends_with_is_final_and_a_normal_close(server):

@@ -92,7 +92,9 @@ def test_a_fish_session_counts_segments_and_times_each_first_audio(server):
     assert during["tts_live_connections_open"] == before["tts_live_connections_open"] + 1
     assert during[FIRST_AUDIO + "_count{first}"] == before[FIRST_AUDIO + "_count{first}"] + 1
     first = delta(during, before, FIRST_AUDIO + "_sum{first}")
-    assert 0 < first <= client_saw  # the server's part of what the client waited
+    # the server's part of what the client waited: its clock stops once the send returned, which on a busy machine
+    # can be a little after the client had the message (a fresh-clone CI run: 63.8 against 63.0 ms)
+    assert 0 < first <= client_saw + 0.02
     # its parts: the submit begun (~0: the event loop awaits Service.admit), then the engine taking it, planned (the
     # rest: the engine and the way back)
     thread, taken = delta(during, before, SUBMIT + "_sum{thread}"), delta(during, before, SUBMIT + "_sum{taken}")
