@@ -6,6 +6,8 @@
 #      own GPU when the machine has several: capture + warm-up s at the first level (every graph 1..64 rows and its
 #      cuDNN tuning: codec_sparse_rows should halve it), frames/s at 256, 64 and 1 streams (codec_kv_ring should
 #      raise 256's: issue 46's target is 60,000).
+# Stop 60: VARIANTS="- +codec_own_convs" (the codec's convs as GEMMs of our own: no cuDNN plan per graph, so the
+# capture + warm-up column is issue 44's start lever; frames/s against cuDNN's tuned convs is issue 46's).
 # Usage: scripts/device/codec_next.sh   (env: VARIANTS, space-separated TTS_FEATURES values, "-" for the defaults;
 #        LEVELS="256,64,1"; GPUS: how many to spread over, from FIRST_GPU=0; TESTS=0 skips part 1)
 set -uo pipefail
@@ -15,7 +17,7 @@ export PYTHONPATH=$PWD/container:$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERE
 VARIANTS=${VARIANTS:-- +codec_kv_ring +codec_sparse_rows +codec_kv_ring,+codec_sparse_rows}
 LEVELS=${LEVELS:-256,64,1}
 if [ "${TESTS:-1}" != 0 ]; then
-  python3 -m pytest -q -p no:cacheprovider -m gpu tests/engine/test_gpu.py -k "kv_ring or streaming_decode or codec" \
+  python3 -m pytest -q -p no:cacheprovider -m gpu tests/engine/test_gpu.py -k "kv_ring or streaming_decode or codec or own_conv" \
     2>&1 | tail -5
 fi
 n=${GPUS:-$(nvidia-smi -L | wc -l)}

@@ -8,7 +8,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 from ttsengine.model.codec.streaming import StreamingCodec
-from ttsengine.model.kernels.snake import residual_bias_triton, snake_triton, snake_triton_time_major
+from ttsengine.model.kernels.codec.snake import residual_bias_triton, snake_triton, snake_triton_time_major
 from ttsengine.model.loading.synthetic import random_checkpoint
 from ttsengine.tools.codec_bench import random_codes
 

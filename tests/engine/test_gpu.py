@@ -297,8 +297,47 @@ def test_codec_kv_ring_in_graphs_equals_the_plain_codec_fp32(exact_fp32):
         assert a.shape == b.shape and (a - b).abs().max().item() < 1e-4
 
 
+def test_own_convs_in_graphs_equal_cudnns_codec_fp32(exact_fp32):
+    # codec_own_convs: the time-major codec's convs as the Triton implicit GEMM / cuBLAS inside captured graphs (the
+    # engine's path), against the same codec on cuDNN's convs uncaptured; fp32 without TF32 on either side
+    import threading
+
+    from ttsengine.engine.device.vocoder import Vocoder
+    from ttsengine.engine.loader import load
+
+    codec = load(cfg(dtype="float32", codec_dtype="float32")).codec
+    g = torch.Generator(device="cpu").manual_seed(6)
+    codes = torch.cat([torch.randint(0, 32, (3, 1, 24), generator=g), torch.randint(0, 16, (3, 3, 24), generator=g)],
+                      dim=1).cuda()
+
+    def run(own: bool) -> list:
+        voc = Vocoder(codec, 3, 4096, (4, 8), (1, 2, 4), threading.RLock(), lambda f, s: None, lambda s: None,
+                      time_major=True, kv_ring=True)
+        if own:
+            voc.use_own_convs()
+        voc.plan_graphs(4 if own else 0)
+        out: list = []
+
+        def body():
+            if own:
+                voc.capture()
+            for slots, f, n in (([0, 1, 2], 0, 4), ([0, 2], 4, 8), ([0, 1, 2], 12, 8)):
+                out.append(voc.decode_padded(slots, codes[slots, :, f:f + n]).clone())
+            torch.cuda.current_stream().synchronize()
+        try:
+            with torch.inference_mode(), no_tf32():
+                voc.call(body)
+            return out
+        finally:
+            voc.close()
+
+    got, want = run(True), run(False)
+    for a, b in zip(got, want):
+        assert a.shape == b.shape and (a - b).abs().max().item() < 1e-4
+
+
 @pytest.mark.parametrize("ring", [0, 8], ids=["plain", "kv_ring"])
-@pytest.mark.parametrize("time_major", [False, True], ids=["channels", "time_major"])
+@pytest.mark.parametrize("time_major", [False, True, "own"], ids=["channels", "time_major", "own_convs"])
 def test_streaming_decode_bf16_adds_no_error_beyond_bf16(time_major, ring):
     """Streamed and whole decodes in bf16, each against an fp32 whole decode: streaming must not be
     noticeably worse than bf16 itself (SNR within 1 dB), channel-major or time-major (channels-last cuDNN convs,
@@ -317,9 +356,13 @@ def test_streaming_decode_bf16_adds_no_error_beyond_bf16(time_major, ring):
         ref = load(cfg(codec_dtype="float32")).codec.decode(codes)[:, 0].float()
         codec = load(cfg(codec_dtype="bfloat16")).codec
         whole = codec.decode(codes)[:, 0].float()
-        dec = StreamingCodec(codec, 4, 4096, time_major=time_major, ring_chunk=ring)
+        dec = StreamingCodec(codec, 4, 4096, time_major=bool(time_major), ring_chunk=ring)
+        if time_major == "own":  # feature codec_own_convs: the Triton implicit GEMM and cuBLAS, no cuDNN conv
+            from ttsengine.model.codec.own_convs import OwnConvs
+
+            dec.own_convs = OwnConvs(kernel=True)
         if time_major:
-            from ttsengine.model.kernels.snake import snake_triton_time_major
+            from ttsengine.model.kernels.codec.snake import snake_triton_time_major
 
             dec.snake_time_major = snake_triton_time_major
         slots = torch.tensor([0, 2, 3], device="cuda")
@@ -327,6 +370,35 @@ def test_streaming_decode_bf16_adds_no_error_beyond_bf16(time_major, ring):
     assert streamed.shape == whole.shape
     assert snr(whole, ref) > 20, snr(whole, ref)
     assert snr(streamed, ref) > snr(whole, ref) - 1.0, (snr(streamed, ref), snr(whole, ref))
+
+
+@pytest.mark.parametrize("shape", [(768, 768, 7, 9), (96, 1, 7, 1), (1024, 1536, 7, 1), (192, 192, 7, 3)],
+                         ids=["768-d9", "96-to-1", "1024-1536", "192-d3"])
+def test_own_conv_kernel_equals_cudnn(shape):
+    """The codec's dense convs (feature codec_own_convs: model/kernels/codec/conv.py) against cuDNN's on the
+    same inputs, fp32 (no TF32 on either side) and bf16 (both accumulate in fp32: within a few bf16 roundings),
+    from a view of a wider buffer and at 1 and 64 rows."""
+    import torch.nn.functional as F
+
+    from ttsengine.model.kernels.codec.conv import conv_time_major
+
+    ci, co, k, d = shape
+    g = torch.Generator(device="cpu").manual_seed(ci + co)
+    w32, b32 = torch.randn(co, ci, k, generator=g) / (ci * k) ** 0.5, torch.randn(co, generator=g)
+    old = torch.backends.cudnn.allow_tf32
+    torch.backends.cudnn.allow_tf32 = False
+    try:
+        for dtype, tol in ((torch.float32, 1e-4), (torch.bfloat16, 3e-2)):
+            w, b = w32.to("cuda", dtype), b32.to("cuda", dtype)
+            for rows, n in ((1, 4 * 8), (64, 130)):
+                x = torch.randn(rows, 3 + n + (k - 1) * d, ci, generator=g).to("cuda", dtype)[:, 3:]
+                want = F.conv1d(x.transpose(1, 2).float(), w.float(), b.float(), dilation=d).transpose(1, 2)
+                got = conv_time_major(x, w.permute(2, 1, 0).contiguous(), d, b)
+                assert got.dtype == dtype and got.shape == want.shape
+                err = (got.float() - want).abs().max().item()
+                assert err < tol * (1 + want.abs().max().item()), (dtype, rows, err)
+    finally:
+        torch.backends.cudnn.allow_tf32 = old
 
 
 def _assert_snake_kernel(kernel, reference, shapes, channel_dim: int, g) -> None:
@@ -344,7 +416,7 @@ def _assert_snake_kernel(kernel, reference, shapes, channel_dim: int, g) -> None
 
 def test_snake_kernel_time_major_equals_snake():
     from ttsengine.model.codec.conv import snake_time_major
-    from ttsengine.model.kernels.snake import snake_triton_time_major
+    from ttsengine.model.kernels.codec.snake import snake_triton_time_major
 
     g = torch.Generator(device="cpu").manual_seed(3)
     # [B, L, C]: channels last
@@ -359,7 +431,7 @@ def test_snake_kernel_time_major_equals_snake():
     # a conv's bias folded in (snake(x + bias)), and a residual unit's skip sum with its bias: each add rounded
     # as the eager adds round, so bf16 results differ from eager only by the sine's approximation
     from ttsengine.model.codec.conv import residual_bias
-    from ttsengine.model.kernels.snake import residual_bias_triton
+    from ttsengine.model.kernels.codec.snake import residual_bias_triton
 
     bias = torch.randn(64, generator=g).to("cuda", torch.bfloat16)
     want = snake_time_major(x, alpha, bias=bias).float()
@@ -373,7 +445,7 @@ def test_snake_kernel_time_major_equals_snake():
 
 def test_snake_kernel_equals_snake():
     from ttsengine.model.codec.conv import snake
-    from ttsengine.model.kernels.snake import snake_triton
+    from ttsengine.model.kernels.codec.snake import snake_triton
 
     g = torch.Generator(device="cpu").manual_seed(2)
     _assert_snake_kernel(snake_triton, snake, ((1, 3, 5), (3, 64, 2500), (2, 1536, 33)), 1, g)  # [B, C, L]

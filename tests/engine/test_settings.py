@@ -103,6 +103,10 @@ def test_codec_switches_follow_the_engines_rules():
     no_snake = codec_switches(resolve("-snake_kernel", GPU).on)
     assert not no_snake.snake_kernel and no_snake.channels_last
     assert codec_switches(resolve("+cudnn_benchmark", GPU).on).cudnn_autotune == "process"
+    own = codec_switches(resolve("+codec_own_convs", GPU).on)  # opt-in: no cuDNN conv in the codec
+    assert own.own_convs and own.describe() == \
+        "time-major, KV ring, rows 1/4/16/64, Snake kernel, own convs, cuDNN tuned in graph captures"
+    assert not codec_switches(resolve("+codec_own_convs,-codec_channels_last", GPU).on).own_convs  # needs time-major
     compiling = Platform(cuda=True, triton=True, triton_major=3, compile=True)
     compiled = codec_switches(resolve("+codec_compile", compiling).on)
     assert compiled.compile and not compiled.snake_kernel  # the compiled codec fuses Snake itself

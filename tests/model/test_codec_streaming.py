@@ -69,7 +69,7 @@ def test_time_major_snake_beyond_the_launch_grid_runs_the_eager_ops(monkeypatch)
     # a chunk whose last decoder stage needs more than CUDA's 65,535 blocks on the kernel's second grid axis (~340
     # frames) runs Snake as the eager ops (the guard runs before any launch: checked here with the limit lowered)
     from ttsengine.model.codec.conv import snake_time_major
-    from ttsengine.model.kernels import snake as snake_kernels
+    from ttsengine.model.kernels.codec import snake as snake_kernels
 
     monkeypatch.setattr(snake_kernels, "MAX_GRID_Y", 1)
     g = torch.Generator().manual_seed(4)

@@ -58,6 +58,7 @@ CODEC_PINNED_COPY = "codec_pinned_copy"
 CODEC_CACHE = "codec_cache"
 CODEC_KV_RING = "codec_kv_ring"
 CODEC_SPARSE_ROWS = "codec_sparse_rows"
+CODEC_OWN_CONVS = "codec_own_convs"
 
 
 @dataclass(frozen=True)
@@ -219,6 +220,10 @@ FEATURES = (
             "tuning in graph captures only", "engine/engine.py", requires=(CUDA,), default=False),
     Feature(CODEC_CHANNELS_LAST, CODEC, "the streaming codec time-major with channels-last convolutions",
             "channel-major convolutions", "model/codec/streaming.py", auto=(CUDA, TUNED_CODEC), keyed=True),
+    # codec_own_convs: opt-in until measured on a GPU (its start and its speed against cuDNN's tuned convs)
+    Feature(CODEC_OWN_CONVS, CODEC, "the time-major codec's convolutions as GEMMs of our own (a Triton implicit GEMM, "
+            "cuBLAS): no cuDNN plan or tuning per shape", "cuDNN's channels-last convolutions",
+            "model/codec/own_convs.py", requires=(CUDA, TRITON3, feature(CODEC_CHANNELS_LAST)), default=False),
     # codec_kv_ring and codec_sparse_rows: measured faster (the ring) and half the capture and cuDNN tuning at the
     # same speed (sparse rows) on a GPU (docs/speed.md); GPU parity in tests/engine/test_gpu.py. Unmeasured on a
     # CPU: off there.

@@ -186,7 +186,7 @@ def test_a_moved_triton_cache_compiles_nothing_again(tmp_path):
     # a real Triton kernel compiled in one process, its cache moved, a second process: without the relink Triton
     # compiles it again (rewrites the kernel's files), with it the moved files are loaded as they are
     script = ("import sys, torch; from pathlib import Path; from ttsengine.engine.device.compile.kernel_cache import "
-              "relink_triton_groups; from ttsengine.model.kernels.snake import snake_triton\n"
+              "relink_triton_groups; from ttsengine.model.kernels.codec.snake import snake_triton\n"
               "if sys.argv[1] == '1': relink_triton_groups(Path(sys.argv[2]))\n"
               "x = torch.randn(2, 8, 64, device='cuda'); snake_triton(x, torch.ones(8, device='cuda'))\n"
               "torch.cuda.synchronize()")

@@ -48,12 +48,13 @@ class CodecSwitches:
     channels_last: bool  # time-major, channels-last convolutions
     kv_ring: bool = False  # the transformer's keys and values in a ring per row (feature codec_kv_ring)
     sparse_rows: bool = False  # calls padded to powers of 4 rows: half the graphs (feature codec_sparse_rows)
+    own_convs: bool = False  # time-major convs as GEMMs of our own, no cuDNN (feature codec_own_convs)
 
     def describe(self) -> str:
         """-> e.g. "time-major, Snake kernel, cuDNN tuned in graph captures" (bench --codec-only's engine mode)."""
         parts = ["time-major" if self.channels_last else "channel-major"] + ["KV ring"] * self.kv_ring
         parts += ["rows 1/4/16/64"] * self.sparse_rows
-        parts += ["compiled"] * self.compile + ["Snake kernel"] * self.snake_kernel
+        parts += ["compiled"] * self.compile + ["Snake kernel"] * self.snake_kernel + ["own convs"] * self.own_convs
         parts.append({"off": "cuDNN untuned", "graphs": "cuDNN tuned in graph captures",
                       "process": "cuDNN tuned everywhere"}[self.cudnn_autotune])
         return ", ".join(parts)
@@ -138,6 +139,8 @@ class Vocoder:
             self.use_snake_kernel()
         if switches.cudnn_autotune == "graphs":
             self.autotune_captures()
+        if switches.own_convs:
+            self.use_own_convs()
 
     def enable_compile(self) -> None:
         """torch.compile the chunk decode, one static-shape compile per (rows, chunk) key (a dynamic batch
@@ -156,9 +159,16 @@ class Vocoder:
         """cuDNN times its algorithms while each codec graph is first run and recorded; the graph keeps them."""
         self.graphs.tune = cudnn_autotuned
 
+    def use_own_convs(self) -> None:
+        """The time-major codec's convolutions as GEMMs of our own (model/codec/own_convs.py): no cuDNN plan to build
+        or tune per shape when a graph is captured."""
+        from ...model.codec.own_convs import OwnConvs
+
+        self.codec.own_convs = OwnConvs(kernel=True)
+
     def use_snake_kernel(self) -> None:
-        """Snake as one Triton kernel (model/kernels/snake.py): the eager codec's fused pass."""
-        from ...model.kernels.snake import residual_bias_triton, snake_triton, snake_triton_time_major
+        """Snake as one Triton kernel (model/kernels/codec/snake.py): the eager codec's fused pass."""
+        from ...model.kernels.codec.snake import residual_bias_triton, snake_triton, snake_triton_time_major
 
         self.codec.snake, self.codec.snake_time_major = snake_triton, snake_triton_time_major
         self.codec.residual_bias = residual_bias_triton

@@ -16,6 +16,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from .own_convs import OwnConvs
+
 
 class Kernels(Protocol):
     """The walker's swappable ops, read at every call: the fused Triton ones once Vocoder.use_snake_kernel sets
@@ -25,6 +27,7 @@ class Kernels(Protocol):
     snake_time_major: Callable[..., Tensor]  # (x [b, n, C], alpha, out=None, bias=None)
     residual_bias: Callable[[Tensor, Tensor, Tensor], Tensor]  # (x, y, bias) -> x + (y + bias), [b, n, C]
     tune_dilated: Callable[[], contextlib.AbstractContextManager]
+    own_convs: OwnConvs | None  # the time-major convs as GEMMs of our own (feature codec_own_convs), or cuDNN's
 
 
 class ChannelMajor:
@@ -59,7 +62,8 @@ class ChannelMajor:
 
 
 class TimeMajor:
-    """[b, n, C] activations, each conv a channels-last (NHWC) cuDNN convolution (TTS_CODEC_CHANNELS_LAST).
+    """[b, n, C] activations, each conv a channels-last (NHWC) cuDNN convolution (TTS_CODEC_CHANNELS_LAST), or a
+    GEMM of our own where the kernels give own_convs (feature codec_own_convs: no cuDNN plan per shape).
 
     A [b, n, C] tensor seen as [b, C, 1, n] is channels-last without a copy, so each conv runs as a channels-last
     conv2d with a (1, k) kernel and returns channels-last, which is again [b, n', C']. The channel-major layout
@@ -99,6 +103,10 @@ class TimeMajor:
         # x [b, n, Ci] -> conv(x) [b, n', Co] (bias=False: without the bias). Around the dilated convs: cuDNN's
         # untuned pick for two of them is ~35x slower than its best and is kept for the shape (Vocoder.warm_up
         # tunes just these, under its capture lock)
+        own = self.kernels.own_convs
+        y = None if own is None else own.conv(conv, x, bias)
+        if y is not None:
+            return y
         w, x4 = self._weight(conv), self._x4(x)
         with self.kernels.tune_dilated() if conv.dilation[0] > 1 else contextlib.nullcontext():
             y = F.conv2d(x4, w, conv.bias if bias else None, stride=(1, conv.stride[0]),
@@ -107,6 +115,10 @@ class TimeMajor:
 
     def conv_transposed(self, conv: nn.ConvTranspose1d, x: Tensor) -> Tensor:
         # [b, L, Ci] -> [b, (L-1)s + k, Co], without the bias
+        own = self.kernels.own_convs
+        y = None if own is None else own.conv_transposed(conv, x)
+        if y is not None:
+            return y
         y = F.conv_transpose2d(self._x4(x), self._weight(conv), None, stride=(1, conv.stride[0]), groups=conv.groups)
         return y[:, :, 0].transpose(1, 2)
 

@@ -39,6 +39,7 @@ from .conv import (
 )
 from .dac import Codec, DecoderBlock
 from .layout import ChannelMajor, TimeMajor
+from .own_convs import OwnConvs
 from .transformer import CodecTransformer
 
 
@@ -85,6 +86,9 @@ class StreamingCodec:
         self.residual_bias: Callable[[Tensor, Tensor, Tensor], Tensor] = residual_bias
         # around the time-major dilated convs (Vocoder._dilated_tuned sets it); default: nothing
         self.tune_dilated: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext
+        # the time-major layout's convs as GEMMs of our own (Vocoder.use_own_convs; feature codec_own_convs); None:
+        # cuDNN's
+        self.own_convs: OwnConvs | None = None
         self.layout = (TimeMajor if time_major else ChannelMajor)(self)
         p = next(codec.parameters())
         self.device, self.dtype = p.device, p.dtype

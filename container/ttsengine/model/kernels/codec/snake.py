@@ -76,7 +76,7 @@ def snake_triton_time_major(x: Tensor, alpha: Tensor, out: Tensor | None = None,
                          f"{tuple(x.shape)}")
     blocks = -(-(L * C) // BLOCK)
     if blocks > MAX_GRID_Y:  # a chunk of ~340+ frames at the decoder's last stage: the eager ops
-        from ..codec.conv import snake_time_major
+        from ...codec.conv import snake_time_major
 
         return snake_time_major(x, alpha, out, bias)
     if x.numel():

@@ -1,0 +1,74 @@
+"""The time-major codec's convolutions without cuDNN (feature codec_own_convs): each a GEMM of our own or cuBLAS's.
+
+Why: cuDNN builds a plan for every new conv shape (and, tuned, times its algorithms): the largest part of a settled
+start is that work for each of the codec's CUDA graphs (docs/performance.md, "Codec"); GEMMs need none. Per conv:
+- dense, kernel k > 1 (the residual units' dilated 7-tap convs, the first and last conv): the Triton implicit GEMM
+  (model/kernels/codec/conv.py) on CUDA; elsewhere (and as the reference) the same sum as one GEMM over the
+  unfolded taps;
+- 1-tap: a linear layer (cuBLAS);
+- depthwise (the upsampler's ConvNeXt blocks, a few positions a frame): the taps summed in fp32;
+- transposed, kernel a multiple of the stride (the upsampling convs): one GEMM to every tap's output, then the
+  taps' overlap added.
+Anything else (grouped but not depthwise, strided) returns None: the layout runs it through cuDNN as before.
+Activations are [b, n, C]; outputs are new tensors the walker may change.
+"""
+
+from __future__ import annotations
+
+from torch import Tensor, nn
+from torch.nn import functional as F
+
+
+class OwnConvs:
+    def __init__(self, kernel: bool):
+        """kernel: dense convs on CUDA through the Triton kernel (else the unfolded GEMM everywhere)."""
+        self.kernel = kernel
+        self._weights: dict[int, Tensor] = {}  # id(conv) -> its weight in the form its GEMM reads
+
+    def conv(self, conv: nn.Conv1d, x: Tensor, bias: bool = True) -> Tensor | None:
+        """x [b, n, Ci] -> [b, n - (k-1) d, Co] (bias=False: without the conv's bias); None: not ours."""
+        (k,), (d,), (s,) = conv.kernel_size, conv.dilation, conv.stride
+        b = conv.bias if bias else None
+        if s != 1 or conv.padding != (0,):
+            return None
+        co, ci_g, _ = conv.weight.shape
+        if conv.groups == 1 and k == 1:
+            return F.linear(x, self._weight(conv, lambda w: w[:, :, 0]), b)
+        if conv.groups == 1:
+            if self.kernel and x.is_cuda:
+                from ..kernels.codec.conv import conv_time_major
+
+                x = x if x.stride(2) == 1 else x.contiguous()
+                return conv_time_major(x, self._weight(conv, lambda w: w.permute(2, 1, 0)), d, b)
+            return F.linear(taps(x, k, d).flatten(2), self._weight(conv, lambda w: w.permute(0, 2, 1).flatten(1)), b)
+        if conv.groups == co and ci_g == 1:  # depthwise: [b, n', C, k] x [C, k]
+            y = (taps(x, k, d).transpose(2, 3).float() * self._weight(conv, lambda w: w[:, 0].float())).sum(-1)
+            return (y if b is None else y + b.float()).to(x.dtype)
+        return None
+
+    def conv_transposed(self, conv: nn.ConvTranspose1d, x: Tensor) -> Tensor | None:
+        """x [b, L, Ci] -> [b, (L-1) s + k, Co] without the bias; None: not ours."""
+        (k,), (s,) = conv.kernel_size, conv.stride
+        if conv.groups != 1 or k % s or conv.padding != (0,) or conv.output_padding != (0,) or conv.dilation != (1,):
+            return None
+        batch, length, _ = x.shape
+        co, m = conv.weight.shape[1], k // s
+        # every input position's k output samples: [b, L, k * Co] -> [b, L, m, s, Co]
+        taps_out = F.linear(x, self._weight(conv, lambda w: w.permute(2, 1, 0).flatten(0, 1))).view(batch, length, m,
+                                                                                                      s, co)
+        y = taps_out.new_zeros(batch, length + m - 1, s, co)
+        for q in range(m):  # input position t's q-th stride of samples lands at output stride t + q
+            y[:, q:q + length] += taps_out[:, :, q]
+        return y.view(batch, (length + m - 1) * s, co)
+
+    def _weight(self, conv: nn.Module, form) -> Tensor:
+        w = self._weights.get(id(conv))
+        if w is None:
+            w = self._weights[id(conv)] = form(conv.weight.detach()).contiguous()
+        return w
+
+
+def taps(x: Tensor, k: int, d: int) -> Tensor:
+    """x [b, n, C] -> its k taps of dilation d, [b, n - (k-1) d, k, C] (a view where x's strides allow)."""
+    span = (k - 1) * d + 1
+    return x.unfold(1, span, 1)[..., ::d].transpose(2, 3)  # [b, n', C, span] -> [b, n', k, C]
