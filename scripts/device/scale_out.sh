@@ -13,7 +13,8 @@
 # (settled), then bursts of $BURSTS requests at once (pcm, $FRAMES frames) the moment it is ready, then the same
 # bursts again ("once warm", the issue's baseline). Before the cases, `ttsengine warm` fills the cache directory and
 # writes the blob (skipped if an earlier call on this machine left them: FRESH=0).
-# Prints one table last. Usage: CASES="dir blob" scripts/device/scale_out.sh, then FRESH=0 CASES="volume empty"
+# B logs at INFO: after its ready line, where its start went (first engine ready, each kind's graph captures). Prints
+# one table last. Usage: CASES="dir blob" scripts/device/scale_out.sh, then FRESH=0 CASES="volume empty"
 #   LOAD_S=150 on the same machine (env: CASES="dir blob volume empty",
 #   BURSTS="64 256", FRAMES=192, MAX=256, RATE=24, LOAD_S=90 (A's load per case, s: it should outlast B's start and
 #   bursts, ~90 s from a warm directory, longer from empty), PROCS=4, FRESH=1, CKPT, WORK). Two cases fit a call.
@@ -38,7 +39,7 @@ fi
 serve() {  # serve NAME PORT DEVICE CACHE_DIR: a server in the background, ready (settled); sets SPID and READY
   local name=$1 port=$2 device=$3 cache=$4 t0; t0=$(date +%s.%N)
   env ${SHARE:+TTS_GPU_MEMORY_UTILIZATION=$SHARE} TTS_MODEL_DIR="$CKPT" TTS_CACHE_DIR="$cache" \
-    TTS_DATA_DIR="$W/data-$name" TTS_PORT="$port" TTS_DEVICES="$device" TTS_LOG_LEVEL=WARNING TTS_MAX_BATCH="$MAX" \
+    TTS_DATA_DIR="$W/data-$name" TTS_PORT="$port" TTS_DEVICES="$device" TTS_LOG_LEVEL="${LOG:-WARNING}" TTS_MAX_BATCH="$MAX" \
     python3 -m handlers http > "$W/server-$name.log" 2>&1 &
   SPID=$!
   python3 scripts/device/wait_ready.py "$port" "$SPID" 400 kernel_cache max_streams > "$W/ready-$name.txt" 2>&1 \
@@ -51,6 +52,27 @@ lt() {  # lt NAME PORT [loadtest args]
   timeout 400 python3 -m ttsengine loadtest "http://127.0.0.1:$port" --max-new-tokens "$FRAMES" \
     --processes "$PROCS" --out "$W/$name" "$@" > "$W/$name.log" 2>&1
   echo "loadtest $name exit $?"
+}
+captures() {  # where B's start went from its INFO log: first engine ready, then each kind's captures before /ready
+  python3 - "$1" <<'PY'
+import re, sys
+from datetime import datetime
+
+lines = open(sys.argv[1], errors="replace").read().splitlines()
+stamp = lambda line: datetime.strptime(line[:23], "%Y-%m-%d %H:%M:%S,%f")  # noqa: E731
+t0 = next((stamp(x) for x in lines if x[:2] == "20"), None)
+ready = next((stamp(x) for x in lines if "engine ready" in x), None)
+kinds: dict = {}
+for x in lines:
+    m = re.search(r"captured (?:(\d+) (\S+) graph\(s\)|the (\S+) graph .*at first use) .*in ([\d.]+) s", x)
+    if m:
+        kind = m.group(2) or m.group(3)
+        n, s = kinds.get(kind, (0, 0.0))
+        kinds[kind] = (n + int(m.group(1) or 1), s + float(m.group(4)))
+since = f"{(ready - t0).total_seconds():.1f} s after its first log line" if ready and t0 else "?"
+print(f"  B's start: engine ready {since}; captures " +
+      ", ".join(f"{k} {n} in {s:.1f} s" for k, (n, s) in sorted(kinds.items())))
+PY
 }
 stop() { kill -TERM "$1"; wait "$1"; echo "server exit $?: $(grep -c Traceback "$W/server-$2.log") tracebacks"; }
 
@@ -66,10 +88,11 @@ for case in $CASES; do
     empty) mkdir -p "$dir" ;;
     *) echo "unknown case $case (dir, blob, volume, empty)"; continue ;;
   esac
-  lt "a-$case" "$A_PORT" --arrivals "poisson:$RATE" --requests $((RATE * LOAD_S)) &
+  lt "a-$case" "$A_PORT" --arrivals "poisson:$RATE" --concurrency "$MAX" --requests $((RATE * LOAD_S)) &
   LOAD_PID=$!
   sleep 5  # A's load under way before B starts
-  if serve "b-$case" "$B_PORT" "$B_DEV" "$dir"; then
+  if LOG=INFO serve "b-$case" "$B_PORT" "$B_DEV" "$dir"; then
+    captures "$W/server-b-$case.log"
     for n in $BURSTS; do lt "b-$case-first-$n" "$B_PORT" --concurrency "$n" --requests "$n"; done
     for n in $BURSTS; do lt "b-$case-warm-$n" "$B_PORT" --concurrency "$n" --requests "$n"; done
     stop "$SPID" "b-$case"
