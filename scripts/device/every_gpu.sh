@@ -10,7 +10,8 @@
 #          1,024-stream level: the other three serve, the failed streams end with an error, none hangs.
 # Prints one table last (and the HTTP runs' server breakdown). Usage: PARTS="bench http fail" scripts/device/every_gpu.sh
 #   (env: FRAMES=192, PER_GPU=256, PROCS=16, BENCH_MODES="off on", BENCH_GPUS="1 2 4", HTTP_GPUS="1 4", FAIL_AT=60,
-#    CKPT, CACHE)
+#    BENCH_FEATURES="auto": TTS_FEATURES values, each an engine-process bench run of its own (e.g. "auto +plan_thread
+#    +plan_thread,+short_switch": the engine process's own hand-off, issue 43, without HTTP), CKPT, CACHE)
 set -uo pipefail
 . scripts/device/lib.sh
 device_setup "${WORK:-/tmp/every-gpu}" 12000
@@ -28,14 +29,18 @@ gpus() { local n=$1 s="" i; for ((i = 0; i < n; i++)); do s+="${s:+,}cuda:$i"; d
 RUNS=()
 part_bench() {
   b() { local label=$1 t0; t0=$(date +%s); shift
-    timeout "${PER_RUN_S:-200}" python3 -m ttsengine bench --random-weights s1-mini --frames "$FRAMES" \
+    TTS_FEATURES=${FEATS:-auto} timeout "${PER_RUN_S:-200}" python3 -m ttsengine bench --random-weights s1-mini --frames "$FRAMES" \
       --check-audio 0 --out "$W/$label" "$@" > "$W/$label.log" 2>&1
     echo "bench $label exit $? ($(( $(date +%s) - t0 )) s)"; RUNS+=("bench:$label"); }
   for n in 1 2 4; do
     for mode in $BENCH_MODES; do
       [[ " $BENCH_GPUS " != *" $n "* ]] && continue
-      # shellcheck disable=SC2046 # no flag for off: bench's default layout
-      b "g$n-process-$mode" --devices "$(gpus $n)" --concurrency $((n * PER_GPU)) $([[ $mode == on ]] && echo --engine-process on)
+      for FEATS in ${BENCH_FEATURES:-auto}; do  # TTS_FEATURES variants, each a run of its own
+        [[ $FEATS != auto && $mode != on ]] && continue  # the engine-process features: their runs go through one
+        # shellcheck disable=SC2046 # no flag for off: bench's default layout
+        b "g$n-process-$mode$([[ $FEATS != auto ]] && echo "${FEATS//[^a-z_+-]/_}")" --devices "$(gpus $n)" \
+          --concurrency $((n * PER_GPU)) $([[ $mode == on ]] && echo --engine-process on)
+      done
     done
   done
   if ((NGPU >= 4)); then

@@ -46,6 +46,7 @@ PLAIN_WEBSOCKET = "plain_websocket"
 DIRECT_ADMIT = "direct_admit"
 PREFILL_FIT = "prefill_fit"
 PLAN_THREAD = "plan_thread"
+SHORT_SWITCH = "short_switch"
 # the codec (engine/device/vocoder.py, engine/audio_feed.py, model/codec_cache.py)
 CODEC_COMPILE = "codec_compile"
 SNAKE_KERNEL = "snake_kernel"
@@ -181,6 +182,9 @@ FEATURES = (
     Feature(PLAN_THREAD, ENGINE, "in an engine process, the requests without reference audio are planned by one "
             "thread, in arrival order (reference audio to encode still goes to the pool)",
             "8 pool threads plan every request", "serving/engine_process/host.py `_handle`", default=False),
+    Feature(SHORT_SWITCH, ENGINE, "an engine process's threads hand the GIL over every 0.5 ms: the engine loop waits "
+            "less for it behind planning, writing and the codec thread", "Python's 5 ms switch interval",
+            "serving/engine_process/host.py `main`", default=False),
     # ---- the decode step's fused kernels ----
     # Why the defaults (the figures: docs/performance.md, "Fused decode-step kernels"): each kernel on by default was
     # measured faster than the unfused path. merged_ffn: int8/int4 linears are left unmerged by merge_inputs. The
