@@ -13,7 +13,8 @@
 # (settled), then bursts of $BURSTS requests at once (pcm, $FRAMES frames) the moment it is ready, then the same
 # bursts again ("once warm", the issue's baseline). Before the cases, `ttsengine warm` fills the cache directory and
 # writes the blob (skipped if an earlier call on this machine left them: FRESH=0).
-# B logs at INFO: after its ready line, where its start went (first engine ready, each kind's graph captures). Prints
+# A case may name a feature B runs with: CASES="dir dir:codec_own_convs" (TTS_FEATURES=+codec_own_convs; the second
+# such case finds its Triton kernels in the cache the first compiled). B logs at INFO: after its ready line, where its start went (first engine ready, each kind's graph captures). Prints
 # one table last. Usage: CASES="dir blob" scripts/device/scale_out.sh, then FRESH=0 CASES="volume empty"
 #   LOAD_S=150 on the same machine (env: CASES="dir blob volume empty",
 #   BURSTS="64 256", FRAMES=192, MAX=256, RATE=24, LOAD_S=90 (A's load per case, s: it should outlast B's start and
@@ -39,7 +40,7 @@ fi
 serve() {  # serve NAME PORT DEVICE CACHE_DIR: a server in the background, ready (settled); sets SPID and READY
   local name=$1 port=$2 device=$3 cache=$4 t0; t0=$(date +%s.%N)
   env ${SHARE:+TTS_GPU_MEMORY_UTILIZATION=$SHARE} TTS_MODEL_DIR="$CKPT" TTS_CACHE_DIR="$cache" \
-    TTS_DATA_DIR="$W/data-$name" TTS_PORT="$port" TTS_DEVICES="$device" TTS_LOG_LEVEL="${LOG:-WARNING}" TTS_MAX_BATCH="$MAX" \
+    TTS_DATA_DIR="$W/data-$name" TTS_PORT="$port" TTS_DEVICES="$device" TTS_LOG_LEVEL="${LOG:-WARNING}" TTS_FEATURES="${FEATS:-auto}" TTS_MAX_BATCH="$MAX" \
     python3 -m handlers http > "$W/server-$name.log" 2>&1 &
   SPID=$!
   python3 scripts/device/wait_ready.py "$port" "$SPID" 400 kernel_cache max_streams > "$W/ready-$name.txt" 2>&1 \
@@ -79,8 +80,10 @@ stop() { kill -TERM "$1"; wait "$1"; echo "server exit $?: $(grep -c Traceback "
 serve a "$A_PORT" "$A_DEV" "$CACHE" || exit 1
 A_PID=$SPID
 ROWS=()
-for case in $CASES; do
-  dir=$W/cache-$case; rm -rf "$dir"
+for entry in $CASES; do  # STATE or STATE:FEATURE (B with TTS_FEATURES=+FEATURE)
+  case=${entry%%:*} feats=auto label=${entry%%:*}
+  if [[ $entry == *:* ]]; then feats=+${entry#*:} label=$case-${entry#*:}; fi
+  dir=$W/cache-$label; rm -rf "$dir"
   case $case in
     dir) dir=$CACHE ;;
     blob) mkdir -p "$dir"; cp "$CACHE"/artifacts-*.bin "$dir"/ ;;
@@ -88,15 +91,15 @@ for case in $CASES; do
     empty) mkdir -p "$dir" ;;
     *) echo "unknown case $case (dir, blob, volume, empty)"; continue ;;
   esac
-  lt "a-$case" "$A_PORT" --arrivals "poisson:$RATE" --concurrency "$MAX" --requests $((RATE * LOAD_S)) &
+  lt "a-$label" "$A_PORT" --arrivals "poisson:$RATE" --concurrency "$MAX" --requests $((RATE * LOAD_S)) &
   LOAD_PID=$!
   sleep 5  # A's load under way before B starts
-  if LOG=INFO serve "b-$case" "$B_PORT" "$B_DEV" "$dir"; then
-    captures "$W/server-b-$case.log"
-    for n in $BURSTS; do lt "b-$case-first-$n" "$B_PORT" --concurrency "$n" --requests "$n"; done
-    for n in $BURSTS; do lt "b-$case-warm-$n" "$B_PORT" --concurrency "$n" --requests "$n"; done
-    stop "$SPID" "b-$case"
-    ROWS+=("$case:$READY")
+  if LOG=INFO FEATS=$feats serve "b-$label" "$B_PORT" "$B_DEV" "$dir"; then
+    captures "$W/server-b-$label.log"
+    for n in $BURSTS; do lt "b-$label-first-$n" "$B_PORT" --concurrency "$n" --requests "$n"; done
+    for n in $BURSTS; do lt "b-$label-warm-$n" "$B_PORT" --concurrency "$n" --requests "$n"; done
+    stop "$SPID" "b-$label"
+    ROWS+=("$label:$READY")
   fi
   wait "$LOAD_PID"
 done

@@ -197,29 +197,41 @@ def test_compiled_codec_graphs_equal_eager_codec_fp32(exact_fp32):
     g = torch.Generator(device="cpu").manual_seed(3)
     codes = torch.cat([torch.randint(0, 32, (4, 1, 24), generator=g), torch.randint(0, 16, (4, 3, 24), generator=g)],
                       dim=1).cuda()
-    schedule = [([0, 1, 2], 0), ([0, 2, 3], 8), ([1, 3], 16)]  # (slots, first frame) per chunk of 8
+    schedule = [([0, 1, 2], 0, 8), ([0, 2, 3], 8, 8), ([1, 3], 16, 8)]  # (slots, first frame, frames) per chunk
 
     def run(compiled: bool) -> list:
         voc = Vocoder(codec, 4, 4096, (8,), (1, 4), threading.RLock(), lambda f, s: None, lambda s: None)
         if compiled:
             voc.enable_compile()
         voc.plan_graphs(4)
-        out: list = []
+        return _decode_on_worker(voc, schedule, codes)
 
-        def body():
-            for slots, f in schedule:
-                out.append(voc.decode_padded(slots, codes[slots, :, f:f + 8]).clone())
-            torch.cuda.current_stream().synchronize()  # the worker's stream: done before another stream reads
-        try:
-            with torch.inference_mode():
-                voc.call(body)
-            return out
-        finally:
-            voc.close()
+    _assert_same_chunks(run(True), run(False))
 
-    got, want = run(True), run(False)
+
+def _decode_on_worker(voc, schedule: list, codes: torch.Tensor, capture: bool = False) -> list:
+    """Each (slots, first frame, frames) chunk of `schedule` decoded by `voc` on its worker thread (its planned graphs
+    captured first when `capture`; else recorded at first use), fp32 without TF32 -> the chunks' audio; closes it."""
+    out: list = []
+
+    def body():
+        if capture:
+            voc.capture()
+        for slots, f, n in schedule:
+            out.append(voc.decode_padded(slots, codes[slots, :, f:f + n]).clone())
+        torch.cuda.current_stream().synchronize()  # the worker's stream: done before another stream reads
+    try:
+        with torch.inference_mode(), no_tf32():
+            voc.call(body)
+        return out
+    finally:
+        voc.close()
+
+
+def _assert_same_chunks(got: list, want: list, tol: float = 1e-4) -> None:
+    assert len(got) == len(want)
     for a, b in zip(got, want):
-        assert a.shape == b.shape and (a - b).abs().max().item() < 1e-4
+        assert a.shape == b.shape and (a - b).abs().max().item() < tol
 
 
 def test_codec_batch_past_the_largest_graph_keeps_each_rows_audio():
@@ -271,30 +283,15 @@ def test_codec_kv_ring_in_graphs_equals_the_plain_codec_fp32(exact_fp32):
     g = torch.Generator(device="cpu").manual_seed(5)
     codes = torch.cat([torch.randint(0, 32, (4, 1, 32), generator=g), torch.randint(0, 16, (4, 3, 32), generator=g)],
                       dim=1).cuda()
-    schedule = [([0, 1, 2], 0), ([0, 2, 3], 8), ([1, 3], 16), ([0, 1, 2, 3], 24)]  # (slots, first frame) per chunk
+    schedule = [([0, 1, 2], 0, 8), ([0, 2, 3], 8, 8), ([1, 3], 16, 8), ([0, 1, 2, 3], 24, 8)]
 
     def run(ring: bool, graphs: bool) -> list:
         voc = Vocoder(codec, 4, 4096, (8,), (1, 2, 4), threading.RLock(), lambda f, s: None, lambda s: None,
                       kv_ring=ring)
         voc.plan_graphs(4 if graphs else 0)
-        out: list = []
+        return _decode_on_worker(voc, schedule, codes, capture=graphs)
 
-        def body():
-            if graphs:
-                voc.capture()
-            for slots, f in schedule:
-                out.append(voc.decode_padded(slots, codes[slots, :, f:f + 8]).clone())
-            torch.cuda.current_stream().synchronize()
-        try:
-            with torch.inference_mode(), no_tf32():
-                voc.call(body)
-            return out
-        finally:
-            voc.close()
-
-    got, want = run(True, True), run(False, False)
-    for a, b in zip(got, want):
-        assert a.shape == b.shape and (a - b).abs().max().item() < 1e-4
+    _assert_same_chunks(run(True, True), run(False, False))
 
 
 def test_own_convs_in_graphs_equal_cudnns_codec_fp32(exact_fp32):
@@ -316,24 +313,9 @@ def test_own_convs_in_graphs_equal_cudnns_codec_fp32(exact_fp32):
         if own:
             voc.use_own_convs()
         voc.plan_graphs(4 if own else 0)
-        out: list = []
+        return _decode_on_worker(voc, [([0, 1, 2], 0, 4), ([0, 2], 4, 8), ([0, 1, 2], 12, 8)], codes, capture=own)
 
-        def body():
-            if own:
-                voc.capture()
-            for slots, f, n in (([0, 1, 2], 0, 4), ([0, 2], 4, 8), ([0, 1, 2], 12, 8)):
-                out.append(voc.decode_padded(slots, codes[slots, :, f:f + n]).clone())
-            torch.cuda.current_stream().synchronize()
-        try:
-            with torch.inference_mode(), no_tf32():
-                voc.call(body)
-            return out
-        finally:
-            voc.close()
-
-    got, want = run(True), run(False)
-    for a, b in zip(got, want):
-        assert a.shape == b.shape and (a - b).abs().max().item() < 1e-4
+    _assert_same_chunks(run(True), run(False))
 
 
 @pytest.mark.parametrize("ring", [0, 8], ids=["plain", "kv_ring"])
