@@ -15,6 +15,7 @@ Activations are [b, n, C]; outputs are new tensors the walker may change.
 
 from __future__ import annotations
 
+import torch
 from torch import Tensor, nn
 from torch.nn import functional as F
 
@@ -38,7 +39,7 @@ class OwnConvs:
             if self.kernel and x.is_cuda:
                 from ..kernels.codec.conv import conv_time_major
 
-                x = x if x.stride(2) == 1 else x.contiguous()
+                x = x if x.stride(2) == 1 or x.shape[2] == 1 else x.contiguous()
                 return conv_time_major(x, self._weight(conv, lambda w: w.permute(2, 1, 0)), d, b)
             return F.linear(taps(x, k, d).flatten(2), self._weight(conv, lambda w: w.permute(0, 2, 1).flatten(1)), b)
         if conv.groups == co and ci_g == 1:  # depthwise: [b, n', C, k] x [C, k]
@@ -56,10 +57,13 @@ class OwnConvs:
         # every input position's k output samples: [b, L, k * Co] -> [b, L, m, s, Co]
         taps_out = F.linear(x, self._weight(conv, lambda w: w.permute(2, 1, 0).flatten(0, 1))).view(batch, length, m,
                                                                                                       s, co)
-        y = taps_out.new_zeros(batch, length + m - 1, s, co)
+        if m == 1:  # no overlap (the quantizer's upsampling: kernel = stride)
+            return taps_out.view(batch, length * s, co)
+        # the overlapping taps summed in fp32 and rounded once, as a convolution's accumulator does
+        y = taps_out.new_zeros(batch, length + m - 1, s, co, dtype=torch.float32)
         for q in range(m):  # input position t's q-th stride of samples lands at output stride t + q
             y[:, q:q + length] += taps_out[:, :, q]
-        return y.view(batch, (length + m - 1) * s, co)
+        return y.view(batch, (length + m - 1) * s, co).to(x.dtype)
 
     def _weight(self, conv: nn.Module, form) -> Tensor:
         w = self._weights.get(id(conv))

@@ -23,9 +23,10 @@ def _kernel():
     import triton
     import triton.language as tl
 
-    # the lengths and batch stride change with every call's rows and chunk: not specialised (one compile per conv
-    # and tile shape, kept in Triton's cache under the kernel cache directory)
-    @triton.jit(do_not_specialize=["M", "N_OUT", "X_B"])
+    # M and N_OUT change with every call's rows and chunk: not specialised (Triton would compile again for each one's
+    # divisibility by 16). X_B stays specialised: its divisibility tells Triton the rows are 16-byte aligned, which
+    # turns the input tile's loads into vector async copies (scalar 2-byte loads without it, in the sm_90 build)
+    @triton.jit(do_not_specialize=["M", "N_OUT"])
     def kernel(X, W, B, Y, M, N_OUT, CI, CO, X_B, X_T, DIL, KSIZE: tl.constexpr, HAS_BIAS: tl.constexpr,
                IEEE: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):
         # Y [M = batch x N_OUT, CO] contiguous; X [batch, N_OUT + (KSIZE - 1) DIL, CI] with strides (X_B, X_T, 1);
@@ -72,7 +73,7 @@ def conv_time_major(x: Tensor, weight: Tensor, dilation: int, bias: Tensor | Non
     batch, n, ci = x.shape
     k, wci, co = weight.shape
     n_out = n - (k - 1) * dilation
-    if wci != ci or n_out < 0 or x.stride(2) != 1 or not weight.is_contiguous() or weight.dtype != x.dtype:
+    if wci != ci or n_out < 0 or (x.stride(2) != 1 and ci > 1) or not weight.is_contiguous() or weight.dtype != x.dtype:
         raise ValueError(f"conv_time_major: x {tuple(x.shape)} strides {x.stride()} {x.dtype}, weight "
                          f"{tuple(weight.shape)} {weight.dtype} (contiguous {weight.is_contiguous()}), dilation "
                          f"{dilation} do not fit")
