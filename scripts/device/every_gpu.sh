@@ -35,10 +35,11 @@ part_bench() {
   for n in 1 2 4; do
     for mode in $BENCH_MODES; do
       [[ " $BENCH_GPUS " != *" $n "* ]] && continue
-      for FEATS in ${BENCH_FEATURES:-auto}; do  # TTS_FEATURES variants, each a run of its own
-        [[ $FEATS != auto && $mode != on ]] && continue  # the engine-process features: their runs go through one
+      for f in ${BENCH_FEATURES:-auto}; do  # TTS_FEATURES variants, each a run of its own
+        [[ $f != auto && $mode != on ]] && continue  # the engine-process features: their runs go through one
+        # FEATS for this call only: the split run after the loop gets the defaults
         # shellcheck disable=SC2046 # no flag for off: bench's default layout
-        b "g$n-process-$mode$([[ $FEATS != auto ]] && echo "${FEATS//[^a-z_+-]/_}")" --devices "$(gpus $n)" \
+        FEATS=$f b "g$n-process-$mode$([[ $f != auto ]] && echo "${f//[^a-z_+-]/_}")" --devices "$(gpus $n)" \
           --concurrency $((n * PER_GPU)) $([[ $mode == on ]] && echo --engine-process on)
       done
     done
