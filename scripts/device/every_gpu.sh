@@ -29,8 +29,8 @@ gpus() { local n=$1 s="" i; for ((i = 0; i < n; i++)); do s+="${s:+,}cuda:$i"; d
 RUNS=()
 part_bench() {
   b() { local label=$1 t0; t0=$(date +%s); shift
-    TTS_FEATURES=${FEATS:-auto} timeout "${PER_RUN_S:-200}" python3 -m ttsengine bench --random-weights s1-mini --frames "$FRAMES" \
-      --check-audio 0 --out "$W/$label" "$@" > "$W/$label.log" 2>&1
+    TTS_FEATURES=${FEATS:-auto} timeout "${PER_RUN_S:-200}" python3 -m ttsengine bench --random-weights s1-mini \
+      --frames "$FRAMES" --check-audio 0 --out "$W/$label" "$@" > "$W/$label.log" 2>&1
     echo "bench $label exit $? ($(( $(date +%s) - t0 )) s)"; RUNS+=("bench:$label"); }
   for n in 1 2 4; do
     for mode in $BENCH_MODES; do

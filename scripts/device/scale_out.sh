@@ -14,9 +14,10 @@
 # bursts again ("once warm", the issue's baseline). Before the cases, `ttsengine warm` fills the cache directory and
 # writes the blob (skipped if an earlier call on this machine left them: FRESH=0).
 # A case may name a feature B runs with: CASES="dir dir:codec_own_convs" (TTS_FEATURES=+codec_own_convs; the second
-# such case finds its Triton kernels in the cache the first compiled). B logs at INFO: after its ready line, where its start went (first engine ready, each kind's graph captures). Prints
-# one table last. Usage: CASES="dir blob" scripts/device/scale_out.sh, then FRESH=0 CASES="volume empty"
-#   LOAD_S=150 on the same machine (env: CASES="dir blob volume empty",
+# such case finds its Triton kernels in the cache the first compiled). B logs at INFO: after its ready line, where
+# its start went (first engine ready, each kind's graph captures). Prints one table last.
+# Usage: CASES="dir blob" scripts/device/scale_out.sh, then FRESH=0 CASES="volume empty" LOAD_S=150 on the same
+#   machine (env: CASES="dir blob volume empty",
 #   BURSTS="64 256", FRAMES=192, MAX=256, RATE=24, LOAD_S=90 (A's load per case, s: it should outlast B's start and
 #   bursts, ~90 s from a warm directory, longer from empty), PROCS=4, FRESH=1, CKPT, WORK). Two cases fit a call.
 set -uo pipefail
@@ -40,7 +41,8 @@ fi
 serve() {  # serve NAME PORT DEVICE CACHE_DIR: a server in the background, ready (settled); sets SPID and READY
   local name=$1 port=$2 device=$3 cache=$4 t0; t0=$(date +%s.%N)
   env ${SHARE:+TTS_GPU_MEMORY_UTILIZATION=$SHARE} TTS_MODEL_DIR="$CKPT" TTS_CACHE_DIR="$cache" \
-    TTS_DATA_DIR="$W/data-$name" TTS_PORT="$port" TTS_DEVICES="$device" TTS_LOG_LEVEL="${LOG:-WARNING}" TTS_FEATURES="${FEATS:-auto}" TTS_MAX_BATCH="$MAX" \
+    TTS_DATA_DIR="$W/data-$name" TTS_PORT="$port" TTS_DEVICES="$device" TTS_MAX_BATCH="$MAX" \
+    TTS_LOG_LEVEL="${LOG:-WARNING}" TTS_FEATURES="${FEATS:-auto}" \
     python3 -m handlers http > "$W/server-$name.log" 2>&1 &
   SPID=$!
   python3 scripts/device/wait_ready.py "$port" "$SPID" 400 kernel_cache max_streams > "$W/ready-$name.txt" 2>&1 \
