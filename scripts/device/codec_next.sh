@@ -17,8 +17,8 @@ export PYTHONPATH=$PWD/container:$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERE
 VARIANTS=${VARIANTS:-- +codec_kv_ring +codec_sparse_rows +codec_kv_ring,+codec_sparse_rows}
 LEVELS=${LEVELS:-256,64,1}
 if [ "${TESTS:-1}" != 0 ]; then
-  python3 -m pytest -q -p no:cacheprovider -m gpu tests/engine/test_gpu.py -k "kv_ring or streaming_decode or codec or own_conv" \
-    2>&1 | tail -5
+  python3 -m pytest -q -p no:cacheprovider -m gpu tests/engine/test_gpu.py \
+    -k "kv_ring or streaming_decode or codec or own_conv" 2>&1 | tail -5
 fi
 n=${GPUS:-$(nvidia-smi -L | wc -l)}
 i=0
