@@ -7,6 +7,7 @@ tokens must still match exactly.
 
 from __future__ import annotations
 
+import copy
 from collections import Counter
 from dataclasses import asdict
 
@@ -18,6 +19,7 @@ from torch_helpers import no_tf32
 
 from ttsengine import EagerEngine, Engine, EngineConfig, SynthesisRequest
 from ttsengine.compat import precompile_supported
+from ttsengine.engine.settings import codec_buckets
 
 pytestmark = pytest.mark.gpu
 
@@ -167,7 +169,9 @@ def test_lazy_start_fills_in_codec_graphs_and_matches_eager(exact_fp32):
     eng = Engine.load(config)
     try:
         assert eng.settings.cudnn_autotune == "graphs" and not torch.backends.cudnn.benchmark
-        planned = {(r, s) for r in (1, 2, 4, 8) for s in (4, 8)}
+        # the codec's graph rows: the batch buckets 1, 2, 4, 8, or 1, 4, 8 with codec_sparse_rows (on by default)
+        rows = codec_buckets((1, 2, 4, 8), eng.settings.codec.sparse_rows)
+        planned = {(r, s) for r in rows for s in (4, 8)}
         assert set(eng.vocoder.graphs.graphs) <= {(1, 4), (1, 8)} or not eng.settings.lazy_graphs
         assert eng.settle(timeout=60) and set(eng.vocoder.graphs.graphs) == planned and not eng.device.graphs.pending
         assert eng.stats().graphs_pending == 0  # what /ready waits for (TTS_READY_WHEN=settled)
@@ -378,6 +382,37 @@ def test_own_conv_kernel_equals_cudnn(shape):
                 got = conv_time_major(x, w.permute(2, 1, 0).contiguous(), d, b)
                 assert got.dtype == dtype and got.shape == want.shape
                 err = (got.float() - want).abs().max().item()
+                assert err < tol * (1 + want.abs().max().item()), (dtype, rows, err)
+    finally:
+        torch.backends.cudnn.allow_tf32 = old
+
+
+@pytest.mark.parametrize("shape", [(1536, 768, 16, 8), (384, 192, 8, 4), (192, 96, 4, 2), (1024, 1024, 2, 2)],
+                         ids=["1536-768-s8", "384-192-s4", "192-96-s2", "1024-s2"])
+def test_own_transposed_conv_equals_cudnn(shape):
+    """The codec's upsampling convs (feature codec_own_convs: OwnConvs.conv_transposed, on CUDA the dense conv kernel
+    over the input read with k/s - 1 zeros each side) against cuDNN's, fp32 without TF32 and bf16, at 1 and 64 rows."""
+    import torch.nn.functional as F
+
+    from ttsengine.model.codec.own_convs import OwnConvs
+
+    ci, co, k, s = shape
+    g = torch.Generator(device="cpu").manual_seed(ci + k)
+    conv32 = torch.nn.ConvTranspose1d(ci, co, k, stride=s)
+    with torch.no_grad():
+        conv32.weight.copy_(torch.randn(ci, co, k, generator=g) / (ci * k / s) ** 0.5)
+    old = torch.backends.cudnn.allow_tf32
+    torch.backends.cudnn.allow_tf32 = False
+    try:
+        for dtype, tol in ((torch.float32, 1e-4), (torch.bfloat16, 3e-2)):
+            conv = copy.deepcopy(conv32).to("cuda", dtype)
+            for rows, n in ((1, 8), (64, 66)):
+                x = torch.randn(rows, 2 + n, ci, generator=g).to("cuda", dtype)[:, 2:]
+                with torch.inference_mode():
+                    want = F.conv_transpose1d(x.transpose(1, 2).float(), conv.weight.float(), None, stride=s)
+                    got = OwnConvs(kernel=True).conv_transposed(conv, x)
+                assert got.dtype == dtype and got.shape == want.transpose(1, 2).shape
+                err = (got.float() - want.transpose(1, 2)).abs().max().item()
                 assert err < tol * (1 + want.abs().max().item()), (dtype, rows, err)
     finally:
         torch.backends.cudnn.allow_tf32 = old
