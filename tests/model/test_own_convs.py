@@ -14,7 +14,7 @@ from test_codec_streaming import TOL, random_codes
 from torch import nn
 from torch.nn import functional as F
 
-from ttsengine.model.codec.own_convs import OwnConvs
+from ttsengine.model.codec.own_convs import OwnConvs, transposed_as_conv
 from ttsengine.model.codec.streaming import StreamingCodec
 from ttsengine.model.kernels.triton_support import triton_major
 
@@ -92,3 +92,20 @@ def test_triton_kernel_in_the_interpreter(shape):
         got = conv_time_major(x, conv.weight.permute(2, 1, 0).contiguous(), d, conv.bias)
         want = _time_major(conv, x)
     assert (got - want).abs().max().item() < 1e-5
+
+
+@pytest.mark.skipif(not (triton_major() >= 3 and os.environ.get("TRITON_INTERPRET") == "1"),
+                    reason="the Triton kernel on CPU needs Triton >= 3's interpreter (on GPUs: test_gpu.py)")
+@pytest.mark.parametrize("stride,kernel", [(2, 4), (8, 16), (4, 12)])
+def test_triton_kernel_as_transposed_conv_in_the_interpreter(stride, kernel):
+    # the upsampling convs on CUDA: the same kernel over the input read with kernel/stride - 1 zeros each side
+    from ttsengine.model.kernels.codec.conv import conv_time_major
+
+    torch.manual_seed(kernel)
+    conv = nn.ConvTranspose1d(20, 12, kernel, stride=stride)
+    x = torch.randn(2, 2 + 9, 20)[:, 2:]
+    with torch.inference_mode():
+        got = conv_time_major(x, transposed_as_conv(conv.weight, stride), 1, pad=kernel // stride - 1)
+        want = F.conv_transpose1d(x.transpose(1, 2), conv.weight, None, stride=stride).transpose(1, 2)
+    assert got.shape == (2, 9 + kernel // stride - 1, stride * 12)
+    assert (got.reshape(want.shape) - want).abs().max().item() < 1e-5

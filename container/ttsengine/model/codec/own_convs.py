@@ -6,9 +6,12 @@ start is that work for each of the codec's CUDA graphs (docs/performance.md, "Co
   (model/kernels/codec/conv.py) on CUDA; elsewhere (and as the reference) the same sum as one GEMM over the
   unfolded taps;
 - 1-tap: a linear layer (cuBLAS);
-- depthwise (the upsampler's ConvNeXt blocks, a few positions a frame): the taps summed in fp32;
-- transposed, kernel a multiple of the stride (the upsampling convs): one GEMM to every tap's output, then the
-  taps' overlap added.
+- depthwise (the upsampler's ConvNeXt blocks, a few positions a frame): the taps summed in fp32, one multiply-add
+  per tap (a [b, n, C, k] fp32 product cost 5x cuDNN's time);
+- transposed, kernel k = m x stride s (the upsampling convs): on CUDA the same Triton kernel, as an m-tap conv
+  from Ci to s x Co over the input with m - 1 zeros each side (each output position's s samples are the sum of m
+  input positions' products, accumulated in fp32 in the kernel); elsewhere one GEMM to every tap's output, then
+  the taps' overlap added in fp32.
 Anything else (grouped but not depthwise, strided) returns None: the layout runs it through cuDNN as before.
 Activations are [b, n, C]; outputs are new tensors the walker may change.
 """
@@ -42,9 +45,15 @@ class OwnConvs:
                 x = x if x.stride(2) == 1 or x.shape[2] == 1 else x.contiguous()
                 return conv_time_major(x, self._weight(conv, lambda w: w.permute(2, 1, 0)), d, b)
             return F.linear(taps(x, k, d).flatten(2), self._weight(conv, lambda w: w.permute(0, 2, 1).flatten(1)), b)
-        if conv.groups == co and ci_g == 1:  # depthwise: [b, n', C, k] x [C, k]
-            y = (taps(x, k, d).transpose(2, 3).float() * self._weight(conv, lambda w: w[:, 0].float())).sum(-1)
-            return (y if b is None else y + b.float()).to(x.dtype)
+        if conv.groups == co and ci_g == 1:  # depthwise: y[:, t] = sum_j x[:, t + j d] * w[j], per channel
+            w = self._weight(conv, lambda v: v[:, 0].t().float())  # [k, C]
+            n_out = x.shape[1] - (k - 1) * d
+            y = x.new_zeros(x.shape[0], n_out, co, dtype=torch.float32)
+            if b is not None:
+                y += b.float()
+            for j in range(k):
+                y.addcmul_(x[:, j * d:j * d + n_out], w[j])
+            return y.to(x.dtype)
         return None
 
     def conv_transposed(self, conv: nn.ConvTranspose1d, x: Tensor) -> Tensor | None:
@@ -52,8 +61,14 @@ class OwnConvs:
         (k,), (s,) = conv.kernel_size, conv.stride
         if conv.groups != 1 or k % s or conv.padding != (0,) or conv.output_padding != (0,) or conv.dilation != (1,):
             return None
-        batch, length, _ = x.shape
+        batch, length, ci = x.shape
         co, m = conv.weight.shape[1], k // s
+        if self.kernel and x.is_cuda and m > 1:
+            from ..kernels.codec.conv import conv_time_major
+
+            x = x if x.stride(2) == 1 else x.contiguous()
+            w = self._weight(conv, lambda v: transposed_as_conv(v, s))
+            return conv_time_major(x, w, 1, pad=m - 1).view(batch, (length + m - 1) * s, co)
         # every input position's k output samples: [b, L, k * Co] -> [b, L, m, s, Co]
         taps_out = F.linear(x, self._weight(conv, lambda w: w.permute(2, 1, 0).flatten(0, 1))).view(batch, length, m,
                                                                                                       s, co)
@@ -70,6 +85,14 @@ class OwnConvs:
         if w is None:
             w = self._weights[id(conv)] = form(conv.weight.detach()).contiguous()
         return w
+
+
+def transposed_as_conv(weight: Tensor, s: int) -> Tensor:
+    """A transposed conv's weight [Ci, Co, k = m s] -> the m-tap conv's [m, Ci, s Co] that gives its output: output
+    stride t's s samples = sum over q < m of input t - q times tap q (tap q's samples r: weight[..., q s + r]); a conv
+    reads input t + j for tap j over m - 1 leading zeros, so its tap j is the transposed conv's tap m - 1 - j."""
+    ci, co, k = weight.shape
+    return weight.reshape(ci, co, k // s, s).permute(2, 0, 3, 1).flip(0).reshape(k // s, ci, s * co)
 
 
 def taps(x: Tensor, k: int, d: int) -> Tensor:

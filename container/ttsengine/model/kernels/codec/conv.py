@@ -23,14 +23,17 @@ def _kernel():
     import triton
     import triton.language as tl
 
-    # M and N_OUT change with every call's rows and chunk: not specialised (Triton would compile again for each one's
-    # divisibility by 16). X_B stays specialised: its divisibility tells Triton the rows are 16-byte aligned, which
-    # turns the input tile's loads into vector async copies (scalar 2-byte loads without it, in the sm_90 build)
-    @triton.jit(do_not_specialize=["M", "N_OUT"])
-    def kernel(X, W, B, Y, M, N_OUT, CI, CO, X_B, X_T, DIL, KSIZE: tl.constexpr, HAS_BIAS: tl.constexpr,
-               IEEE: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):
-        # Y [M = batch x N_OUT, CO] contiguous; X [batch, N_OUT + (KSIZE - 1) DIL, CI] with strides (X_B, X_T, 1);
-        # W [KSIZE, CI, CO] contiguous. One program per (BM output positions, BN output channels).
+    # M and N_OUT change with every call's rows and chunk, DIL with every residual unit: not specialised (Triton would
+    # compile again for each one's divisibility by 16 or equality to 1). X_B stays specialised: its divisibility
+    # tells Triton the rows are 16-byte aligned, which turns the input tile's loads into vector async copies (scalar
+    # 2-byte loads without it, in the sm_90 build)
+    @triton.jit(do_not_specialize=["M", "N_OUT", "DIL", "N_IN"])
+    def kernel(X, W, B, Y, M, N_OUT, CI, CO, X_B, X_T, DIL, PAD, N_IN, KSIZE: tl.constexpr, HAS_BIAS: tl.constexpr,
+               PADDED: tl.constexpr, IEEE: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
+               STAGES: tl.constexpr):
+        # Y [M = batch x N_OUT, CO] contiguous; X [batch, N_IN, CI] with strides (X_B, X_T, 1), N_IN = N_OUT +
+        # (KSIZE - 1) DIL - 2 PAD: PADDED, PAD zeros on each side (a transposed conv as a conv), else PAD 0 and
+        # every tap in range; W [KSIZE, CI, CO] contiguous. One program per (BM output positions, BN output channels).
         rows = tl.program_id(0) * BM + tl.arange(0, BM)
         cols = tl.program_id(1) * BN + tl.arange(0, BN)
         row_ok, col_ok = rows < M, cols < CO
@@ -38,18 +41,25 @@ def _kernel():
         base = b.to(tl.int64) * X_B + t.to(tl.int64) * X_T  # [BM] each output position's first tap
         ks = tl.arange(0, BK)
         acc = tl.zeros((BM, BN), dtype=tl.float32)
-        for j in range(KSIZE):
-            for c0 in range(0, CI, BK):
-                c = c0 + ks
-                c_ok = c < CI
-                a = tl.load(X + base[:, None] + (j * DIL * X_T + c)[None, :], mask=row_ok[:, None] & c_ok[None, :],
-                            other=0.0)
-                w = tl.load(W + (j * CI + c)[:, None] * CO + cols[None, :], mask=c_ok[:, None] & col_ok[None, :],
-                            other=0.0)
-                if IEEE:
-                    acc += tl.dot(a, w, input_precision="ieee")
-                else:
-                    acc += tl.dot(a, w)
+        # one loop over K = the taps x the channels rounded up to BK (each step inside one tap): a single loop is
+        # what Triton software-pipelines (STAGES loads in flight); two nested ones pipelined only the inner,
+        # a few steps long at the codec's 96-384 channels
+        ci_pad = tl.cdiv(CI, BK) * BK
+        for kk in tl.range(0, KSIZE * ci_pad, BK, num_stages=STAGES):
+            j = kk // ci_pad
+            c = kk - j * ci_pad + ks
+            c_ok = c < CI
+            a_ok = row_ok[:, None] & c_ok[None, :]
+            if PADDED:  # input position t + j DIL - PAD, zero outside [0, N_IN)
+                p = t + j * DIL - PAD
+                a_ok &= ((p >= 0) & (p < N_IN))[:, None]
+            a = tl.load(X + base[:, None] + ((j * DIL - PAD) * X_T + c)[None, :], mask=a_ok, other=0.0)
+            w = tl.load(W + (j * CI + c)[:, None] * CO + cols[None, :], mask=c_ok[:, None] & col_ok[None, :],
+                        other=0.0)
+            if IEEE:
+                acc += tl.dot(a, w, input_precision="ieee")
+            else:
+                acc += tl.dot(a, w)
         if HAS_BIAS:
             acc += tl.load(B + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :]
         tl.store(Y + rows.to(tl.int64)[:, None] * CO + cols[None, :], acc.to(Y.dtype.element_ty),
@@ -58,32 +68,40 @@ def _kernel():
     return kernel
 
 
-def tiles(m: int, ci: int, co: int) -> tuple[int, int, int, int]:
-    """(BM, BN, BK, warps) for M output positions, CI -> CO channels: a heuristic (no autotuning, whose timing would
-    come back at start); BN covers narrow outputs (the last conv's one channel) with the least padding tl.dot allows."""
+def tiles(m: int, ci: int, co: int) -> tuple[int, int, int, int, int]:
+    """(BM, BN, BK, warps, stages) for M output positions, CI -> CO channels: a heuristic (no autotuning, whose timing
+    would come back at start); BN covers narrow outputs (the last conv's one channel) with the least padding tl.dot
+    allows."""
+    # from the sweep over the real codec's convs at 256 rows x 8 frames (docs/speed.md, "The codec's own convs"):
+    # BN a divisor of CO where one fits (192 -> 3 x 64, not 2 x 128 with a quarter padded), 4 warps below 256 input
+    # channels, 8 above; the differences among the rest were within the sweep's noise
     bm = 128 if m >= 8192 else 64
-    bn = min(128, max(16, next_pow2(co)))
+    bn = 128 if co % 128 == 0 else 64 if co % 64 == 0 else min(128, max(16, next_pow2(co)))
     bk = 64 if ci % 64 == 0 else 32 if ci >= 32 else 16
-    return bm, bn, bk, 8 if bm * bn >= 128 * 128 else 4
+    return bm, bn, bk, 8 if bm * bn >= 128 * 128 and ci >= 256 else 4, 3
 
 
-def conv_time_major(x: Tensor, weight: Tensor, dilation: int, bias: Tensor | None = None) -> Tensor:
+def conv_time_major(x: Tensor, weight: Tensor, dilation: int, bias: Tensor | None = None, pad: int = 0,
+                    tile: tuple[int, int, int, int, int] | None = None) -> Tensor:
     """x [b, n, Ci] (CUDA; channels contiguous, any position and batch strides, e.g. a wider buffer's view);
-    weight [k, Ci, Co] contiguous (a conv's [Co, Ci, k] permuted once); bias [Co] or None -> [b, n - (k-1) d, Co]."""
+    weight [k, Ci, Co] contiguous (a conv's [Co, Ci, k] permuted once); bias [Co] or None -> [b, n - (k-1) d + 2 pad,
+    Co], x read as if pad zero positions stood on each side (none are written). tile: (BM, BN, BK, warps, stages)
+    instead of tiles()'s (scripts/device/own_conv_tiles.py sweeps them)."""
     batch, n, ci = x.shape
     k, wci, co = weight.shape
-    n_out = n - (k - 1) * dilation
-    if wci != ci or n_out < 0 or (x.stride(2) != 1 and ci > 1) or not weight.is_contiguous() or weight.dtype != x.dtype:
+    n_out = n - (k - 1) * dilation + 2 * pad
+    if (pad < 0 or wci != ci or n_out < 0 or (x.stride(2) != 1 and ci > 1) or not weight.is_contiguous()
+            or weight.dtype != x.dtype):
         raise ValueError(f"conv_time_major: x {tuple(x.shape)} strides {x.stride()} {x.dtype}, weight "
                          f"{tuple(weight.shape)} {weight.dtype} (contiguous {weight.is_contiguous()}), dilation "
-                         f"{dilation} do not fit")
+                         f"{dilation}, pad {pad} do not fit")
     y = torch.empty(batch, n_out, co, dtype=x.dtype, device=x.device)
     m = batch * n_out
     if m == 0:
         return y
-    bm, bn, bk, warps = tiles(m, ci, co)
+    bm, bn, bk, warps, stages = tile or tiles(m, ci, co)
     grid = (-(-m // bm), -(-co // bn))
     _kernel()[grid](x, weight, weight if bias is None else bias, y, m, n_out, ci, co, x.stride(0), x.stride(1),
-                    dilation, KSIZE=k, HAS_BIAS=bias is not None, IEEE=x.dtype == torch.float32, BM=bm, BN=bn, BK=bk,
-                    num_warps=warps, num_stages=3)
+                    dilation, pad, n, KSIZE=k, HAS_BIAS=bias is not None, PADDED=pad > 0, IEEE=x.dtype == torch.float32,
+                    BM=bm, BN=bn, BK=bk, STAGES=stages, num_warps=warps)
     return y
