@@ -39,6 +39,8 @@ def before(p: Platform) -> set[str]:
     on |= {F.OVERLAP_STEP, F.STEP_PRIORITY} if p.cuda else set()
     on |= {F.CODEC_KV_RING, F.CODEC_SPARSE_ROWS} if p.cuda else set()  # on by default since stop 55's measurement
     on |= {F.SNAKE_KERNEL} if p.cuda and p.triton else set()
+    # since stop 61, where it was measured (sm_90+, the PDL probe standing for it) and can run
+    on |= {F.CODEC_OWN_CONVS} if graphs and p.triton_major >= 3 and p.pdl else set()
     if p.cuda:
         triton_attention, triton3 = p.triton and p.sixteen_bit, p.triton_major >= 3
         on |= {F.VOCAB_SCAN, F.MERGED_FFN}

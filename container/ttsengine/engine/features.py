@@ -224,10 +224,12 @@ FEATURES = (
             "tuning in graph captures only", "engine/engine.py", requires=(CUDA,), default=False),
     Feature(CODEC_CHANNELS_LAST, CODEC, "the streaming codec time-major with channels-last convolutions",
             "channel-major convolutions", "model/codec/streaming.py", auto=(CUDA, TUNED_CODEC), keyed=True),
-    # codec_own_convs: opt-in until measured on a GPU (its start and its speed against cuDNN's tuned convs)
+    # codec_own_convs: measured as fast as cuDNN's tuned convs, the whole model and the codec alone, with an eighth
+    # of the codec's capture time (docs/speed.md, "The codec's own convolutions"), on the sm_90 GPU its tiles were
+    # chosen on: on by default on sm_90+ (the PDL probe stands for it), unmeasured elsewhere
     Feature(CODEC_OWN_CONVS, CODEC, "the time-major codec's convolutions as GEMMs of our own (a Triton implicit GEMM, "
             "cuBLAS): no cuDNN plan or tuning per shape", "cuDNN's channels-last convolutions",
-            "model/codec/own_convs.py", requires=(CUDA, TRITON3, feature(CODEC_CHANNELS_LAST)), default=False),
+            "model/codec/own_convs.py", requires=(CUDA, TRITON3, feature(CODEC_CHANNELS_LAST)), auto=(SM90_PDL,)),
     # codec_kv_ring and codec_sparse_rows: measured faster (the ring) and half the capture and cuDNN tuning at the
     # same speed (sparse rows) on a GPU (docs/speed.md); GPU parity in tests/engine/test_gpu.py. Unmeasured on a
     # CPU: off there.
