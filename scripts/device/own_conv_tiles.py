@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from torch.profiler import ProfilerActivity, profile
 from triton.testing import do_bench
 
-from ttsengine.model.codec.own_convs import OwnConvs
+from ttsengine.model.codec.own_convs import OwnConvs, _taps_major
 from ttsengine.model.codec.streaming import StreamingCodec
 from ttsengine.model.kernels.codec.conv import conv_time_major, tiles
 from ttsengine.model.kernels.codec.snake import residual_bias_triton, snake_triton, snake_triton_time_major
@@ -131,7 +131,7 @@ def main():
                 m = shape[0] * (shape[1] - (k - 1) * ds)
                 pick = tiles(m, ci, co)
                 if os.environ.get("SWEEP", "1") != "0":
-                    w = own._weight(c, lambda v: v.permute(2, 1, 0))
+                    w = own._weight(c, _taps_major)
                     best = sweep(w, x if x.stride(2) == 1 else x.contiguous(), ds, c.bias if bias else None, ci, co)
             total["cudnn"] += ref
             total["ours"] += mine

@@ -298,9 +298,11 @@ def test_codec_kv_ring_in_graphs_equals_the_plain_codec_fp32(exact_fp32):
     _assert_same_chunks(run(True, True), run(False, False))
 
 
-def test_own_convs_in_graphs_equal_cudnns_codec_fp32(exact_fp32):
+@pytest.mark.parametrize("fused", [False, True], ids=["own_convs", "fused_convs"])
+def test_own_convs_in_graphs_equal_cudnns_codec_fp32(exact_fp32, fused):
     # codec_own_convs: the time-major codec's convs as the Triton implicit GEMM / cuBLAS inside captured graphs (the
-    # engine's path), against the same codec on cuDNN's convs uncaptured; fp32 without TF32 on either side
+    # engine's path), against the same codec on cuDNN's convs uncaptured; fp32 without TF32 on either side; fused:
+    # with codec_fused_convs' epilogues (Snake and the residual sum in the convs' stores)
     import threading
 
     from ttsengine.engine.device.vocoder import Vocoder
@@ -315,7 +317,7 @@ def test_own_convs_in_graphs_equal_cudnns_codec_fp32(exact_fp32):
         voc = Vocoder(codec, 3, 4096, (4, 8), (1, 2, 4), threading.RLock(), lambda f, s: None, lambda s: None,
                       time_major=True, kv_ring=True)
         if own:
-            voc.use_own_convs()
+            voc.use_own_convs(fused)
         voc.plan_graphs(4 if own else 0)
         return _decode_on_worker(voc, [([0, 1, 2], 0, 4), ([0, 2], 4, 8), ([0, 1, 2], 12, 8)], codes, capture=own)
 
@@ -323,7 +325,8 @@ def test_own_convs_in_graphs_equal_cudnns_codec_fp32(exact_fp32):
 
 
 @pytest.mark.parametrize("ring", [0, 8], ids=["plain", "kv_ring"])
-@pytest.mark.parametrize("time_major", [False, True, "own"], ids=["channels", "time_major", "own_convs"])
+@pytest.mark.parametrize("time_major", [False, True, "own", "fused"],
+                         ids=["channels", "time_major", "own_convs", "fused_convs"])
 def test_streaming_decode_bf16_adds_no_error_beyond_bf16(time_major, ring):
     """Streamed and whole decodes in bf16, each against an fp32 whole decode: streaming must not be
     noticeably worse than bf16 itself (SNR within 1 dB), channel-major or time-major (channels-last cuDNN convs,
@@ -343,10 +346,10 @@ def test_streaming_decode_bf16_adds_no_error_beyond_bf16(time_major, ring):
         codec = load(cfg(codec_dtype="bfloat16")).codec
         whole = codec.decode(codes)[:, 0].float()
         dec = StreamingCodec(codec, 4, 4096, time_major=bool(time_major), ring_chunk=ring)
-        if time_major == "own":  # feature codec_own_convs: the Triton implicit GEMM and cuBLAS, no cuDNN conv
+        if time_major in ("own", "fused"):  # codec_own_convs: the Triton implicit GEMM and cuBLAS, no cuDNN conv
             from ttsengine.model.codec.own_convs import OwnConvs
 
-            dec.own_convs = OwnConvs(kernel=True)
+            dec.own_convs = OwnConvs(kernel=True, fused=time_major == "fused")  # fused: codec_fused_convs
         if time_major:
             from ttsengine.model.kernels.codec.snake import snake_triton_time_major
 
@@ -416,6 +419,36 @@ def test_own_transposed_conv_equals_cudnn(shape):
                 assert err < tol * (1 + want.abs().max().item()), (dtype, rows, err)
     finally:
         torch.backends.cudnn.allow_tf32 = old
+
+
+@pytest.mark.parametrize("shape", [(96, 96, 7, 9), (192, 192, 1, 1), (768, 768, 7, 3), (384, 384, 1, 1)],
+                         ids=["96-d9-snake", "192-1tap-residual", "768-d3-snake", "384-1tap-residual"])
+def test_fused_conv_epilogues_equal_the_ops_they_replace(shape):
+    """codec_fused_convs: the kernel storing snake(conv + bias) (7-tap convs) or r + (conv + bias) (1-tap) against the
+    same kernel's plain output followed by the Triton Snake / residual kernels: the same roundings, so equal up to the
+    sine's ulp in bf16 and fp32."""
+    from ttsengine.model.kernels.codec.conv import conv_time_major
+    from ttsengine.model.kernels.codec.snake import residual_bias_triton, snake_triton_time_major
+
+    ci, co, k, d = shape
+    g = torch.Generator(device="cpu").manual_seed(ci + k)
+    for dtype, tol in ((torch.float32, 1e-5), (torch.bfloat16, 1e-2)):
+        w = (torch.randn(k, ci, co, generator=g) / (ci * k) ** 0.5).to("cuda", dtype)
+        b = torch.randn(co, generator=g).to("cuda", dtype)
+        for rows, n in ((1, 32), (64, 130)):
+            x = torch.randn(rows, 3 + n + (k - 1) * d, ci, generator=g).to("cuda", dtype)[:, 3:]
+            plain = conv_time_major(x, w, d)
+            if k > 1:
+                alpha = (torch.rand(co, generator=g) * 2 + 0.05).to("cuda", dtype)
+                got = conv_time_major(x, w, d, b, snake_alpha=alpha)
+                want = snake_triton_time_major(plain, alpha.reshape(1, co, 1), bias=b)
+            else:
+                r = torch.randn(plain.shape, generator=g).to("cuda", dtype)
+                got = conv_time_major(x, w, d, b, residual=r)
+                want = residual_bias_triton(r, plain, b)
+            err = (got.float() - want.float()).abs().max().item()
+            assert got.dtype == dtype and got.shape == want.shape and err < tol * (1 + want.abs().max().item()), \
+                (dtype, rows, err)
 
 
 def _assert_snake_kernel(kernel, reference, shapes, channel_dim: int, g) -> None:

@@ -107,6 +107,9 @@ def test_codec_switches_follow_the_engines_rules():
     assert own.own_convs and own.describe() == \
         "time-major, KV ring, rows 1/4/16/64, Snake kernel, own convs, cuDNN tuned in graph captures"
     assert not codec_switches(resolve("+codec_own_convs,-codec_channels_last", GPU).on).own_convs  # needs time-major
+    fused = codec_switches(resolve("+codec_own_convs,+codec_fused_convs", GPU).on)  # opt-in, on the own convs
+    assert fused.fused_convs and fused.describe().endswith("own convs, fused epilogues, cuDNN tuned in graph captures")
+    assert not codec_switches(resolve("+codec_fused_convs,-codec_own_convs", GPU).on).fused_convs
     compiling = Platform(cuda=True, triton=True, triton_major=3, compile=True)
     compiled = codec_switches(resolve("+codec_compile", compiling).on)
     assert compiled.compile and not compiled.snake_kernel  # the compiled codec fuses Snake itself

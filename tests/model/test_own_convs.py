@@ -14,7 +14,7 @@ from test_codec_streaming import TOL, random_codes
 from torch import nn
 from torch.nn import functional as F
 
-from ttsengine.model.codec.own_convs import OwnConvs, transposed_as_conv
+from ttsengine.model.codec.own_convs import OwnConvs, transposed_weight_as_conv
 from ttsengine.model.codec.streaming import StreamingCodec
 from ttsengine.model.kernels.triton_support import triton_major
 
@@ -105,7 +105,31 @@ def test_triton_kernel_as_transposed_conv_in_the_interpreter(stride, kernel):
     conv = nn.ConvTranspose1d(20, 12, kernel, stride=stride)
     x = torch.randn(2, 2 + 9, 20)[:, 2:]
     with torch.inference_mode():
-        got = conv_time_major(x, transposed_as_conv(conv.weight, stride), 1, pad=kernel // stride - 1)
+        got = conv_time_major(x, transposed_weight_as_conv(conv.weight, stride), 1, pad=kernel // stride - 1)
         want = F.conv_transpose1d(x.transpose(1, 2), conv.weight, None, stride=stride).transpose(1, 2)
     assert got.shape == (2, 9 + kernel // stride - 1, stride * 12)
     assert (got.reshape(want.shape) - want).abs().max().item() < 1e-5
+
+
+@pytest.mark.skipif(not (triton_major() >= 3 and os.environ.get("TRITON_INTERPRET") == "1"),
+                    reason="the Triton kernel on CPU needs Triton >= 3's interpreter (on GPUs: test_gpu.py)")
+@pytest.mark.parametrize("shape", [(48, 40, 7, 3), (32, 48, 1, 1), (24, 24, 7, 1)], ids=["k7-d3", "1-tap", "k7-d1"])
+def test_triton_kernel_epilogues_in_the_interpreter(shape):
+    # codec_fused_convs: snake(conv + bias) and r + (conv + bias) stored by the conv against torch's conv and the
+    # eager Snake / sum (fp32: equal up to the summation order and the sine)
+    from ttsengine.model.kernels.codec.conv import conv_time_major
+
+    ci, co, k, d = shape
+    torch.manual_seed(ci + k)
+    conv = nn.Conv1d(ci, co, k, dilation=d)
+    x = torch.randn(2, 3 + 40 + (k - 1) * d, ci)[:, 3:]
+    alpha = torch.rand(co) * 2 + 0.05
+    with torch.inference_mode():
+        w = conv.weight.permute(2, 1, 0).contiguous()
+        y = _time_major(conv, x)
+        snake = conv_time_major(x, w, d, conv.bias, snake_alpha=alpha)
+        want = y + torch.sin(alpha * y) ** 2 / (alpha + 1e-9)
+        assert (snake - want).abs().max().item() < 1e-4
+        r = torch.randn(y.shape)
+        summed = conv_time_major(x, w, d, conv.bias, residual=r)
+        assert (summed - (r + y)).abs().max().item() < 1e-5

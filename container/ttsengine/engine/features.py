@@ -60,6 +60,7 @@ CODEC_CACHE = "codec_cache"
 CODEC_KV_RING = "codec_kv_ring"
 CODEC_SPARSE_ROWS = "codec_sparse_rows"
 CODEC_OWN_CONVS = "codec_own_convs"
+CODEC_FUSED_CONVS = "codec_fused_convs"
 
 
 @dataclass(frozen=True)
@@ -230,6 +231,10 @@ FEATURES = (
     Feature(CODEC_OWN_CONVS, CODEC, "the time-major codec's convolutions as GEMMs of our own (a Triton implicit GEMM, "
             "cuBLAS): no cuDNN plan or tuning per shape", "cuDNN's channels-last convolutions",
             "model/codec/own_convs.py", requires=(CUDA, TRITON3, feature(CODEC_CHANNELS_LAST)), auto=(SM90_PDL,)),
+    # codec_fused_convs: opt-in until measured on a GPU (two activation passes fewer per residual unit)
+    Feature(CODEC_FUSED_CONVS, CODEC, "a residual unit's Snake and residual sum in its own convs' stores",
+            "a Snake pass and a sum pass per residual unit", "model/kernels/codec/conv.py",
+            requires=(feature(CODEC_OWN_CONVS),), default=False),
     # codec_kv_ring and codec_sparse_rows: measured faster (the ring) and half the capture and cuDNN tuning at the
     # same speed (sparse rows) on a GPU (docs/speed.md); GPU parity in tests/engine/test_gpu.py. Unmeasured on a
     # CPU: off there.

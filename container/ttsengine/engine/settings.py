@@ -71,7 +71,7 @@ def codec_switches(on: frozenset[str]) -> CodecSwitches:
     return CodecSwitches(compile=features.CODEC_COMPILE in on, snake_kernel=features.SNAKE_KERNEL in on,
                          cudnn_autotune=cudnn_autotune_mode(on), channels_last=features.CODEC_CHANNELS_LAST in on,
                          kv_ring=features.CODEC_KV_RING in on, sparse_rows=features.CODEC_SPARSE_ROWS in on,
-                         own_convs=features.CODEC_OWN_CONVS in on)
+                         own_convs=features.CODEC_OWN_CONVS in on, fused_convs=features.CODEC_FUSED_CONVS in on)
 
 
 def codec_buckets(buckets: tuple[int, ...], sparse: bool) -> tuple[int, ...]:

@@ -49,12 +49,14 @@ class CodecSwitches:
     kv_ring: bool = False  # the transformer's keys and values in a ring per row (feature codec_kv_ring)
     sparse_rows: bool = False  # calls padded to powers of 4 rows: half the graphs (feature codec_sparse_rows)
     own_convs: bool = False  # time-major convs as GEMMs of our own, no cuDNN (feature codec_own_convs)
+    fused_convs: bool = False  # their residual-unit epilogues: Snake, the residual sum (feature codec_fused_convs)
 
     def describe(self) -> str:
         """-> e.g. "time-major, Snake kernel, cuDNN tuned in graph captures" (bench --codec-only's engine mode)."""
         parts = ["time-major" if self.channels_last else "channel-major"] + ["KV ring"] * self.kv_ring
         parts += ["rows 1/4/16/64"] * self.sparse_rows
         parts += ["compiled"] * self.compile + ["Snake kernel"] * self.snake_kernel + ["own convs"] * self.own_convs
+        parts += ["fused epilogues"] * self.fused_convs
         parts.append({"off": "cuDNN untuned", "graphs": "cuDNN tuned in graph captures",
                       "process": "cuDNN tuned everywhere"}[self.cudnn_autotune])
         return ", ".join(parts)
@@ -140,7 +142,7 @@ class Vocoder:
         if switches.cudnn_autotune == "graphs":
             self.autotune_captures()
         if switches.own_convs:
-            self.use_own_convs()
+            self.use_own_convs(switches.fused_convs)
 
     def enable_compile(self) -> None:
         """torch.compile the chunk decode, one static-shape compile per (rows, chunk) key (a dynamic batch
@@ -159,12 +161,12 @@ class Vocoder:
         """cuDNN times its algorithms while each codec graph is first run and recorded; the graph keeps them."""
         self.graphs.tune = cudnn_autotuned
 
-    def use_own_convs(self) -> None:
+    def use_own_convs(self, fused: bool = False) -> None:
         """The time-major codec's convolutions as GEMMs of our own (model/codec/own_convs.py): no cuDNN plan to build
-        or tune per shape when a graph is captured."""
+        or tune per shape when a graph is captured. fused: with the residual units' epilogues (codec_fused_convs)."""
         from ...model.codec.own_convs import OwnConvs
 
-        self.codec.own_convs = OwnConvs(kernel=True)
+        self.codec.own_convs = OwnConvs(kernel=True, fused=fused)
 
     def use_snake_kernel(self) -> None:
         """Snake as one Triton kernel (model/kernels/codec/snake.py): the eager codec's fused pass."""

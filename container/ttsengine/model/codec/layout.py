@@ -2,8 +2,8 @@
 and on [b, n, C] ones. The walker (streaming.py) takes the same steps on either; a layout says which axis is time
 and runs the ops whose form depends on it (Snake, the convolutions, a bias's broadcast, the state's shape).
 
-A layout with fold_biases also takes bias= on snake and conv and has residual(): the walker then adds a residual
-unit's conv biases in the elementwise ops that read the convs' outputs (see StreamingCodec._residual_unit).
+A layout with fold_biases also takes bias= on snake and conv and has conv_snake() and conv_residual(): the walker then
+adds a residual unit's conv biases in the ops that read the convs' outputs (see StreamingCodec._residual_unit).
 """
 
 from __future__ import annotations
@@ -98,6 +98,18 @@ class TimeMajor:
 
     def residual(self, x: Tensor, y: Tensor, bias: Tensor) -> Tensor:
         return self.kernels.residual_bias(x, y, bias)  # x + (y + bias)
+
+    def conv_snake(self, conv: nn.Conv1d, x: Tensor, alpha: Tensor) -> Tensor:
+        # snake(conv(x) + bias): in the conv's store with codec_fused_convs, else the conv and a Snake pass
+        own = self.kernels.own_convs
+        y = None if own is None else own.conv_snake(conv, x, alpha)
+        return self.snake(self.conv(conv, x, bias=False), alpha, bias=conv.bias) if y is None else y
+
+    def conv_residual(self, conv: nn.Conv1d, x: Tensor, residual: Tensor) -> Tensor:
+        # residual + (conv(x) + bias): in the conv's store with codec_fused_convs, else the conv and a sum pass
+        own = self.kernels.own_convs
+        y = None if own is None else own.conv_residual(conv, x, residual)
+        return self.residual(residual, self.conv(conv, x, bias=False), conv.bias) if y is None else y
 
     def conv(self, conv: nn.Conv1d, x: Tensor, bias: bool = True) -> Tensor:
         # x [b, n, Ci] -> conv(x) [b, n', Co] (bias=False: without the bias). Around the dilated convs: cuDNN's

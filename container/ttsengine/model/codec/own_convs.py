@@ -13,6 +13,9 @@ start is that work for each of the codec's CUDA graphs (docs/performance.md, "Co
   input positions' products, accumulated in fp32 in the kernel); elsewhere one GEMM to every tap's output, then
   the taps' overlap added in fp32.
 Anything else (grouped but not depthwise, strided) returns None: the layout runs it through cuDNN as before.
+With fused (feature codec_fused_convs, CUDA), a residual unit's dilated conv stores Snake of its output and its 1-tap
+conv stores the residual sum (conv_snake, conv_residual: the kernel's epilogues), two passes over the activations
+fewer per unit; elsewhere those return None and the layout runs the ops one by one.
 Activations are [b, n, C]; outputs are new tensors the walker may change.
 """
 
@@ -24,10 +27,11 @@ from torch.nn import functional as F
 
 
 class OwnConvs:
-    def __init__(self, kernel: bool):
-        """kernel: dense convs on CUDA through the Triton kernel (else the unfolded GEMM everywhere)."""
-        self.kernel = kernel
-        self._weights: dict[int, Tensor] = {}  # id(conv) -> its weight in the form its GEMM reads
+    def __init__(self, kernel: bool, fused: bool = False):
+        """kernel: dense convs on CUDA through the Triton kernel (else the unfolded GEMM everywhere); fused: the
+        residual units' epilogues in that kernel too."""
+        self.kernel, self.fused = kernel, fused
+        self._weights: dict[tuple, Tensor] = {}  # (id(conv), form) -> its weight in the form a GEMM reads
 
     def conv(self, conv: nn.Conv1d, x: Tensor, bias: bool = True) -> Tensor | None:
         """x [b, n, Ci] -> [b, n - (k-1) d, Co] (bias=False: without the conv's bias); None: not ours."""
@@ -37,16 +41,16 @@ class OwnConvs:
             return None
         co, ci_g, _ = conv.weight.shape
         if conv.groups == 1 and k == 1:
-            return F.linear(x, self._weight(conv, lambda w: w[:, :, 0]), b)
+            return F.linear(x, self._weight(conv, _one_tap), b)
         if conv.groups == 1:
             if self.kernel and x.is_cuda:
                 from ..kernels.codec.conv import conv_time_major
 
                 x = x if x.stride(2) == 1 or x.shape[2] == 1 else x.contiguous()
-                return conv_time_major(x, self._weight(conv, lambda w: w.permute(2, 1, 0)), d, b)
-            return F.linear(taps(x, k, d).flatten(2), self._weight(conv, lambda w: w.permute(0, 2, 1).flatten(1)), b)
+                return conv_time_major(x, self._weight(conv, _taps_major), d, b)
+            return F.linear(taps(x, k, d).flatten(2), self._weight(conv, _unfolded), b)
         if conv.groups == co and ci_g == 1:  # depthwise: y[:, t] = sum_j x[:, t + j d] * w[j], per channel
-            w = self._weight(conv, lambda v: v[:, 0].t().float())  # [k, C]
+            w = self._weight(conv, _depthwise)  # [k, C]
             n_out = x.shape[1] - (k - 1) * d
             y = x.new_zeros(x.shape[0], n_out, co, dtype=torch.float32)
             if b is not None:
@@ -55,6 +59,24 @@ class OwnConvs:
                 y.addcmul_(x[:, j * d:j * d + n_out], w[j])
             return y.to(x.dtype)
         return None
+
+    def conv_snake(self, conv: nn.Conv1d, x: Tensor, alpha: Tensor) -> Tensor | None:
+        """snake(conv(x) + bias, alpha) in the conv's store, x [b, n, Ci]; None: not fused here."""
+        return self._fused(conv, x, snake_alpha=alpha)
+
+    def conv_residual(self, conv: nn.Conv1d, x: Tensor, residual: Tensor) -> Tensor | None:
+        """residual + (conv(x) + bias) in the conv's store, x [b, n, Ci], residual [b, n', Co]; None: not fused."""
+        return self._fused(conv, x, residual=residual)
+
+    def _fused(self, conv: nn.Conv1d, x: Tensor, **epilogue) -> Tensor | None:
+        if not (self.fused and self.kernel and x.is_cuda) or conv.groups != 1 or conv.stride != (1,) \
+                or conv.padding != (0,):
+            return None
+        from ..kernels.codec.conv import conv_time_major
+
+        x = x if x.stride(2) == 1 or x.shape[2] == 1 else x.contiguous()
+        return conv_time_major(x, self._weight(conv, _taps_major), conv.dilation[0], conv.bias,
+                               **epilogue)
 
     def conv_transposed(self, conv: nn.ConvTranspose1d, x: Tensor) -> Tensor | None:
         """x [b, L, Ci] -> [b, (L-1) s + k, Co] without the bias; None: not ours."""
@@ -67,10 +89,10 @@ class OwnConvs:
             from ..kernels.codec.conv import conv_time_major
 
             x = x if x.stride(2) == 1 else x.contiguous()
-            w = self._weight(conv, lambda v: transposed_as_conv(v, s))
+            w = self._weight(conv, transposed_as_conv)
             return conv_time_major(x, w, 1, pad=m - 1).view(batch, (length + m - 1) * s, co)
         # every input position's k output samples: [b, L, k * Co] -> [b, L, m, s, Co]
-        taps_out = F.linear(x, self._weight(conv, lambda w: w.permute(2, 1, 0).flatten(0, 1))).view(batch, length, m,
+        taps_out = F.linear(x, self._weight(conv, _every_tap)).view(batch, length, m,
                                                                                                       s, co)
         if m == 1:  # no overlap (the quantizer's upsampling: kernel = stride)
             return taps_out.view(batch, length * s, co)
@@ -81,13 +103,41 @@ class OwnConvs:
         return y.view(batch, (length + m - 1) * s, co).to(x.dtype)
 
     def _weight(self, conv: nn.Module, form) -> Tensor:
-        w = self._weights.get(id(conv))
+        """conv's weight as form(conv) gives it, made once (form: one of the functions below, a stable cache key: a
+        1-tap conv's weight is read as [Co, Ci] by F.linear and as [1, Ci, Co] by the fused kernel)."""
+        key = (id(conv), form)
+        w = self._weights.get(key)
         if w is None:
-            w = self._weights[id(conv)] = form(conv.weight.detach()).contiguous()
+            w = self._weights[key] = form(conv).detach().contiguous()
         return w
 
 
-def transposed_as_conv(weight: Tensor, s: int) -> Tensor:
+def _one_tap(conv: nn.Conv1d) -> Tensor:
+    return conv.weight[:, :, 0]  # [Co, Ci]: F.linear's
+
+
+def _taps_major(conv: nn.Conv1d) -> Tensor:
+    return conv.weight.permute(2, 1, 0)  # [k, Ci, Co]: the kernel's
+
+
+def _unfolded(conv: nn.Conv1d) -> Tensor:
+    return conv.weight.permute(0, 2, 1).flatten(1)  # [Co, k Ci]: F.linear over the unfolded taps
+
+
+def _depthwise(conv: nn.Conv1d) -> Tensor:
+    return conv.weight[:, 0].t().float()  # [k, C]
+
+
+def _every_tap(conv: nn.ConvTranspose1d) -> Tensor:
+    return conv.weight.permute(2, 1, 0).flatten(0, 1)  # [k Co, Ci]: one GEMM to every tap's output
+
+
+def transposed_as_conv(conv: nn.ConvTranspose1d) -> Tensor:
+    """transposed_weight_as_conv of conv's weight and stride."""
+    return transposed_weight_as_conv(conv.weight, conv.stride[0])
+
+
+def transposed_weight_as_conv(weight: Tensor, s: int) -> Tensor:
     """A transposed conv's weight [Ci, Co, k = m s] -> the m-tap conv's [m, Ci, s Co] that gives its output: output
     stride t's s samples = sum over q < m of input t - q times tap q (tap q's samples r: weight[..., q s + r]); a conv
     reads input t + j for tap j over m - 1 leading zeros, so its tap j is the transposed conv's tap m - 1 - j."""

@@ -199,9 +199,8 @@ class StreamingCodec:
         act1, conv7, act2, conv1 = unit.block
         if conv1.left or conv7.conv.bias is None or conv1.conv.bias is None:  # not the codec's unit: plain walk
             return x + self._walk(unit.block, x, state, prefix)
-        h = lay.conv(conv7.conv, self._snake_behind(act1, conv7, x, state, f"{prefix}.1"), bias=False)
-        h = lay.conv(conv1.conv, lay.snake(h, act2.alpha, bias=conv7.conv.bias), bias=False)
-        return lay.residual(x, h, conv1.conv.bias)
+        h = lay.conv_snake(conv7.conv, self._snake_behind(act1, conv7, x, state, f"{prefix}.1"), act2.alpha)
+        return lay.conv_residual(conv1.conv, h, x)
 
     def _transformer(self, t: CodecTransformer, h: Tensor, state: dict[str, Tensor], prefix: str,
                      pos: Tensor) -> Tensor:
