@@ -67,14 +67,16 @@ t0 = next((stamp(x) for x in lines if x[:2] == "20"), None)
 ready = next((stamp(x) for x in lines if "engine ready" in x), None)
 kinds: dict = {}
 for x in lines:
-    m = re.search(r"captured (?:(\d+) (\S+) graph\(s\)|the (\S+) graph .*at first use) .*in ([\d.]+) s", x)
+    m = re.search(r"captured (?:(\d+) (\S+) graph\(s\)|the (\S+) graph .*at first use) .*in ([\d.]+) s"
+                  r"(?: \(first runs ([\d.]+) s, recording ([\d.]+) s\))?", x)
     if m:
         kind = m.group(2) or m.group(3)
-        n, s = kinds.get(kind, (0, 0.0))
-        kinds[kind] = (n + int(m.group(1) or 1), s + float(m.group(4)))
+        n, s, f, r = kinds.get(kind, (0, 0.0, 0.0, 0.0))
+        kinds[kind] = (n + int(m.group(1) or 1), s + float(m.group(4)), f + float(m.group(5) or 0),
+                       r + float(m.group(6) or 0))
 since = f"{(ready - t0).total_seconds():.1f} s after its first log line" if ready and t0 else "?"
-print(f"  B's start: engine ready {since}; captures " +
-      ", ".join(f"{k} {n} in {s:.1f} s" for k, (n, s) in sorted(kinds.items())))
+print(f"  B's start: engine ready {since}; captures " + ", ".join(
+    f"{k} {n} in {s:.1f} s (first runs {f:.1f}, recording {r:.1f})" for k, (n, s, f, r) in sorted(kinds.items())))
 PY
 }
 stop() { kill -TERM "$1"; wait "$1"; echo "server exit $?: $(grep -c Traceback "$W/server-$2.log") tracebacks"; }
