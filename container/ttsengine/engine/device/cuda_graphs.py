@@ -60,6 +60,10 @@ class GraphSet:
         # while set and clear, run() captures nothing (a fleet's other engines are still compiling: a capture
         # beside another thread's compile on another device failed with "operation not permitted")
         self.gate = gate
+        # feature lean_capture (set by Device): record without torch.cuda.graph's entry, which synchronizes the
+        # device and empties the caching allocator (and the pinned host cache) before every capture: a settled start
+        # records ~70 graphs, and each first allocation after an emptying goes back to the driver
+        self.lean = False
 
     def plan(self, keys: list) -> None:
         """The keys that get graphs (sorted: smallest first); forgets earlier graphs."""
@@ -142,6 +146,14 @@ class GraphSet:
             self._stream = torch.cuda.Stream()  # current when first used, wrong for the other engines of a fleet
         stream = torch.cuda.current_stream() if self.current_stream else self._stream
         # thread_local: the other thread (engine loop / codec worker) may be running work meanwhile
-        with torch.cuda.graph(graph, pool=self._pool, stream=stream, capture_error_mode="thread_local"):
-            output = self.body(key, *inputs)
+        if not self.lean:
+            with torch.cuda.graph(graph, pool=self._pool, stream=stream, capture_error_mode="thread_local"):
+                output = self.body(key, *inputs)
+            return Captured(graph, inputs, output)
+        with torch.cuda.stream(stream):
+            graph.capture_begin(self._pool, capture_error_mode="thread_local")
+            try:
+                output = self.body(key, *inputs)
+            finally:
+                graph.capture_end()
         return Captured(graph, inputs, output)
