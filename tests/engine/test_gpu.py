@@ -376,20 +376,14 @@ def test_own_conv_kernel_equals_cudnn(shape):
     ci, co, k, d = shape
     g = torch.Generator(device="cpu").manual_seed(ci + co)
     w32, b32 = torch.randn(co, ci, k, generator=g) / (ci * k) ** 0.5, torch.randn(co, generator=g)
-    old = torch.backends.cudnn.allow_tf32
-    torch.backends.cudnn.allow_tf32 = False
-    try:
+    with no_tf32():
         for dtype, tol in ((torch.float32, 1e-4), (torch.bfloat16, 3e-2)):
             w, b = w32.to("cuda", dtype), b32.to("cuda", dtype)
             for rows, n in ((1, 4 * 8), (64, 130)):
                 x = torch.randn(rows, 3 + n + (k - 1) * d, ci, generator=g).to("cuda", dtype)[:, 3:]
                 want = F.conv1d(x.transpose(1, 2).float(), w.float(), b.float(), dilation=d).transpose(1, 2)
                 got = conv_time_major(x, w.permute(2, 1, 0).contiguous(), d, b)
-                assert got.dtype == dtype and got.shape == want.shape
-                err = (got.float() - want).abs().max().item()
-                assert err < tol * (1 + want.abs().max().item()), (dtype, rows, err)
-    finally:
-        torch.backends.cudnn.allow_tf32 = old
+                _assert_close(got, want, dtype, tol, rows)
 
 
 @pytest.mark.parametrize("shape", [(1536, 768, 16, 8), (384, 192, 8, 4), (192, 96, 4, 2), (1024, 1024, 2, 2)],
@@ -406,9 +400,7 @@ def test_own_transposed_conv_equals_cudnn(shape):
     conv32 = torch.nn.ConvTranspose1d(ci, co, k, stride=s)
     with torch.no_grad():
         conv32.weight.copy_(torch.randn(ci, co, k, generator=g) / (ci * k / s) ** 0.5)
-    old = torch.backends.cudnn.allow_tf32
-    torch.backends.cudnn.allow_tf32 = False
-    try:
+    with no_tf32():
         for dtype, tol in ((torch.float32, 1e-4), (torch.bfloat16, 3e-2)):
             conv = copy.deepcopy(conv32).to("cuda", dtype)
             for rows, n in ((1, 8), (64, 66)):
@@ -416,11 +408,14 @@ def test_own_transposed_conv_equals_cudnn(shape):
                 with torch.inference_mode():
                     want = F.conv_transpose1d(x.transpose(1, 2).float(), conv.weight.float(), None, stride=s)
                     got = OwnConvs(kernel=True).conv_transposed(conv, x)
-                assert got.dtype == dtype and got.shape == want.transpose(1, 2).shape
-                err = (got.float() - want.transpose(1, 2)).abs().max().item()
-                assert err < tol * (1 + want.abs().max().item()), (dtype, rows, err)
-    finally:
-        torch.backends.cudnn.allow_tf32 = old
+                _assert_close(got, want.transpose(1, 2), dtype, tol, rows)
+
+
+def _assert_close(got: torch.Tensor, want: torch.Tensor, dtype: torch.dtype, tol: float, rows: int) -> None:
+    """got (in dtype) against an fp32 reference, within tol of its largest magnitude."""
+    assert got.dtype == dtype and got.shape == want.shape
+    err = (got.float() - want.float()).abs().max().item()
+    assert err < tol * (1 + want.abs().max().item()), (dtype, rows, err)
 
 
 @pytest.mark.parametrize("shape", [(96, 96, 7, 9), (192, 192, 1, 1), (768, 768, 7, 3), (384, 384, 1, 1)],
@@ -448,9 +443,7 @@ def test_fused_conv_epilogues_equal_the_ops_they_replace(shape):
                 r = torch.randn(plain.shape, generator=g).to("cuda", dtype)
                 got = conv_time_major(x, w, d, b, residual=r)
                 want = residual_bias_triton(r, plain, b)
-            err = (got.float() - want.float()).abs().max().item()
-            assert got.dtype == dtype and got.shape == want.shape and err < tol * (1 + want.abs().max().item()), \
-                (dtype, rows, err)
+            _assert_close(got, want, dtype, tol, rows)
 
 
 def _assert_snake_kernel(kernel, reference, shapes, channel_dim: int, g) -> None:
