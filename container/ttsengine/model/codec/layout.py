@@ -101,22 +101,19 @@ class TimeMajor:
 
     def conv_snake(self, conv: nn.Conv1d, x: Tensor, alpha: Tensor) -> Tensor:
         # snake(conv(x) + bias): in the conv's store with codec_fused_convs, else the conv and a Snake pass
-        own = self.kernels.own_convs
-        y = None if own is None else own.conv_snake(conv, x, alpha)
+        y = self._own("conv_snake", conv, x, alpha)
         return self.snake(self.conv(conv, x, bias=False), alpha, bias=conv.bias) if y is None else y
 
     def conv_residual(self, conv: nn.Conv1d, x: Tensor, residual: Tensor) -> Tensor:
         # residual + (conv(x) + bias): in the conv's store with codec_fused_convs, else the conv and a sum pass
-        own = self.kernels.own_convs
-        y = None if own is None else own.conv_residual(conv, x, residual)
+        y = self._own("conv_residual", conv, x, residual)
         return self.residual(residual, self.conv(conv, x, bias=False), conv.bias) if y is None else y
 
     def conv(self, conv: nn.Conv1d, x: Tensor, bias: bool = True) -> Tensor:
         # x [b, n, Ci] -> conv(x) [b, n', Co] (bias=False: without the bias). Around the dilated convs: cuDNN's
         # untuned pick for two of them is ~35x slower than its best and is kept for the shape (Vocoder.warm_up
         # tunes just these, under its capture lock)
-        own = self.kernels.own_convs
-        y = None if own is None else own.conv(conv, x, bias)
+        y = self._own("conv", conv, x, bias)
         if y is not None:
             return y
         w, x4 = self._weight(conv), self._x4(x)
@@ -127,12 +124,16 @@ class TimeMajor:
 
     def conv_transposed(self, conv: nn.ConvTranspose1d, x: Tensor) -> Tensor:
         # [b, L, Ci] -> [b, (L-1)s + k, Co], without the bias
-        own = self.kernels.own_convs
-        y = None if own is None else own.conv_transposed(conv, x)
+        y = self._own("conv_transposed", conv, x)
         if y is not None:
             return y
         y = F.conv_transpose2d(self._x4(x), self._weight(conv), None, stride=(1, conv.stride[0]), groups=conv.groups)
         return y[:, :, 0].transpose(1, 2)
+
+    def _own(self, op: str, *args) -> Tensor | None:
+        """OwnConvs' `op` on args (feature codec_own_convs): None where they are off or the op is not theirs."""
+        own = self.kernels.own_convs
+        return None if own is None else getattr(own, op)(*args)
 
     @staticmethod
     def _x4(x: Tensor) -> Tensor:
