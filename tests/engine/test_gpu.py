@@ -507,10 +507,12 @@ def test_snake_kernel_equals_snake():
     assert torch.allclose(snake_triton(x, alpha), snake(x, alpha), atol=1e-5)
 
 
-def test_pinned_audio_copy_delivers_what_the_plain_copy_does():
+@pytest.mark.parametrize("relayed", [False, True], ids=["queued", "relayed"])
+def test_pinned_audio_copy_delivers_what_the_plain_copy_does(relayed):
     # codec_pinned_copy: the codec's audio reaches the host through one pinned staging buffer that each call
-    # overwrites (it grows for a larger call): every chunk delivered must be its own copy, equal to the plain
-    # copy's bit for bit (the same kernels; only the copy differs)
+    # overwrites (it grows for a larger call): every chunk delivered must be its own copy (queued streams) or a view
+    # of its call's own copy of the block (relayed streams: the engine process's), equal to the plain copy's bit for
+    # bit (the same kernels; only the copy differs)
     import threading
 
     from ttsengine.engine.device.vocoder import Delivery, Vocoder
@@ -522,6 +524,7 @@ def test_pinned_audio_copy_delivers_what_the_plain_copy_does():
     class Keep:
         def __init__(self):
             self.chunks = []
+            self.relayed = relayed
 
         def emit(self, audio, text_index):
             self.chunks.append(audio)  # kept as delivered: a view into a reused buffer would change later
@@ -540,6 +543,6 @@ def test_pinned_audio_copy_delivers_what_the_plain_copy_does():
         return [np.concatenate(k.chunks) if k.chunks else np.zeros(0) for k in out]
 
     pinned, plain = run(True), run(False)
-    for a, b in zip(pinned, plain):
+    for a, b in zip(pinned, plain):  # the staging buffer was overwritten by later calls meanwhile
         assert a.dtype == b.dtype == np.float32 and a.shape == b.shape and np.array_equal(a, b)
     assert pinned[2].shape == ((8 + 5) * codec.frame_length,)

@@ -76,6 +76,11 @@ class Stream:
             self._relay = sink
 
     @property
+    def relayed(self) -> bool:
+        """Whether items go to a relay's sink (from then on, for good) instead of this stream's queue."""
+        return self._relay is not None
+
+    @property
     def error(self) -> BaseException | None:
         """The error the stream ended with (None: none, or not ended)."""
         return self._error
