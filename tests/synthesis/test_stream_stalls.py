@@ -30,3 +30,16 @@ def test_emit_records_each_chunks_arrival():
     s.emit(np.zeros(2048 * 4, np.float32), 0)
     s.emit(np.zeros(2048 * 8, np.float32), 0)
     assert [n for _, n in s.arrivals] == [8192, 16384] and s.arrivals[0][0] == s.first_audio_at
+
+
+def test_relay_hands_over_what_was_queued_and_says_so():
+    # the engine process's forwarding (serving/engine_process/host.py): the vocoder shares one audio block among
+    # relayed streams' chunks (Stream.relayed), so a relay must take every chunk, queued ones first, in order
+    s = Stream(None, 100)
+    s.emit(np.ones(3, np.float32), 0)
+    assert not s.relayed
+    got = []
+    s.relay(got.append)
+    s.emit(np.full(2, 2.0, np.float32), 0)
+    s.finish()
+    assert s.relayed and [len(c.audio) for c in got[:2]] == [3, 2] and len(got) == 3  # two chunks, then the end
