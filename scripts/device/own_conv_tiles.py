@@ -4,7 +4,8 @@ shapes at the engine's largest batch). Prints:
 1. the whole chunk's GPU time (CUDA events, median of 10) with cuDNN's convs (autotuned) and with ours, and the top
    kernels of each (torch profiler, one chunk);
 2. per distinct conv the codec runs (kind, k, dilation, Ci -> Co, positions): cuDNN's ms (autotuned), ours with
-   tiles()'s pick, and the best of a sweep of (BM, BN, BK, warps, stages) for the dense k-tap ones.
+   tiles()'s pick, and the best of a sweep of (BM, BN, BK, warps, stages) for the dense k-tap ones and the transposed
+   ones (run as the kernel's padded m-tap convs).
 Usage: python3 scripts/device/own_conv_tiles.py [streams] [chunk_frames]   (default 256 8; SWEEP=0: no sweep)
 """
 import itertools
@@ -16,7 +17,7 @@ import torch.nn.functional as F
 from torch.profiler import ProfilerActivity, profile
 from triton.testing import do_bench
 
-from ttsengine.model.codec.own_convs import OwnConvs, _taps_major
+from ttsengine.model.codec.own_convs import OwnConvs, _taps_major, transposed_as_conv
 from ttsengine.model.codec.streaming import StreamingCodec
 from ttsengine.model.kernels.codec.conv import conv_time_major, tiles
 from ttsengine.model.kernels.codec.snake import residual_bias_triton, snake_triton, snake_triton_time_major
@@ -86,15 +87,15 @@ def cudnn(key, c, x, bias):
     return lambda: F.conv2d(x4, w, c.bias if bias else None, dilation=(1, c.dilation[0]), groups=c.groups)
 
 
-def sweep(w, x, d, b, ci: int, co: int):
+def sweep(w, x, d, b, ci: int, co: int, pad: int = 0):
     best = None
-    for bm, bn, bk, (warps, stages) in itertools.product((64, 128, 256), (32, 64, 128), (32, 64),
+    for bm, bn, bk, (warps, stages) in itertools.product((64, 128, 256), (32, 64, 128, 256), (32, 64),
                                                          ((4, 3), (8, 3), (4, 4), (8, 4))):
         if bn > max(16, 2 * co) or bk > max(32, ci) or (bm == 256 and warps == 4):
             continue
         tile = (bm, bn, bk, warps, stages)
         try:
-            ms = do_bench(lambda tile=tile: conv_time_major(x, w, d, b, tile=tile), warmup=5, rep=20)
+            ms = do_bench(lambda tile=tile: conv_time_major(x, w, d, b, pad=pad, tile=tile), warmup=5, rep=20)
         except Exception as e:  # a tile that does not fit shared memory
             print(f"    tile {tile}: {type(e).__name__}")
             continue
@@ -127,12 +128,19 @@ def main():
             mine = do_bench((lambda c=c, x=x: own.conv_transposed(c, x)) if kind == "transposed" else
                             (lambda c=c, x=x, bias=bias: own.conv(c, x, bias)), warmup=5, rep=20)
             pick, best = "", None
+            sweeping = os.environ.get("SWEEP", "1") != "0"
             if kind == "conv" and k > 1 and groups == 1:
                 m = shape[0] * (shape[1] - (k - 1) * ds)
                 pick = tiles(m, ci, co)
-                if os.environ.get("SWEEP", "1") != "0":
+                if sweeping:
                     w = own._weight(c, _taps_major)
                     best = sweep(w, x if x.stride(2) == 1 else x.contiguous(), ds, c.bias if bias else None, ci, co)
+            elif kind == "transposed" and k > ds:  # the same kernel: an m-tap conv to s x Co over padded input
+                m_taps = k // ds
+                pick = tiles(shape[0] * (shape[1] + m_taps - 1), ci, ds * co)
+                if sweeping:
+                    w = own._weight(c, transposed_as_conv)
+                    best = sweep(w, x.contiguous(), 1, None, ci, ds * co, pad=m_taps - 1)
             total["cudnn"] += ref
             total["ours"] += mine
             total["best"] += best[0] if best else mine
