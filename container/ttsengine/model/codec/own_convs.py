@@ -44,10 +44,7 @@ class OwnConvs:
             return F.linear(x, self._weight(conv, _one_tap), b)
         if conv.groups == 1:
             if self.kernel and x.is_cuda:
-                from ..kernels.codec.conv import conv_time_major
-
-                x = x if x.stride(2) == 1 or x.shape[2] == 1 else x.contiguous()
-                return conv_time_major(x, self._weight(conv, _taps_major), d, b)
+                return self._kernel_conv(conv, x, b)
             return F.linear(taps(x, k, d).flatten(2), self._weight(conv, _unfolded), b)
         if conv.groups == co and ci_g == 1:  # depthwise: y[:, t] = sum_j x[:, t + j d] * w[j], per channel
             w = self._weight(conv, _depthwise)  # [k, C]
@@ -72,11 +69,14 @@ class OwnConvs:
         if not (self.fused and self.kernel and x.is_cuda) or conv.groups != 1 or conv.stride != (1,) \
                 or conv.padding != (0,):
             return None
+        return self._kernel_conv(conv, x, conv.bias, **epilogue)
+
+    def _kernel_conv(self, conv: nn.Conv1d, x: Tensor, bias: Tensor | None, **kw) -> Tensor:
+        """A dense stride-1 conv through the Triton kernel (CUDA), kw its epilogue."""
         from ..kernels.codec.conv import conv_time_major
 
         x = x if x.stride(2) == 1 or x.shape[2] == 1 else x.contiguous()
-        return conv_time_major(x, self._weight(conv, _taps_major), conv.dilation[0], conv.bias,
-                               **epilogue)
+        return conv_time_major(x, self._weight(conv, _taps_major), conv.dilation[0], bias, **kw)
 
     def conv_transposed(self, conv: nn.ConvTranspose1d, x: Tensor) -> Tensor | None:
         """x [b, L, Ci] -> [b, (L-1) s + k, Co] without the bias; None: not ours."""
@@ -92,8 +92,7 @@ class OwnConvs:
             w = self._weight(conv, transposed_as_conv)
             return conv_time_major(x, w, 1, pad=m - 1).view(batch, (length + m - 1) * s, co)
         # every input position's k output samples: [b, L, k * Co] -> [b, L, m, s, Co]
-        taps_out = F.linear(x, self._weight(conv, _every_tap)).view(batch, length, m,
-                                                                                                      s, co)
+        taps_out = F.linear(x, self._weight(conv, _every_tap)).view(batch, length, m, s, co)
         if m == 1:  # no overlap (the quantizer's upsampling: kernel = stride)
             return taps_out.view(batch, length * s, co)
         # the overlapping taps summed in fp32 and rounded once, as a convolution's accumulator does

@@ -68,21 +68,18 @@ def _kernel():
                 acc += tl.dot(a, w)
         at = rows.to(tl.int64)[:, None] * CO + cols[None, :]
         ok = row_ok[:, None] & col_ok[None, :]
-        if EPILOGUE == 0:
-            if HAS_BIAS:
-                acc += tl.load(B + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :]
-            y = acc.to(Y.dtype.element_ty)
-        else:
-            y = acc.to(Y.dtype.element_ty)  # the conv's output as a separate conv would store it
-            if HAS_BIAS:
-                y = y + tl.load(B + cols, mask=col_ok, other=0.0).to(Y.dtype.element_ty)[None, :]
-            if EPILOGUE == 1:
-                alpha = tl.load(E + cols, mask=col_ok, other=1.0).to(tl.float32)[None, :]
-                x = y.to(tl.float32)
-                s = tl.sin(alpha * x)
-                y = (x + s * s / (alpha + 1e-9)).to(Y.dtype.element_ty)
-            else:
-                y = tl.load(E + at, mask=ok, other=0.0) + y.to(Y.dtype.element_ty)
+        if EPILOGUE == 0 and HAS_BIAS:  # the bias into the fp32 sum: one rounding
+            acc += tl.load(B + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :]
+        y = acc.to(Y.dtype.element_ty)  # with an epilogue: the conv's output as a separate conv would store it
+        if EPILOGUE != 0 and HAS_BIAS:
+            y = y + tl.load(B + cols, mask=col_ok, other=0.0).to(Y.dtype.element_ty)[None, :]
+        if EPILOGUE == 1:
+            alpha = tl.load(E + cols, mask=col_ok, other=1.0).to(tl.float32)[None, :]
+            x = y.to(tl.float32)
+            s = tl.sin(alpha * x)
+            y = x + s * s / (alpha + 1e-9)
+        elif EPILOGUE == 2:
+            y = tl.load(E + at, mask=ok, other=0.0) + y
         tl.store(Y + at, y.to(Y.dtype.element_ty), mask=ok)
 
     return kernel
