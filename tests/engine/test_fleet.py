@@ -107,6 +107,19 @@ def test_the_fleet_state_is_its_engines_states_together():
     assert EngineStats.sum([cpu]).total.gpu_memory_reserved_bytes is None
 
 
+def test_an_engine_process_stats_are_renamed_to_the_fronts_devices():
+    # an engine process that sees cuda:3 and cuda:1 as cuda:0 and cuda:1 (feature own_gpu_view)
+    a, b = two_engines(state="down", error="RuntimeError: lost")
+    seen = EngineStats.sum([a, b])
+    named = seen.renamed({"cuda:0": "cuda:3", "cuda:1": "cuda:1"})
+    assert [(s.device, s.codec_device) for s in named.engines] == [("cuda:3", "cuda:3"), ("cuda:1", "cuda:1")]
+    assert named.engines[1] == b and named.total.error == "cuda:1: RuntimeError: lost"
+    assert named.total == replace(seen.total, device="cuda:3", codec_device="cuda:3")
+    crossed = EngineStats.sum([replace(a, error="ValueError: x"), b]).renamed({"cuda:0": "cuda:1", "cuda:1": "cuda:0"})
+    assert crossed.total.error == "cuda:1: ValueError: x; cuda:0: RuntimeError: lost"
+    assert seen.renamed({}) is seen
+
+
 def test_since_is_the_counters_growth():
     a, b = two_engines()
     later = replace(a, steps=12, frames=48, loop_seconds=2.5, ttfa_counts=(1, 3, 0, 0, 0, 0, 0, 0, 0, 0, 0),

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from ttsengine import ConfigError, EngineConfig, from_env
-from ttsengine.engine.placement import Placement, engine_configs, placements
+from ttsengine.engine.placement import GpuView, Placement, engine_configs, gpu_view, placements
 
 
 def where(cuda_count: int, **env) -> list[tuple[str, str]]:
@@ -63,3 +63,21 @@ def test_the_failure_hook_is_checked_when_read():
     assert from_env({"TTS_TEST_FAIL_ENGINE": "1@5"}).fail_engine == "1@5"
     with pytest.raises(ConfigError, match="TTS_TEST_FAIL_ENGINE"):
         from_env({"TTS_TEST_FAIL_ENGINE": "one"})
+
+
+@pytest.mark.parametrize("devices, inherited, want", [
+    ("cuda:1", None, GpuView("1", "cuda:0", {"cuda:0": "cuda:1"})),
+    ("cuda:3", "4,5,6,7", GpuView("7", "cuda:0", {"cuda:0": "cuda:3"})),  # the front's own list is what N counts
+    ("cuda:2,cuda:2", None, GpuView("2", "cuda:0,cuda:0", {"cuda:0": "cuda:2"})),  # two engines sharing a GPU
+    ("cuda:3,cuda:1", "GPU-a, GPU-b,GPU-c,GPU-d", GpuView("GPU-d,GPU-b", "cuda:0,cuda:1",  # a split pair, UUIDs
+                                                          {"cuda:0": "cuda:3", "cuda:1": "cuda:1"})),
+    ("cuda:0,cpu", None, GpuView("0", "cuda:0,cpu", {"cuda:0": "cuda:0"})),
+])
+def test_an_engine_process_sees_its_gpus_from_cuda_0(devices, inherited, want):
+    assert gpu_view(devices, inherited) == want
+
+
+@pytest.mark.parametrize("devices, inherited", [("cpu", None), ("cpu,cpu", "0"), ("auto", None), ("cuda", None),
+                                                ("cuda:2", "0,1"), ("cuda:0", "")])
+def test_gpu_view_leaves_what_it_cannot_map_as_inherited(devices, inherited):
+    assert gpu_view(devices, inherited) == GpuView(None, devices, {})

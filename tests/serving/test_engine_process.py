@@ -253,3 +253,41 @@ def test_short_switch_sets_the_engine_process_gil_interval():
 
     assert switch_interval("+short_switch") == SHORT_SWITCH_S == 0.0005
     assert switch_interval("auto") is None and switch_interval("all,-short_switch") is None  # opt-in
+
+
+@pytest.mark.gpu
+def test_an_engine_process_on_any_gpu_uses_the_variants_traced_on_the_first(tmp_path):
+    # feature own_gpu_view: the process for the machine's last GPU sees it as cuda:0, so it loads the decode-step
+    # variants a process on cuda:0 traced into the same cache directory (their guards check the device index) and
+    # traces none; the front still names the GPU it asked for. With two GPUs, the control: without the view the
+    # process on cuda:1 traces variants of its own.
+    import torch
+
+    last = f"cuda:{torch.cuda.device_count() - 1}"
+
+    def run(device: str, features: str = "-layer_gemv"):  # layer_gemv: the tiny model's 4 rows use no compiled units
+        fleet = RemoteFleet.spawn(CONFIG.with_(device="auto", devices=device, cache_dir=str(tmp_path),
+                                               features=features))
+        try:
+            with open(f"/proc/{fleet.process.pid}/environ", "rb") as f:
+                env = dict(e.split(b"=", 1) for e in f.read().split(b"\0") if b"=" in e)
+            fleet.synthesize(REQUESTS[0])
+            assert fleet.settle()
+            return fleet.stats().engines[0], env.get(b"CUDA_VISIBLE_DEVICES")
+        finally:
+            fleet.close()
+
+    first, _ = run("cuda:0")
+    if first.precompiled == "off":
+        pytest.skip("no precompiled units on this torch / GPU")
+    traced = int(first.precompiled.split(", ")[1].split()[0])
+    assert traced > 0 and first.device == "cuda:0"
+    inherited = os.environ.get("CUDA_VISIBLE_DEVICES")
+    seen, visible = run(last)
+    want = last[5:] if inherited is None else inherited.split(",")[int(last[5:])].strip()
+    assert (seen.device, seen.codec_device, visible) == (last, last, want.encode())
+    assert seen.precompiled == f"{traced} loaded, 0 traced"
+    if last != "cuda:0":
+        control, visible = run(last, "-layer_gemv,-own_gpu_view")
+        assert visible == (None if inherited is None else inherited.encode()) and control.device == last
+        assert not control.precompiled.endswith(", 0 traced"), control.precompiled

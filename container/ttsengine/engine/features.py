@@ -48,6 +48,7 @@ DIRECT_ADMIT = "direct_admit"
 PREFILL_FIT = "prefill_fit"
 PLAN_THREAD = "plan_thread"
 SHORT_SWITCH = "short_switch"
+OWN_GPU_VIEW = "own_gpu_view"
 # the codec (engine/device/vocoder.py, engine/audio_feed.py, model/codec_cache.py)
 CODEC_COMPILE = "codec_compile"
 SNAKE_KERNEL = "snake_kernel"
@@ -191,6 +192,12 @@ FEATURES = (
     Feature(SHORT_SWITCH, ENGINE, "an engine process's threads hand the GIL over every 0.5 ms: the engine loop waits "
             "less for it behind planning, writing and the codec thread", "Python's 5 ms switch interval",
             "serving/engine_process/host.py `main`", default=False),
+    # own_gpu_view: on by default. On the x2 H200 a second worker's settled start on cuda:1 spent 14.0 s in its
+    # decode-step variants' first runs against 4.4 s for the next one (scale_out.sh, both cache-dir cases, either
+    # order): the variants' guards check the device index, so the first process on cuda:1 traced its own
+    Feature(OWN_GPU_VIEW, ENGINE, "each engine process sees only its own GPUs, numbered from cuda:0: the kernel "
+            "cache `warm` filled on one GPU serves the processes of every GPU", "every process sees every GPU and "
+            "traces decode-step variants of its own per device index", "engine/placement.py `gpu_view`"),
     # ---- the decode step's fused kernels ----
     # Why the defaults (the figures: docs/performance.md, "Fused decode-step kernels"): each kernel on by default was
     # measured faster than the unfused path. merged_ffn: int8/int4 linears are left unmerged by merge_inputs. The

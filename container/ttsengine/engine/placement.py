@@ -88,3 +88,31 @@ def process_configs(config: EngineConfig, cuda_count: int) -> list[EngineConfig]
         fail = f"{members.index(int(failing))}@{at}" if failing.isdigit() and int(failing) in members else ""
         out.append(config.with_(devices=",".join(names), device="auto", fail_engine=fail))
     return out
+
+
+@dataclass(frozen=True)
+class GpuView:
+    """What one engine process is shown of the machine's GPUs (feature own_gpu_view)."""
+    visible: str | None  # its CUDA_VISIBLE_DEVICES (None: the front's, inherited; nothing renamed)
+    devices: str  # its config's devices, named as it sees them
+    names: dict[str, str]  # a device as it sees it -> the name the front and its users know
+
+
+def gpu_view(devices: str, inherited: str | None) -> GpuView:
+    """One engine process's GPUs shown to it alone, numbered from cuda:0 in order of first use: `devices` is its
+    config's list as process_configs names them (cuda:N, cpu); `inherited` the front's CUDA_VISIBLE_DEVICES, whose
+    entries the indices count (unset: the physical order). Why: a compiled decode-step variant's guards check the
+    device index (engine/device/compile/precompiled.py), so an engine on cuda:1 could not use what `warm` or a
+    worker on cuda:0 put in the kernel cache and traced its own (~10 s of a settled start on the x2 H200, scale_out.sh);
+    seeing its GPU as cuda:0, every process shares one set. Names it cannot map (auto, a bare cuda, an index past
+    the inherited list) leave the view as inherited: the engine then reports what it reports today."""
+    listed = devices.split(",")
+    if not all(d == "cpu" or (d.startswith("cuda:") and d[5:].isdigit()) for d in listed):
+        return GpuView(None, devices, {})
+    order = list(dict.fromkeys(int(d[5:]) for d in listed if d != "cpu"))
+    entries = None if inherited is None else [e.strip() for e in inherited.split(",") if e.strip()]
+    if not order or (entries is not None and max(order) >= len(entries)):
+        return GpuView(None, devices, {})
+    seen = {f"cuda:{k}": f"cuda:{i}" for i, k in enumerate(order)}
+    return GpuView(visible=",".join(str(k) if entries is None else entries[k] for k in order),
+                   devices=",".join(seen.get(d, d) for d in listed), names={v: k for k, v in seen.items()})

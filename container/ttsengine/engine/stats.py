@@ -94,7 +94,7 @@ class EngineStats:
             max_streams=sum(s.max_streams for s in engines if s.state == "ready"),
             state="ready" if all(s == "ready" for s in states) else "degraded" if "ready" in states
             else "loading" if "loading" in states else "failed",
-            error="; ".join(f"{s.device}: {s.error}" for s in engines if s.error) or None)
+            error=_errors(engines))
         if rejected is not None:
             total["rejected"] = rejected
         return FleetStats(total=replace(first, **total), engines=tuple(engines))
@@ -109,6 +109,24 @@ class EngineStats:
 class FleetStats:
     total: EngineStats  # the engines as one (EngineStats.sum)
     engines: tuple[EngineStats, ...]  # each engine's, in the fleet's order (its index: the position)
+
+    def renamed(self, names: dict[str, str]) -> FleetStats:
+        """The same stats with the devices named through `names` (an engine process that sees its GPUs renumbered
+        from cuda:0 -> the names the front and its users know; engine/placement.py `gpu_view`)."""
+        if not names:
+            return self
+
+        def rename(s: EngineStats) -> EngineStats:
+            return replace(s, device=names.get(s.device, s.device), codec_device=names.get(s.codec_device,
+                                                                                            s.codec_device))
+
+        engines = tuple(rename(s) for s in self.engines)
+        return FleetStats(total=replace(rename(self.total), error=_errors(engines)), engines=engines)
+
+
+def _errors(engines) -> str | None:
+    """The engines' errors as one line, each after its device."""
+    return "; ".join(f"{s.device}: {s.error}" for s in engines if s.error) or None
 
 
 def _add(values: list):

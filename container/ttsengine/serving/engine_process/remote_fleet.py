@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import itertools
 import logging
+import os
 import socket
 import subprocess
 import sys
@@ -24,6 +25,8 @@ from concurrent.futures import TimeoutError as FutureTimeout
 from multiprocessing.connection import Connection
 
 from ...config import EngineConfig
+from ...engine import features
+from ...engine.placement import gpu_view
 from ...engine.stats import FleetStats
 from ...errors import Abandoned, EngineDown
 from ...synthesis.plan import ChunkReport
@@ -56,8 +59,10 @@ class RemotePlan:
 
 
 class RemoteFleet:
-    def __init__(self, process: subprocess.Popen, conn: Connection, facts: dict):
+    def __init__(self, process: subprocess.Popen, conn: Connection, facts: dict, names: dict[str, str] | None = None):
+        """names: the engine process's device names -> the front's (feature own_gpu_view), for its stats."""
         self.process, self.conn, self.facts = process, conn, facts
+        self.names = names or {}
         self.streams: dict[int, Stream] = {}
         self._submits: dict[int, Future] = {}
         self._calls: dict[int, Future] = {}
@@ -75,9 +80,16 @@ class RemoteFleet:
         """Starts the engine process and returns once its first engine is warm; raises what its loading raised
         (or EngineDown if it died without saying). random_weights: bench's --random-weights (Fleet.load's; seeded, so
         every process draws the same weights)."""
+        env, names = None, {}
+        if not features.switched_off(config.features, features.OWN_GPU_VIEW):
+            view = gpu_view(config.devices, os.environ.get("CUDA_VISIBLE_DEVICES"))
+            if view.visible is not None:
+                env, names = {**os.environ, "CUDA_VISIBLE_DEVICES": view.visible}, view.names
+                log.info("the engine process for %s sees GPU(s) %s as %s", config.devices, view.visible, view.devices)
+                config = config.with_(devices=view.devices)
         front, back = socket.socketpair()
         cmd = [sys.executable, "-m", "ttsengine.serving.engine_process.host", str(back.fileno())]
-        process = subprocess.Popen(cmd, pass_fds=(back.fileno(),), stdin=subprocess.DEVNULL)
+        process = subprocess.Popen(cmd, pass_fds=(back.fileno(),), stdin=subprocess.DEVNULL, env=env)
         back.close()
         conn = Connection(front.detach())
         try:
@@ -85,7 +97,7 @@ class RemoteFleet:
             while True:
                 for msg in conn.recv():
                     if msg[0] == LOADED:
-                        return cls(process, conn, msg[1])
+                        return cls(process, conn, msg[1], names)
                     if msg[0] == FAILED:
                         process.wait(CLOSE_TIMEOUT)
                         raise unpack_error(msg[1])
@@ -166,11 +178,10 @@ class RemoteFleet:
             self.streams[sid], self._submits[sid] = stream, taken
         return sid, stream, taken
 
-    @staticmethod
-    def _taken(stream: Stream, texts: list[str], seed: int, device: str, marks: dict) -> Stream:
+    def _taken(self, stream: Stream, texts: list[str], seed: int, device: str, marks: dict) -> Stream:
         """The stream of a request the engine took, with what its ACCEPTED said."""
         plan = stream.plan
-        plan.texts, plan.seed, stream.device = texts, seed, device
+        plan.texts, plan.seed, stream.device = texts, seed, self.names.get(device, device)
         stream.marks.update(marks)
         return stream
 
@@ -308,7 +319,7 @@ class RemoteFleet:
         self._ask("forget_voice", text, codes)
 
     def stats(self) -> FleetStats:
-        return self._ask("stats")
+        return self._ask("stats").renamed(self.names)
 
     def settle(self, timeout: float = 120.0) -> bool:
         return self._ask("settle", timeout, timeout=timeout + CALL_TIMEOUT)
