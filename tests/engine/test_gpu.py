@@ -161,13 +161,11 @@ def test_batched_gpu_engine_equals_reference_engine_fp32(exact_fp32):
         eng.close()
 
 
-@pytest.mark.parametrize("lean", ["", ",+lean_capture"], ids=["torch_capture", "lean_capture"])
-def test_lazy_start_fills_in_codec_graphs_and_matches_eager(exact_fp32, lean):
+def test_lazy_start_fills_in_codec_graphs_and_matches_eager(exact_fp32):
     # lazy start-up: the codec's smallest batch is captured before ready, the others while idle (or at
     # first use); then a concurrent batch through every graph equals the graph-free engine's audio
-    # with the default cudnn_tuning: cuDNN autotunes inside the codec's capture windows only; lean: every graph
-    # recorded without torch.cuda.graph's sync and cache emptying (feature lean_capture)
-    config = cfg(features="+cuda_graphs,-compile" + lean, dtype="float32", codec_dtype="float32")
+    # with the default cudnn_tuning: cuDNN autotunes inside the codec's capture windows only
+    config = cfg(features="+cuda_graphs,-compile", dtype="float32", codec_dtype="float32")
     eng = Engine.load(config)
     try:
         assert eng.settings.cudnn_autotune == "graphs" and not torch.backends.cudnn.benchmark

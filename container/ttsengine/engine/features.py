@@ -37,7 +37,6 @@ PRECOMPILE = "precompile"
 ONE_ROW_BUCKET = "one_row_bucket"
 LAZY_GRAPHS = "lazy_graphs"
 PREFILL_GRAPHS = "prefill_graphs"
-LEAN_CAPTURE = "lean_capture"
 OVERLAP_STEP = "overlap_step"
 STEP_PRIORITY = "step_priority"
 SEGMENT_SLACK = "segment_slack"
@@ -143,10 +142,6 @@ FEATURES = (
             "every graph before ready", "engine/engine.py `_warm_up`"),
     Feature(PREFILL_GRAPHS, ENGINE, "the prefill as CUDA graphs of a few padded shapes", "eager prefill launches",
             "engine/engine.py, engine/device/runner.py `prefill`", requires=(feature(CUDA_GRAPHS),)),
-    # lean_capture: opt-in until a start is measured with it (where a capture's time goes: GraphSet.capture's log)
-    Feature(LEAN_CAPTURE, ENGINE, "CUDA graphs recorded without syncing the device and emptying the allocator's "
-            "caches before each", "torch.cuda.graph's entry", "engine/device/cuda_graphs.py `_record`",
-            requires=(feature(CUDA_GRAPHS),), default=False),
     Feature(OVERLAP_STEP, ENGINE, "queue the next decode step before reading the last one's frames",
             "each step waits for the host", "engine/engine.py `_iteration`", auto=(CUDA,)),
     Feature(STEP_PRIORITY, ENGINE, "the decode step and prefill on a high-priority CUDA stream",

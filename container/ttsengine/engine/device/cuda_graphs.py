@@ -60,10 +60,6 @@ class GraphSet:
         # while set and clear, run() captures nothing (a fleet's other engines are still compiling: a capture
         # beside another thread's compile on another device failed with "operation not permitted")
         self.gate = gate
-        # feature lean_capture (set by Device): record without torch.cuda.graph's entry, which synchronizes the
-        # device and empties the caching allocator (and the pinned host cache) before every capture: a settled start
-        # records ~70 graphs, and each first allocation after an emptying goes back to the driver
-        self.lean = False
 
     def plan(self, keys: list) -> None:
         """The keys that get graphs (sorted: smallest first); forgets earlier graphs."""
@@ -96,7 +92,8 @@ class GraphSet:
                 self.graphs[key] = self._record(key)
             torch.cuda.current_stream().synchronize()
         # the split says where a start's capture time goes (issue 44): the bodies' first runs (compiles, cuDNN
-        # plans, allocations) or the recordings (torch's capture entry syncs and empties the caching allocator)
+        # plans, allocations) or the recordings. On the x2 H200 a settled start's ~70 recordings took ~3 s of ~40, the
+        # first runs the rest; recording without torch.cuda.graph's sync and cache emptying saved nothing (stop 62)
         t2 = time.perf_counter()
         log.info("captured %d %s graph(s) (%s) in %.2f s (first runs %.2f s, recording %.2f s)", len(todo), self.kind,
                  ", ".join(map(str, todo[::-1])), t2 - t0, t1 - t0, t2 - t1)
@@ -146,14 +143,6 @@ class GraphSet:
             self._stream = torch.cuda.Stream()  # current when first used, wrong for the other engines of a fleet
         stream = torch.cuda.current_stream() if self.current_stream else self._stream
         # thread_local: the other thread (engine loop / codec worker) may be running work meanwhile
-        if not self.lean:
-            with torch.cuda.graph(graph, pool=self._pool, stream=stream, capture_error_mode="thread_local"):
-                output = self.body(key, *inputs)
-            return Captured(graph, inputs, output)
-        with torch.cuda.stream(stream):
-            graph.capture_begin(self._pool, capture_error_mode="thread_local")
-            try:
-                output = self.body(key, *inputs)
-            finally:
-                graph.capture_end()
+        with torch.cuda.graph(graph, pool=self._pool, stream=stream, capture_error_mode="thread_local"):
+            output = self.body(key, *inputs)
         return Captured(graph, inputs, output)

@@ -66,7 +66,6 @@ class Device:
         if s.cudnn_autotune == "process":  # cuDNN picks each conv shape's fastest algorithm at its first call
             torch.backends.cudnn.benchmark = True
         self.graphs = self._step_graphs() if s.cuda_graphs else None
-        vocoder.graphs.lean = features.LEAN_CAPTURE in s.features
         self.compile_error: str | None = None
         # two pinned buffers: with overlapped steps one receives step k+1's frames while the host reads step k's
         self._host_out = torch.empty(2, s.runner.max_slots, num_codebooks + 1, dtype=torch.int64,
@@ -202,13 +201,11 @@ class Device:
         """The decode step's CUDA graphs, one per batch bucket (its state lives in the runner's buffers); and
         the prefill's, one per padded shape (runner.prefill_key), captured at first use or while idle."""
         graphs = GraphSet("decode-step", self._lock, lambda bb: self.runner.decode_step(bb), gate=self._gate)
-        graphs.lean = features.LEAN_CAPTURE in self.settings.features
         graphs.plan(list(self.settings.buckets))
         if self.settings.prefill_graphs:
             r = self.runner
             prefill = GraphSet("prefill", self._lock, lambda key, *inputs: r.prefill_layers(*inputs),
                                r.prefill_scratch_inputs, gate=self._gate)
-            prefill.lean = graphs.lean
             prefill.plan(r.prefill_graph_keys())
             r.prefill_graphs = prefill
         return graphs
