@@ -33,7 +33,7 @@ def before(p: Platform) -> set[str]:
     on |= {F.EARLY_READAHEAD}  # since stop 56, everywhere
     on |= {F.PLAIN_WEBSOCKET, F.DIRECT_ADMIT}  # since stops 57 and 58, everywhere
     on |= {F.PREFILL_FIT}  # since stop 59, everywhere
-    on |= {F.OWN_GPU_VIEW}  # since stop 62, everywhere (a no-op without GPUs)
+    on |= {F.OWN_GPU_VIEW, F.SHORT_SWITCH}  # since stop 62, everywhere (engine processes only)
     on |= {F.CUDA_GRAPHS, F.PREFILL_GRAPHS, F.CUDNN_TUNING, F.CODEC_CHANNELS_LAST} if graphs else set()
     on |= {F.COMPILE} if compiled else set()
     on |= {F.PRECOMPILE} if compiled and p.precompile else set()
@@ -65,7 +65,8 @@ def test_the_defaults_are_what_every_auto_switch_gave_before():
 def test_cpu_defaults_are_the_engines_without_a_gpu():
     assert resolve("auto", Platform()).on == {F.ONE_ROW_BUCKET, F.LAZY_GRAPHS, F.CODEC_MERGE, F.CODEC_ROUNDS,
                                               F.CODEC_PINNED_COPY, F.CODEC_CACHE, F.EARLY_READAHEAD,
-                                              F.PLAIN_WEBSOCKET, F.DIRECT_ADMIT, F.PREFILL_FIT, F.OWN_GPU_VIEW}
+                                              F.PLAIN_WEBSOCKET, F.DIRECT_ADMIT, F.PREFILL_FIT, F.OWN_GPU_VIEW,
+                                              F.SHORT_SWITCH}
 
 
 @pytest.mark.parametrize("name", [f.name for f in FEATURES])

@@ -237,8 +237,8 @@ def test_plain_requests_are_planned_by_one_thread_with_plan_thread(plan_thread):
     assert planned_by["With a voice."] == "engine-process-call"
 
 
-@pytest.mark.parametrize("features", ["+plan_thread", "+short_switch"])
-def test_an_engine_process_with_plan_thread_or_short_switch_makes_the_same_audio(local, features):
+@pytest.mark.parametrize("features", ["+plan_thread", "-short_switch"])
+def test_an_engine_process_with_plan_thread_or_without_short_switch_makes_the_same_audio(local, features):
     fleet = RemoteFleet.spawn(dataclasses.replace(CONFIG, features=features))
     try:
         got = [fleet.submit(r).result() for r in REQUESTS]
@@ -251,8 +251,8 @@ def test_an_engine_process_with_plan_thread_or_short_switch_makes_the_same_audio
 def test_short_switch_sets_the_engine_process_gil_interval():
     from ttsengine.serving.engine_process.host import SHORT_SWITCH_S, switch_interval
 
-    assert switch_interval("+short_switch") == SHORT_SWITCH_S == 0.0005
-    assert switch_interval("auto") is None and switch_interval("all,-short_switch") is None  # opt-in
+    assert switch_interval("+short_switch") == switch_interval("auto") == SHORT_SWITCH_S == 0.0005  # on by default
+    assert switch_interval("-short_switch") is None and switch_interval("all,-short_switch") is None
 
 
 @pytest.mark.gpu
