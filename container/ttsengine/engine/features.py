@@ -184,15 +184,14 @@ FEATURES = (
     Feature(PLAN_THREAD, ENGINE, "in an engine process, the requests without reference audio are planned by one "
             "thread, in arrival order (reference audio to encode still goes to the pool)",
             "8 pool threads plan every request", "serving/engine_process/host.py `_handle`", default=False),
-    # short_switch: on by default since stop 62. bench through the engine process (x2 H200, 256 streams, 192 frames,
-    # every_gpu.sh PARTS=bench), two pairings in two sessions: 12,288 -> 13,226 and 12,855 -> 13,380 frames/s; first
-    # audio p50 / p95 686 / 742 -> 735 / 740 and 700 / 714 -> 405 / 414 ms
+    # short_switch: on by default since stop 62: bench through the engine process was faster with it in two
+    # sessions' pairings, first audio p95 no worse (docs/performance.md, "The HTTP path (issue 43)")
     Feature(SHORT_SWITCH, ENGINE, "an engine process's threads hand the GIL over every 0.5 ms: the engine loop waits "
             "less for it behind planning, writing and the codec thread", "Python's 5 ms switch interval",
             "serving/engine_process/host.py `main`"),
-    # own_gpu_view: on by default. On the x2 H200 a second worker's settled start on cuda:1 spent 14.0 s in its
-    # decode-step variants' first runs against 4.4 s for the next one (scale_out.sh, both cache-dir cases, either
-    # order): the variants' guards check the device index, so the first process on cuda:1 traced its own
+    # own_gpu_view: on by default. The first worker on a second GPU spent ~10 s more of its settled start in the
+    # decode-step captures than the next one (docs/performance.md, "Start time and kernel cache"): the variants'
+    # guards check the device index, so the first process on cuda:1 traced its own
     Feature(OWN_GPU_VIEW, ENGINE, "each engine process sees only its own GPUs, numbered from cuda:0: the kernel "
             "cache `warm` filled on one GPU serves the processes of every GPU", "every process sees every GPU and "
             "traces decode-step variants of its own per device index", "engine/placement.py `gpu_view`"),

@@ -103,7 +103,7 @@ def gpu_view(devices: str, inherited: str | None) -> GpuView:
     config's list as process_configs names them (cuda:N, cpu); `inherited` the front's CUDA_VISIBLE_DEVICES, whose
     entries the indices count (unset: the physical order). Why: a compiled decode-step variant's guards check the
     device index (engine/device/compile/precompiled.py), so an engine on cuda:1 could not use what `warm` or a
-    worker on cuda:0 put in the kernel cache and traced its own (~10 s of a settled start on the x2 H200, scale_out.sh);
+    worker on cuda:0 put in the kernel cache and traced its own (seconds of a settled start: docs/performance.md);
     seeing its GPU as cuda:0, every process shares one set. Names it cannot map (auto, a bare cuda, an index past
     the inherited list) leave the view as inherited: the engine then reports what it reports today."""
     listed = devices.split(",")

@@ -92,8 +92,8 @@ class GraphSet:
                 self.graphs[key] = self._record(key)
             torch.cuda.current_stream().synchronize()
         # the split says where a start's capture time goes (issue 44): the bodies' first runs (compiles, cuDNN
-        # plans, allocations) or the recordings. On the x2 H200 a settled start's ~70 recordings took ~3 s of ~40, the
-        # first runs the rest; recording without torch.cuda.graph's sync and cache emptying saved nothing (stop 62)
+        # plans, allocations) or the recordings. Measured, the first runs lead by far, and recording without
+        # torch.cuda.graph's sync and cache emptying saved nothing (docs/performance.md, "Start time and kernel cache")
         t2 = time.perf_counter()
         log.info("captured %d %s graph(s) (%s) in %.2f s (first runs %.2f s, recording %.2f s)", len(todo), self.kind,
                  ", ".join(map(str, todo[::-1])), t2 - t0, t1 - t0, t2 - t1)
