@@ -388,6 +388,18 @@ def read_ahead_paths(env: Mapping[str, str] | None = None) -> tuple[Path, Path |
     return cfg.model_dir, cfg.cache_dir
 
 
+def with_visible_gpus(gpus: str) -> dict[str, str]:
+    """This process's environment with CUDA_VISIBLE_DEVICES=`gpus`: what an engine process is started with (feature
+    own_gpu_view; serving/engine_process/remote_fleet.py)."""
+    return {**os.environ, "CUDA_VISIBLE_DEVICES": gpus}
+
+
+def visible_gpus() -> str | None:
+    """CUDA_VISIBLE_DEVICES as this process has it (None: unset, every GPU in physical order): the list whose
+    entries a cuda:N counts."""
+    return os.environ.get("CUDA_VISIBLE_DEVICES")
+
+
 # the on/off variables TTS_FEATURES replaced, still read for one release (a warning names the replacement):
 # variable -> the feature (or group) it switched
 RETIRED = {"TTS_CUDA_GRAPHS": features.CUDA_GRAPHS, "TTS_COMPILE": features.COMPILE,

@@ -13,7 +13,6 @@ import asyncio
 import contextlib
 import itertools
 import logging
-import os
 import socket
 import subprocess
 import sys
@@ -24,7 +23,7 @@ from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from multiprocessing.connection import Connection
 
-from ...config import EngineConfig
+from ...config import EngineConfig, visible_gpus, with_visible_gpus
 from ...engine import features
 from ...engine.placement import gpu_view
 from ...engine.stats import FleetStats
@@ -82,9 +81,9 @@ class RemoteFleet:
         every process draws the same weights)."""
         env, names = None, {}
         if not features.switched_off(config.features, features.OWN_GPU_VIEW):
-            view = gpu_view(config.devices, os.environ.get("CUDA_VISIBLE_DEVICES"))
+            view = gpu_view(config.devices, visible_gpus())
             if view.visible is not None:
-                env, names = {**os.environ, "CUDA_VISIBLE_DEVICES": view.visible}, view.names
+                env, names = with_visible_gpus(view.visible), view.names
                 log.info("the engine process for %s sees GPU(s) %s as %s", config.devices, view.visible, view.devices)
                 config = config.with_(devices=view.devices)
         front, back = socket.socketpair()
