@@ -10,8 +10,8 @@
 #          1,024-stream level: the other three serve, the failed streams end with an error, none hangs.
 # Prints one table last (and the HTTP runs' server breakdown). Usage: PARTS="bench http fail" scripts/device/every_gpu.sh
 #   (env: FRAMES=192, PER_GPU=256, PROCS=16, BENCH_MODES="off on", BENCH_GPUS="1 2 4", HTTP_GPUS="1 4", FAIL_AT=60,
-#    BENCH_FEATURES="auto": TTS_FEATURES values, each an engine-process bench run of its own (e.g. "auto +plan_thread
-#    +plan_thread,+short_switch": the engine process's own hand-off, issue 43, without HTTP), CKPT, CACHE)
+#    BENCH_FEATURES="auto": TTS_FEATURES values, each an engine-process bench run of its own (e.g. "auto -short_switch
+#    +plan_thread": the engine process's own hand-off, issue 43, without HTTP; short_switch is on by default), CKPT, CACHE)
 set -uo pipefail
 . scripts/device/lib.sh
 device_setup "${WORK:-/tmp/every-gpu}" 12000
