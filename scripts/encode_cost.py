@@ -6,7 +6,9 @@ breakdown of one chunk's stages (conditioning: tempo + resampling; the writer). 
     PYTHONPATH=container python scripts/encode_cost.py --pool 1 --streams 16   # through StreamEncoder
 
 With --pool N the streams go through StreamEncoder as delivery.py runs them (one event loop; pcm and wav inline,
-the rest in N encoder worker processes) and the table splits the CPU between this process and the workers.
+the rest in N encoder worker processes) and the table splits the CPU between the event loop's thread, this whole
+process and the workers; --resample-thread hands pcm and wav whose rate changes to the resampler threads (feature
+resample_thread), as the servers do with it on.
 
 Chunks are what the engine emits: 4 codec frames, then 4, then 8 frames each (TTS_FIRST_CHUNK_FRAMES=4,
 TTS_STREAM_CHUNK_FRAMES=8), 2048 samples a frame at 44.1 kHz (21.5 frames a second).
@@ -24,7 +26,7 @@ import numpy as np
 
 from ttsengine.audio import encoder_pool
 from ttsengine.audio.encode import FORMATS, AudioEncoder
-from ttsengine.audio.stream_encoder import StreamEncoder
+from ttsengine.audio.stream_encoder import StreamEncoder, resampler_threads
 
 RATE, FRAME = 44100, 2048
 
@@ -87,12 +89,14 @@ def worker_cpu(pool: encoder_pool.EncoderPool) -> float:
     return total
 
 
-def pooled_cost(fmt: str, parts: list[np.ndarray], streams: int, pool) -> tuple[float, float, float]:
-    """(this process's CPU s, the workers' CPU s, wall s) per audio s, `streams` at once on one event loop."""
+def pooled_cost(fmt: str, parts: list[np.ndarray], streams: int, pool,
+                resampler=None) -> tuple[float, float, float, float]:
+    """(the event loop thread's CPU s, this process's, the workers', wall s) per audio s, `streams` at once on one
+    event loop."""
     audio = sum(len(c) for c in parts) / RATE * streams
 
     async def one() -> None:
-        enc = StreamEncoder(fmt, RATE, pool=pool)
+        enc = StreamEncoder(fmt, RATE, pool=pool, resampler=resampler)
         for c in parts:
             await enc.encode(c)
         await enc.finish()
@@ -100,23 +104,25 @@ def pooled_cost(fmt: str, parts: list[np.ndarray], streams: int, pool) -> tuple[
     async def run() -> None:
         await asyncio.gather(*(one() for _ in range(streams)))
 
-    cpu, work, wall = time.process_time(), worker_cpu(pool), time.perf_counter()
-    asyncio.run(run())
-    return ((time.process_time() - cpu) / audio, (worker_cpu(pool) - work) / audio,
-            (time.perf_counter() - wall) / audio)
+    loop, cpu, work, wall = time.thread_time(), time.process_time(), worker_cpu(pool), time.perf_counter()
+    asyncio.run(run())  # on this thread: thread_time() is the event loop's CPU
+    return ((time.thread_time() - loop) / audio, (time.process_time() - cpu) / audio,
+            (worker_cpu(pool) - work) / audio, (time.perf_counter() - wall) / audio)
 
 
 def main_pool(args, parts: list[np.ndarray]) -> None:
     pool = encoder_pool.start(args.pool)
     counts = [int(s) for s in args.streams.split(",")]
+    resampler = resampler_threads() if args.resample_thread else None
     pooled_cost("mp3", parts[:2], 1, pool)  # the workers' imports outside the timings
-    print(f"{len(parts)} chunks, {args.seconds:g} s per stream, {args.pool} worker process(es); per audio s:")
-    print(f"{'format':6}" + "".join(f" {f'srv cpu x{n}':>11} {f'wrk cpu x{n}':>11} {f'wall x{n}':>9}"
+    print(f"{len(parts)} chunks, {args.seconds:g} s per stream, {args.pool} worker process(es), resampler threads "
+          f"{'on' if resampler else 'off'}; CPU s and wall s per audio s:")
+    print(f"{'format':6}" + "".join(f" {f'loop x{n}':>9} {f'srv x{n}':>9} {f'wrk x{n}':>9} {f'wall x{n}':>9}"
                                      for n in counts))
     for fmt in args.formats.split(","):
         row = f"{fmt:6}"
         for n in counts:
-            row += " {:11.4f} {:11.4f} {:9.4f}".format(*pooled_cost(fmt, parts, n, pool))
+            row += " {:9.4f} {:9.4f} {:9.4f} {:9.4f}".format(*pooled_cost(fmt, parts, n, pool, resampler))
         print(row, flush=True)
     encoder_pool.close()
 
@@ -127,6 +133,7 @@ def main() -> None:
     p.add_argument("--streams", default="1,16", help="comma-separated numbers of concurrent streams")
     p.add_argument("--formats", default=",".join(FORMATS))
     p.add_argument("--pool", type=int, default=0, help="encoder worker processes (0: AudioEncoder in threads)")
+    p.add_argument("--resample-thread", action="store_true", help="with --pool: feature resample_thread on")
     args = p.parse_args()
     parts = chunks(args.seconds)
     if args.pool:

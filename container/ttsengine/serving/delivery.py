@@ -23,7 +23,7 @@ import numpy as np
 
 from ..audio import encoder_pool
 from ..audio.encode import CONTENT_TYPES, EncodedAudio
-from ..audio.stream_encoder import StreamEncoder
+from ..audio.stream_encoder import StreamEncoder, resampler_threads
 from ..config import encoder_processes
 from ..errors import Abandoned
 from ..synthesis.output import SynthesisResult
@@ -72,9 +72,20 @@ def _delivering(stream: Stream, tally: Tally):
             stream.cancel()  # the consumer stopped early: free the engine slot
 
 
+_resample_thread = False  # feature resample_thread, set by the process's Service (use_resample_thread)
+
+
+def use_resample_thread(on: bool) -> None:
+    """Feature resample_thread for this process's deliveries from now on (Service, from TTS_FEATURES, at its
+    construction: every adapter makes one)."""
+    global _resample_thread
+    _resample_thread = on
+
+
 def encoder_for(job: SpeechJob, native_rate: int, streaming: bool = True) -> StreamEncoder:
     """The job's encoder; close() it when done (a worker process may hold its state)."""
-    return StreamEncoder(job.format, native_rate, job.sample_rate, job.speed, streaming=streaming, pool=_pool)
+    return StreamEncoder(job.format, native_rate, job.sample_rate, job.speed, streaming=streaming, pool=_pool,
+                         resampler=resampler_threads() if _resample_thread else None)
 
 
 def _pool() -> encoder_pool.EncoderPool | None:

@@ -24,7 +24,7 @@ from ..engine.stats import FleetStats
 from ..errors import Abandoned, EngineDown, ShuttingDown, engine_failed
 from ..synthesis.request import SynthesisRequest
 from ..synthesis.stream import Stream
-from .delivery import unless_left
+from .delivery import unless_left, use_resample_thread
 from .download import ensure_model
 from .failure import ModelFailed, ModelLoading
 from .voices import VoiceStore
@@ -83,9 +83,11 @@ def spawn_engine_processes(config: EngineConfig):
 class Service:
     def __init__(self, load: Callable[[], Fleet], voices_dir: Path | None, features: str = "auto"):
         """load() -> a fleet with a warm engine (engine_loader, or a test's factory); voices_dir: where stored
-        voices live (None: this deployment has none); features: TTS_FEATURES (direct_admit: see admit)."""
+        voices live (None: this deployment has none); features: TTS_FEATURES (direct_admit: see admit;
+        resample_thread: this process's deliveries, delivery.use_resample_thread)."""
         self._load, self.voices_dir = load, voices_dir
         self.direct_admit = not feature_names.switched_off(features, feature_names.DIRECT_ADMIT)
+        use_resample_thread(not feature_names.switched_off(features, feature_names.RESAMPLE_THREAD))
         self.fleet: Fleet | None = None
         self.voices: VoiceStore | None = None
         self.voices_error: str | None = None  # why stored voices are off although a directory was configured
