@@ -2,8 +2,13 @@
 fails with the tile and fused int8 kernels, passes with dequant, and the Triton kernel alone is row-independent).
 Each of the test's requests alone, then all four at once, graphed against eager, per int8 kernel: equal alone but not
 together points at batching (row counts, prefill grouping), unequal alone at an op that differs inside a graph.
-Usage (device): PYTHONPATH=$PWD/container:$PWD:$PWD/tests python3 scripts/device/int8_graphs_check.py [KERNEL...]"""
+Stop 63 found: each alone equal, all four differ (request 0, frame 38 of 40) in every graphed run, eager runs agree
+with each other whatever their schedule. VARIANTS="-lazy_graphs -prefill_fit ..." then runs only the four at once,
+graphed with each TTS_FEATURES variant added, against one eager run: the variant whose row says equal names the part.
+Usage (device): PYTHONPATH=$PWD/container:$PWD:$PWD/tests python3 scripts/device/int8_graphs_check.py [KERNEL...]
+  (env VARIANTS: space-separated feature lists, e.g. "-lazy_graphs -prefill_fit,-slack_prefill")"""
 
+import os
 import sys
 
 import numpy as np
@@ -28,7 +33,15 @@ def first_difference(a: list, b: list) -> str:
     return "none"
 
 
+variants = os.environ.get("VARIANTS", "").split()
 for kernel in sys.argv[1:] or ["tile", "dequant"]:
+    if variants:
+        eager = tokens(cfg(features="-cuda_graphs,-compile", quant="int8", int8_kernel=kernel))
+        for v in variants:
+            graphed = tokens(cfg(features=f"+cuda_graphs,-compile,{v}", quant="int8", int8_kernel=kernel))
+            print(f"| {kernel} | all four, graphed {v} | {'equal' if same(graphed, eager) else 'differs'} | "
+                  f"{first_difference(graphed, eager)} |", flush=True)
+        continue
     for label, waves in [(f"request {i} alone", ([q],)) for i, q in enumerate(REQUESTS)] + [("all four", (REQUESTS,))]:
         eager = tokens(cfg(features="-cuda_graphs,-compile", quant="int8", int8_kernel=kernel), waves=waves)
         graphed = tokens(cfg(features="+cuda_graphs,-compile", quant="int8", int8_kernel=kernel), waves=waves)
