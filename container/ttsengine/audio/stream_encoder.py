@@ -75,20 +75,20 @@ class StreamEncoder:
         """chunk: [n] float32 mono at the native rate."""
         if self.where == "process":
             return await self._enc.encode(chunk)
-        if self.where == "inline":
-            return self._enc.encode(chunk)
-        if self._executor is not None:
-            return await asyncio.get_running_loop().run_in_executor(self._executor, self._enc.encode, chunk)
-        return await asyncio.to_thread(self._enc.encode, chunk)
+        return await self._run(self._enc.encode, chunk)
 
     async def finish(self) -> bytes:
         if self.where == "process":
             return await self._enc.finish()
+        return await self._run(self._enc.finish)
+
+    async def _run(self, fn: Callable[..., bytes], *args) -> bytes:
+        """An in-process encoder call where this stream encodes: inline, a resampler thread or a worker thread."""
         if self.where == "inline":
-            return self._enc.finish()
-        if self._executor is not None:
-            return await asyncio.get_running_loop().run_in_executor(self._executor, self._enc.finish)
-        return await asyncio.to_thread(self._enc.finish)
+            return fn(*args)
+        if self.where == "resampler":
+            return await asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
+        return await asyncio.to_thread(fn, *args)
 
     def close(self) -> None:
         if self.where == "process":
