@@ -1,5 +1,6 @@
 """Issue 43: where the HTTP front's event-loop thread spends its time under load. Runs `python -m handlers http`
-in this process with a cProfile of the main (event-loop) thread that SIGUSR1 starts and SIGUSR2 stops, writing
+in this process with a cProfile that SIGUSR1 starts and SIGUSR2 stops (on Python 3.12 it sees every thread, the
+reader's blocking reads included: front_profile.sh's py-spy view splits threads), writing
 the stats to $PROFILE_OUT (pstats file) and the top functions by own time to $PROFILE_OUT.txt. cProfile's own
 overhead inflates every call alike, so read the shares, not the absolute times. Usage (device, front_profile.sh):
 TTS_* env as for the server; python3 scripts/device/front_profile.py"""

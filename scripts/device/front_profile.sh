@@ -2,7 +2,8 @@
 # Issue 43, one device call, one GPU: the HTTP front's event loop under $C pcm streams (real S1-mini shapes, random
 # weights, TTS_MAX_BATCH=$C, a fresh cache directory). The server runs under front_profile.py; after a warm-up
 # load, py-spy (when .whl carries it; --threads, raw stacks) samples the whole front process during one steady
-# load, then cProfile (main thread only) during another. Prints the py-spy main-thread leaves and cProfile's top.
+# load, then cProfile during another (Python 3.12's cProfile sees every thread: read py-spy's per-thread view for the
+# loop). Prints the py-spy main-thread leaves and cProfile's top.
 # Usage: scripts/device/front_profile.sh   (env: C=256, FRAMES=192, PROCS=4, FORMAT=pcm, CKPT, CACHE)
 set -uo pipefail
 . scripts/device/lib.sh
