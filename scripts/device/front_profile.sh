@@ -27,19 +27,5 @@ fi
 lt spied; [ -n "${SP:-}" ] && { wait "$SP"; tail -3 "$W/spy.log"; }
 kill -USR1 "$PID"; lt profiled; kill -USR2 "$PID"; sleep 3
 kill -TERM "$PID"; wait "$PID"; echo "server exit $?: $(grep -c Traceback "$W/server.log") tracebacks"
-[ -f "$OUT/spy.txt" ] && python3 - "$OUT/spy.txt" <<'PY'
-import collections, sys
-leaf, total = collections.Counter(), collections.Counter()
-for line in open(sys.argv[1]):
-    stack, _, n = line.rstrip().rpartition(" ")
-    frames = stack.split(";")
-    thread = frames[0]
-    total[thread] += int(n)
-    if "MainThread" in thread or "main" in thread.lower():
-        leaf[frames[-1][:140]] += int(n)
-print("py-spy samples per thread:", ", ".join(f"{t[:60]} {n}" for t, n in total.most_common(8)))
-print("main thread, top leaves:")
-for f, n in leaf.most_common(30):
-    print(f"  {n:6d}  {f}")
-PY
+[ -f "$OUT/spy.txt" ] && python3 scripts/device/spy_leaves.py "$OUT/spy.txt"
 [ -f "$OUT/front.prof.txt" ] && sed -n 1,70p "$OUT/front.prof.txt"

@@ -19,18 +19,27 @@ for bench_file in sorted(work.glob("bench*/bench.json")):
               f"{lv['ttfa_p95_ms']:.0f} | {lv['aggregate_fps'] / FRAME_RATE:.0f} | {lv['rtf_max']:.2f} (max) | "
               f"{1 / lv['rtf_max']:.2f} | - | p95 {lv['stall_p95_ms']:.0f} ms, max {lv['stall_max_ms']:.0f} ms | "
               f"{lv['time_host_s']:.2f} / {lv['wall_s']:.2f} | - |")
+def label(door: str, name: str) -> str:
+    """front_door's runs are HTTP ones named after their server; doors.sh's are named after the door."""
+    return name if name.startswith(door) else f"{'HTTP' if door == 'http' else door} {name}"
+
+
 runs = [(name, json.loads((work / name / "loadtest.json").read_text())) for name in sys.argv[2:]
         if (work / name / "loadtest.json").exists()]
 for name, report in runs:
     for lv in report["levels"]:
         sv = lv["server"]
-        print(f"| HTTP {name} {lv['format']} | {lv['concurrency']} | {lv['first_audio_p50_ms']:.0f} / "
+        print(f"| {label(report.get('door', 'http'), name)} {lv['format']} | {lv['concurrency']} | "
+              f"{lv['first_audio_p50_ms']:.0f} / "
               f"{lv['first_audio_p95_ms']:.0f} | {lv['audio_s_per_s']:.0f} | {lv['rtf_p95']:.2f} | "
               f"{1 / lv['rtf_max']:.2f} | {lv['errors']} / {lv['requests']} | {lv['stalls']} "
               f"({lv['stalled_streams']}, {lv['stall_s']:.1f} s) | {sv.get('engine_host_s', float('nan')):.2f} / "
               f"{lv['wall_s']:.2f} | {'/'.join(map(str, lv['client_cpu_pct']))} |")
 for name, report in runs:
     for lv in report["levels"]:
+        if lv.get("stall_at"):
+            print(f"  {name} {lv['format']} {lv['concurrency']}: first stall at piece (index: streams) "
+                  f"{lv['stall_at']}")
         if lv["errors"]:
             print(f"  {name} {lv['format']} {lv['concurrency']}, an error: {(lv['error_sample'] or '')[:160]}")
 print()

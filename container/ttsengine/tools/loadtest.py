@@ -1,4 +1,4 @@
-"""`python -m ttsengine loadtest URL`: a concurrency sweep against a running server's OpenAI endpoint.
+"""`python -m ttsengine loadtest URL`: a concurrency sweep against a running server (or RunPod worker).
 
 Per format and level: requests/s, time to response headers (TTFB) and to the first audio bytes, p50/p95/p99,
 real-time factor (request time / audio time), delivered audio seconds per second, stalls (the audio running dry
@@ -6,9 +6,12 @@ after playback started), characters/s and errors; the load generator's CPU use p
 server's side of the level from its /metrics, read before and after (queue wait, the engine's first audio, the
 first audio bytes sent; with TTS_TRACE_CHUNKS=1 on the server, the per-chunk stages and its CPU per thread).
 Closed loop by default (each client sends its next request when the last one ended); `--arrivals poisson:RATE`
-sends the level's requests open loop. `--processes N` spreads the clients over N processes. `--client` picks the
-HTTP client: raw (default, a minimal HTTP/1.1 client that costs little CPU per chunk) or httpx. Prints a table and
-writes loadtest.json and loadtest.html (plots).
+sends the level's requests open loop. `--door` picks the way in (tools/load/doors.py): http (OpenAI's speech API,
+the default), serve (SageMaker's streaming /invocations against `python -m handlers serve`) or runpod (URL is where
+this process hosts a local RunPod job queue for `python -m handlers runpod`; tools/load/runpod_door.py).
+`--processes N` spreads the clients over N processes. `--client` picks the HTTP client: raw (default, a minimal
+HTTP/1.1 client that costs little CPU per chunk) or httpx. Prints a table and writes loadtest.json and
+loadtest.html (plots).
 """
 
 from __future__ import annotations
@@ -22,8 +25,9 @@ from multiprocessing import get_context
 from pathlib import Path
 
 from . import report as report_page
-from .load import scrape
+from .load import runpod_door, scrape
 from .load.client import CLIENTS, run_share
+from .load.doors import DOORS
 from .load.schedule import poisson_rate, shares
 from .load.summary import Level, summarise
 
@@ -34,18 +38,21 @@ START_S = 3.0  # client processes start together this long after a level is hand
 
 def run_level(url: str, concurrency: int, requests: int, body: dict, headers: dict, timeout: float,
               arrivals: str = "closed", pool: ProcessPoolExecutor | None = None, processes: int = 1,
-              client: str = "raw") -> Level:
+              client: str = "raw", door: str = "http", queue: runpod_door.JobQueue | None = None) -> Level:
+    """One level through the door; runpod's goes through `queue` (its worker has no /metrics to read)."""
     rate = poisson_rate(arrivals)
     parts = shares(concurrency, requests, processes if pool is not None else 1, rate)
-    before = scrape.read(url)
-    if pool is None:
-        done = [run_share(parts[0], url, body, headers, timeout, time.monotonic(), client)]
+    before = scrape.read(url) if queue is None else None
+    if queue is not None:
+        done = [runpod_door.run_share(queue, parts[0], body, timeout)]
+    elif pool is None:
+        done = [run_share(parts[0], url, body, headers, timeout, time.monotonic(), client, door)]
     else:
         start_at = time.monotonic() + START_S
-        same = (url, body, headers, timeout, start_at, client)
+        same = (url, body, headers, timeout, start_at, client, door)
         done = list(pool.map(run_share, parts, *([x] * len(parts) for x in same)))
     level = summarise(done, body.get("response_format", "pcm"), concurrency, arrivals, len(body["input"]))
-    level.server = scrape.breakdown(before, scrape.read(url))
+    level.server = scrape.breakdown(before, scrape.read(url)) if queue is None else {}
     return level
 
 
@@ -80,6 +87,10 @@ def print_table(levels: list[dict]) -> None:
     for lv in levels:
         print(" | ".join(report_page.fmt(lv[k]) if k != "client_cpu_pct" else "/".join(map(str, lv[k]))
                          for k in COLUMNS))
+    for lv in levels:
+        if lv.get("stall_at"):  # json keys are strings after a round trip
+            at = ", ".join(f"{k}: {v}" for k, v in list(lv["stall_at"].items())[:6])
+            print(f"  {lv['format']} {lv['concurrency']}: first stall at piece (index: streams) {at}")
     if any(lv["server"] for lv in levels):
         print("server (mean / p50 / p95 ms per level; engine host s = loop less step waits):")
         for lv in levels:
@@ -112,6 +123,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--timeout", type=float, default=300.0)
     ap.add_argument("--client", choices=CLIENTS, default="raw", help="the HTTP client: raw (default: a minimal "
                     "HTTP/1.1 client, little CPU per chunk) or httpx")
+    ap.add_argument("--door", choices=DOORS, default="http", help="the way in: http (default), serve (SageMaker's "
+                    "/invocations, streamed) or runpod (URL: where to host a job queue for `python -m handlers "
+                    "runpod`; waits --timeout s for the worker's first poll; one client process)")
     ap.add_argument("--out", type=Path, default=Path("loadtest-out"))
     args = ap.parse_args(argv)
     formats = args.format.split(",")
@@ -123,10 +137,20 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(str(e))
     if args.processes < 1:
         ap.error("--processes must be at least 1")
+    if args.door == "runpod" and args.processes > 1:
+        ap.error("--door runpod takes one client process (the job queue lives in it); leave --processes at 1")
     headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
     url = args.url.rstrip("/")
     levels = []
     pool = (ProcessPoolExecutor(args.processes, mp_context=get_context("spawn")) if args.processes > 1 else None)
+    queue = None
+    if args.door == "runpod":
+        print(f"waiting up to {args.timeout:g} s for a RunPod worker to poll the job queue at {url}", flush=True)
+        try:
+            queue = runpod_door.start_queue(url, args.timeout)
+        except (OSError, TimeoutError) as e:
+            print(f"loadtest: {e}")
+            return 2
     try:
         for fmt in formats:
             body = {"input": args.text, "response_format": fmt, "seed": 1}
@@ -136,15 +160,18 @@ def main(argv: list[str] | None = None) -> int:
                 body["max_new_tokens"] = args.max_new_tokens
             for c in (int(x) for x in args.concurrency.split(",")):
                 lv = run_level(url, c, args.requests or 2 * c, body, headers, args.timeout, args.arrivals, pool,
-                               args.processes, args.client)
+                               args.processes, args.client, args.door, queue)
                 levels.append(lv)
                 print(f"  {fmt} level {c}: {lv.requests} requests, {lv.errors} errors, {lv.requests_per_s:.2f} "
                       f"req/s, client CPU {'/'.join(map(str, lv.client_cpu_pct))} %", flush=True)
     finally:
         if pool is not None:
             pool.shutdown()
-    report = {"url": url, "text_chars": len(args.text), "formats": formats, "arrivals": args.arrivals,
-              "processes": args.processes, "client": args.client, "levels": [asdict(lv) for lv in levels]}
+        if queue is not None:
+            queue.stop()
+    report = {"url": url, "door": args.door, "text_chars": len(args.text), "formats": formats,
+              "arrivals": args.arrivals, "processes": args.processes, "client": args.client,
+              "levels": [asdict(lv) for lv in levels]}
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "loadtest.json").write_text(json.dumps(report, indent=2))
     (args.out / "loadtest.html").write_text(render_html(report))

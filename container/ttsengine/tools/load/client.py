@@ -9,15 +9,29 @@ import asyncio
 import io
 import time
 
-from .playback import stalls
+from .doors import PATHS, JsonLines, request_body
+from .playback import first_stall, stalls
 from .schedule import Share
 
 
-async def _one(client, url: str, body: dict, headers: dict) -> dict:
+def new_record() -> dict:
+    """One request's record as it is filled: seconds since it was sent, its audio pieces (arrival, bytes)."""
+    return {"ttfb": None, "first": None, "end": None, "pieces": [], "bytes": b"", "rate": 24000, "error": None}
+
+
+def add_piece(out: dict, parts: list[bytes], now: float, audio: bytes) -> None:
+    if audio:
+        out["first"] = now if out["first"] is None else out["first"]
+        out["pieces"].append((now, len(audio)))
+        parts.append(audio)
+
+
+async def _one(client, url: str, body: dict, headers: dict, door: str = "http") -> dict:
     t0 = time.perf_counter()
-    out = {"ttfb": None, "first": None, "end": None, "pieces": [], "bytes": b"", "rate": 24000, "error": None}
+    out = new_record()
+    lines = JsonLines() if door == "serve" else None
     try:
-        async with client.stream("POST", url + "/v1/audio/speech", json=body, headers=headers) as r:
+        async with client.stream("POST", url + PATHS[door], json=request_body(door, body), headers=headers) as r:
             out["ttfb"] = time.perf_counter() - t0
             if r.status_code != 200:
                 out["error"] = f"{r.status_code}: {(await r.aread()).decode(errors='replace')[:200]}"
@@ -26,10 +40,8 @@ async def _one(client, url: str, body: dict, headers: dict) -> dict:
             parts = []
             async for chunk in r.aiter_raw():
                 if chunk:
-                    now = time.perf_counter() - t0
-                    out["first"] = now if out["first"] is None else out["first"]
-                    out["pieces"].append((now, len(chunk)))
-                    parts.append(chunk)
+                    add_piece(out, parts, time.perf_counter() - t0, chunk if lines is None else lines.feed(chunk))
+            out["rate"] = lines.rate or out["rate"] if lines is not None else out["rate"]
             out["bytes"] = b"".join(parts)
         out["end"] = time.perf_counter() - t0
     except Exception as e:  # noqa: BLE001 - counted as an error of this request
@@ -55,30 +67,32 @@ def finished(r: dict, fmt: str) -> dict:
         seconds = audio_seconds(r["bytes"], fmt, r["rate"])
         total = sum(n for _, n in r["pieces"]) or 1
         rec["audio_s"] = seconds
-        rec["stalls"], rec["stall_s"] = stalls([(t, seconds * n / total) for t, n in r["pieces"]])
+        pieces = [(t, seconds * n / total) for t, n in r["pieces"]]
+        rec["stalls"], rec["stall_s"] = stalls(pieces)
+        rec["stall_at"] = first_stall(pieces)  # which piece: the second (1) points at the first chunk's audio
     return rec
 
 
-async def _closed(client, share: Share, url, body, headers, results) -> None:
+async def closed_loop(share: Share, send, results) -> None:
+    """send(i) -> request i's record; each of share.clients sends its next request when its last one ended."""
     queue = list(reversed(share.indices))
 
     async def worker():
         while queue:
-            i = queue.pop()
-            results.append(await _one(client, url, {**body, "seed": body.get("seed", 0) + i}, headers))
+            results.append(await send(queue.pop()))
 
     await asyncio.gather(*(worker() for _ in range(share.clients)))
 
 
-async def _open(client, share: Share, url, body, headers, results, lags) -> None:
+async def open_loop(share: Share, send, results, lags) -> None:
     t0 = time.perf_counter()
 
-    async def send(i, offset):
+    async def at(i, offset):
         await asyncio.sleep(max(0.0, t0 + offset - time.perf_counter()))
         lags.append(time.perf_counter() - t0 - offset)  # the generator's own lateness
-        results.append(await _one(client, url, {**body, "seed": body.get("seed", 0) + i}, headers))
+        results.append(await send(i))
 
-    await asyncio.gather(*(send(i, o) for i, o in zip(share.indices, share.offsets)))
+    await asyncio.gather(*(at(i, o) for i, o in zip(share.indices, share.offsets)))
 
 
 CLIENTS = ("raw", "httpx")
@@ -96,19 +110,26 @@ def _client(kind: str, url: str, n: int, timeout: float):
     return httpx.AsyncClient(timeout=timeout, limits=limits)
 
 
-async def _run(share: Share, url: str, body: dict, headers: dict, timeout: float, kind: str) -> tuple[list, list]:
+def seeded(body: dict, i: int) -> dict:
+    """Request i of a level: its own seed, so no two requests of a run are the same."""
+    return {**body, "seed": body.get("seed", 0) + i}
+
+
+async def _run(share: Share, url: str, body: dict, headers: dict, timeout: float, kind: str,
+               door: str) -> tuple[list, list]:
     results, lags = [], []
     n = share.clients if share.offsets is None else len(share.indices)
     async with _client(kind, url, n, timeout) as client:
+        send = lambda i: _one(client, url, seeded(body, i), headers, door)  # noqa: E731
         if share.offsets is None:
-            await _closed(client, share, url, body, headers, results)
+            await closed_loop(share, send, results)
         else:
-            await _open(client, share, url, body, headers, results, lags)
+            await open_loop(share, send, results, lags)
     return results, lags
 
 
 def run_share(share: Share, url: str, body: dict, headers: dict, timeout: float, start_at: float,
-              kind: str = "raw") -> dict:
+              kind: str = "raw", door: str = "http") -> dict:
     """Waits for start_at (time.monotonic(), the same clock in every process), runs the share with the `kind` of
     client (CLIENTS), and returns its records, its start and end (monotonic), the generator's lateness (open loop)
     and its CPU seconds."""
@@ -119,7 +140,7 @@ def run_share(share: Share, url: str, body: dict, headers: dict, timeout: float,
     if late < 0:
         time.sleep(-late)
     begin, cpu0 = time.monotonic(), time.process_time()
-    results, lags = asyncio.run(_run(share, url, body, headers, timeout, kind))
+    results, lags = asyncio.run(_run(share, url, body, headers, timeout, kind, door))
     end, cpu = time.monotonic(), time.process_time() - cpu0
     fmt = body.get("response_format", "pcm")
     return {"records": [finished(r, fmt) for r in results], "begin": begin, "end": end, "cpu_s": cpu,

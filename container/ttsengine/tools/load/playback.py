@@ -3,16 +3,27 @@ a stall is the audio running dry after that (the same account as Stream.stalls i
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 GAP_S = 0.001  # shorter waits are counted in the seconds but not as a stall
+
+
+def _waits(pieces: list[tuple[float, float]]) -> Iterator[tuple[int, float]]:
+    """(index, seconds the listener waited for it) for each piece that came after the audio so far had played."""
+    until = None  # when the audio arrived so far has played out
+    for i, (at, seconds) in enumerate(pieces):
+        if until is not None and at > until:
+            yield i, at - until
+        start = at if until is None else max(at, until)
+        until = start + seconds
 
 
 def stalls(pieces: list[tuple[float, float]]) -> tuple[int, float]:
     """pieces: (arrival time, audio seconds) in order -> (stalls, seconds waited after playback started)."""
-    count, waited, until = 0, 0.0, None  # until: when the audio arrived so far has played out
-    for at, seconds in pieces:
-        if until is not None and at > until:
-            waited += at - until
-            count += at - until >= GAP_S
-        start = at if until is None else max(at, until)
-        until = start + seconds
-    return count, waited
+    waits = [w for _, w in _waits(pieces)]
+    return sum(w >= GAP_S for w in waits), sum(waits)
+
+
+def first_stall(pieces: list[tuple[float, float]]) -> int | None:
+    """The index of the first piece the listener waited for (a stall), None when the audio never ran dry."""
+    return next((i for i, w in _waits(pieces) if w >= GAP_S), None)

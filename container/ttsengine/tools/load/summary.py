@@ -3,6 +3,7 @@ delivered audio, stalls, and the load generator's own CPU use per process."""
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass, field
 
 
@@ -35,6 +36,7 @@ class Level:
     late_start_ms: float = 0.0  # the latest client process's start after the level's
     server: dict = field(default_factory=dict)  # scrape.breakdown
     error_sample: str | None = None
+    stall_at: dict = field(default_factory=dict)  # the piece each stalled stream first waited for -> streams
     rtf_max: float = float("nan")  # the slowest stream's (request time / audio time): 1 / rtf_max is its x real time
 
 
@@ -65,4 +67,5 @@ def summarise(parts: list[dict], fmt: str, concurrency: int, arrivals: str, char
         client_cpu_pct=[round(100 * p["cpu_s"] / max(p["end"] - p["begin"], 1e-9), 1) for p in parts],
         send_lag_p95_ms=pct(lags, 95) if lags else None,
         late_start_ms=1000 * max(p["late_start_s"] for p in parts), error_sample=errors[0] if errors else None,
-        rtf_max=max(rtf, default=float("nan")))
+        rtf_max=max(rtf, default=float("nan")),
+        stall_at=dict(sorted(Counter(r["stall_at"] for r in ok if r.get("stall_at") is not None).items())))

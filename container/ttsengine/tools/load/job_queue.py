@@ -1,0 +1,177 @@
+"""A local stand-in for RunPod's job queue, speaking the worker protocol of runpod-python's serverless
+loop: GET job-take (one job) / job-take-batch (a list, batch_size=N), long-polled; GET job-stop
+({"jobsToStop": [...]}); POST job-stream (one streamed item per call) and job-done (the final result,
+or {"status": "IN_PROGRESS"} progress updates). Bodies are JSON sent as form-encoded text, as the SDK
+sends them. What drives a real worker (`python -m handlers runpod`) in the tests (tests/fake_runpod.py), the
+container's end-to-end run and `loadtest --door runpod` (tools/load/runpod_door.py: `listen` hands each job's
+posts to its client as they arrive, so a client waits on its own job, not on the queue's one condition).
+Connections are kept alive (HTTP/1.1): the worker posts every streamed chunk, hundreds a second under load."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections import defaultdict, deque
+from collections.abc import Callable
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from urllib.parse import parse_qs, urlparse
+
+POLL_S = 1.0  # how long an empty take or stop poll is held open, like RunPod's long poll
+
+
+class FakeQueue:
+    def __init__(self, host: str = "127.0.0.1", port: int = 0):
+        self.jobs: deque[dict] = deque()
+        self.to_stop: list[str] = []
+        self.streamed: dict[str, list] = defaultdict(list)
+        self.stream_times: dict[str, list[float]] = defaultdict(list)
+        self.progress: dict[str, list] = defaultdict(list)
+        self.done: dict[str, dict] = {}
+        self.taken: list[tuple[float, list[str]]] = []  # (time, ids) per take call that returned jobs
+        self.requests: list[str] = []
+        self.listeners: dict[str, Callable[[str, dict], None]] = {}  # job id -> called with (kind, body) per post
+        self.cond = threading.Condition()
+        self.server = ThreadingHTTPServer((host, port), self._handler())
+        self.server.daemon_threads = True
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+
+    @property
+    def url(self) -> str:
+        host, port = self.server.server_address[:2]
+        return f"http://{host}:{port}"
+
+    def env(self, host: str | None = None) -> dict[str, str]:
+        """The variables RunPod sets for a worker; `host` when the worker reaches us by another name."""
+        base = self.url if host is None else f"http://{host}:{self.server.server_address[1]}"
+        return {"RUNPOD_WEBHOOK_GET_JOB": f"{base}/job-take/$ID?gpu=fake",
+                "RUNPOD_WEBHOOK_POST_OUTPUT": f"{base}/job-done/$RUNPOD_POD_ID/$ID?gpu=fake",
+                "RUNPOD_WEBHOOK_POST_STREAM": f"{base}/job-stream/$RUNPOD_POD_ID/$ID?gpu=fake",
+                "RUNPOD_POD_ID": "fake-worker", "RUNPOD_SKIP_AUTO_SYSTEM_CHECKS": "true",
+                "RUNPOD_SKIP_GPU_CHECK": "true"}
+
+    def start(self) -> FakeQueue:
+        self.thread.start()
+        return self
+
+    def stop(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+    def submit(self, job_id: str, job_input: dict) -> None:
+        with self.cond:
+            self.jobs.append({"id": job_id, "input": job_input})
+            self.cond.notify_all()
+
+    def listen(self, job_id: str, listener: Callable[[str, dict], None]) -> None:
+        """listener(kind, body) when a worker takes the job ("job-take", {}) and for each of its posts ("job-stream"
+        or "job-done", progress included), on the queue's thread for that call, before it is answered; set before
+        the job is submitted."""
+        self.listeners[job_id] = listener
+
+    def cancel(self, job_id: str) -> None:
+        with self.cond:
+            self.to_stop.append(job_id)
+            self.cond.notify_all()
+
+    def wait_done(self, job_ids, timeout: float = 120) -> None:
+        end = time.time() + timeout
+        with self.cond:
+            while not all(j in self.done for j in job_ids):
+                left = end - time.time()
+                if left <= 0:
+                    raise TimeoutError(f"jobs not done: {[j for j in job_ids if j not in self.done]}")
+                self.cond.wait(left)
+
+    def wait_streamed(self, job_id: str, count: int = 1, timeout: float = 120) -> None:
+        end = time.time() + timeout
+        with self.cond:
+            while len(self.streamed[job_id]) < count:
+                left = end - time.time()
+                if left <= 0:
+                    raise TimeoutError(f"{job_id}: {len(self.streamed[job_id])} streamed items, wanted {count}")
+                self.cond.wait(left)
+
+    # ---- the protocol ---------------------------------------------------------------------------
+    def _take(self, batch: int | None):
+        with self.cond:
+            if not self.jobs:
+                self.cond.wait(POLL_S)
+            got = [self.jobs.popleft() for _ in range(min(batch or 1, len(self.jobs)))]
+            if got:
+                self.taken.append((time.time(), [j["id"] for j in got]))
+        for job in got:
+            if (listener := self.listeners.get(job["id"])) is not None:
+                listener("job-take", {})
+        if not got:
+            return 204, None
+        return 200, got if batch is not None else got[0]
+
+    def _stops(self):
+        with self.cond:
+            if not self.to_stop:
+                self.cond.wait(POLL_S)
+            ids, self.to_stop = self.to_stop, []
+        return (200, {"jobsToStop": ids}) if ids else (204, None)
+
+    def _post(self, kind: str, job_id: str, body: dict) -> None:
+        listener = self.listeners.get(job_id)
+        if listener is not None:
+            listener(kind, body)
+            if kind == "job-done" and body.get("status") != "IN_PROGRESS":
+                self.listeners.pop(job_id, None)
+            return  # a listened job's items go to its listener only (a load run keeps no audio here)
+        with self.cond:
+            if kind == "job-stream":
+                self.streamed[job_id].append(body.get("output"))
+                self.stream_times[job_id].append(time.time())
+            elif body.get("status") == "IN_PROGRESS":
+                self.progress[job_id].append(body.get("output"))
+            else:
+                self.done[job_id] = body
+            self.cond.notify_all()
+
+    def _handler(self):
+        queue = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"  # keep-alive: every reply has a Content-Length
+
+            def log_message(self, *args):  # quiet
+                pass
+
+            def _reply(self, status: int, payload=None) -> None:
+                data = b"" if payload is None else json.dumps(payload).encode()
+                self.send_response(status)
+                if payload is not None:
+                    self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def do_GET(self):
+                url = urlparse(self.path)
+                queue.requests.append(f"GET {url.path}")
+                kind = url.path.split("/")[1]
+                if kind == "job-take":
+                    self._reply(*queue._take(None))
+                elif kind == "job-take-batch":
+                    self._reply(*queue._take(int(parse_qs(url.query)["batch_size"][0])))
+                elif kind == "job-stop":
+                    self._reply(*queue._stops())
+                else:
+                    self._reply(404, {"error": "unknown route"})
+
+            def do_POST(self):
+                url = urlparse(self.path)
+                queue.requests.append(f"POST {url.path}")
+                parts = url.path.split("/")  # /job-done/<worker>/<job id>
+                body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))) or b"{}")
+                if parts[1] in ("job-done", "job-stream") and len(parts) == 4:
+                    queue._post(parts[1], parts[3], body)
+                    self._reply(200, {})
+                else:
+                    self._reply(404, {"error": "unknown route"})
+
+        return Handler
+

@@ -1,0 +1,85 @@
+"""`loadtest --door`: the same load through each of the product's doors, each a real server on the tiny model
+(CPU): http (`python -m handlers http`), serve (SageMaker's streamed /invocations, `python -m handlers serve`) and
+runpod (`python -m handlers runpod` taking jobs from the job queue loadtest hosts). Same seeds, same audio."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+from conftest import ROOT, free_port
+from test_http import served
+from test_runpod import start_worker, stop_worker
+from test_sagemaker import serve  # noqa: F401 - the real `serve` server, a module fixture
+
+from ttsengine.tools.load.doors import JsonLines, RecordError
+from ttsengine.tools.load.playback import first_stall
+
+LOAD = ["--concurrency", "2", "--requests", "3", "--max-new-tokens", "8"]
+
+
+def loadtest(url: str, out, *args: str, timeout: float = 600) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "ttsengine", "loadtest", url, *LOAD, "--out", str(out), *args],
+                          capture_output=True, text=True, timeout=timeout, cwd=ROOT)
+
+
+def level(out) -> dict:
+    report = json.loads((out / "loadtest.json").read_text())
+    return {"door": report["door"], **report["levels"][0]}
+
+
+def test_json_lines_give_the_audio_of_each_completed_line_and_stop_at_an_error():
+    lines = JsonLines()
+    assert lines.feed(b'{"index": 0, "audio": "AAEC", "sample_rate": 16000}\n{"index": 1, "au') == b"\x00\x01\x02"
+    assert lines.rate == 16000
+    assert lines.feed(b'dio": "AwQ="}\n{"done": true}\n') == b"\x03\x04"
+    with pytest.raises(RecordError, match="too long"):
+        JsonLines().feed(b'{"error": "the text is too long"}\n')
+
+
+def test_first_stall_names_the_piece_the_listener_first_waited_for():
+    assert first_stall([(0.0, 0.5), (0.4, 0.5), (1.3, 0.1), (2.0, 0.2)]) == 2
+    assert first_stall([(1.0, 0.5), (1.4, 0.5)]) is None
+    assert first_stall([(0.0, 0.1), (0.1005, 0.1)]) is None  # under a millisecond
+
+
+def test_every_door_delivers_the_same_audio_for_the_same_requests(tmp_path, serve):  # noqa: F811
+    got = {}
+    (tmp_path / "http").mkdir()
+    with served(tmp_path / "http") as url:
+        run = loadtest(url, tmp_path / "http-out")
+        assert run.returncode == 0, run.stderr + run.stdout
+        got["http"] = level(tmp_path / "http-out")
+    run = loadtest(serve[0], tmp_path / "serve-out", "--door", "serve")
+    assert run.returncode == 0, run.stderr + run.stdout
+    got["serve"] = level(tmp_path / "serve-out")
+    port = free_port()
+    queue_url = f"http://127.0.0.1:{port}"
+    env = {"RUNPOD_WEBHOOK_GET_JOB": f"{queue_url}/job-take/$ID?gpu=fake",
+           "RUNPOD_WEBHOOK_POST_OUTPUT": f"{queue_url}/job-done/$RUNPOD_POD_ID/$ID?gpu=fake",
+           "RUNPOD_WEBHOOK_POST_STREAM": f"{queue_url}/job-stream/$RUNPOD_POD_ID/$ID?gpu=fake",
+           "RUNPOD_POD_ID": "load-worker", "RUNPOD_SKIP_AUTO_SYSTEM_CHECKS": "true", "RUNPOD_SKIP_GPU_CHECK": "true"}
+    (tmp_path / "rp").mkdir()
+    worker = start_worker(tmp_path / "rp", env)
+    try:
+        run = loadtest(queue_url, tmp_path / "runpod-out", "--door", "runpod", "--timeout", "120")
+        assert run.returncode == 0, run.stderr + run.stdout + (tmp_path / "rp" / "worker.log").read_text()
+    finally:
+        stop_worker(worker)
+    got["runpod"] = level(tmp_path / "runpod-out")
+    for door, lv in got.items():
+        assert lv["door"] == door and lv["errors"] == 0 and lv["requests"] == 3, lv
+        assert 0 < lv["ttfb_p50_ms"] <= lv["first_audio_p50_ms"] and lv["stall_s"] >= 0, lv
+    seconds = {door: lv["audio_s_per_s"] * lv["wall_s"] for door, lv in got.items()}  # all requests' audio
+    assert seconds["serve"] == pytest.approx(seconds["http"], rel=1e-9) and seconds["http"] > 0
+    assert seconds["runpod"] == pytest.approx(seconds["http"], rel=1e-9)
+
+
+def test_runpod_door_refuses_several_processes_and_says_when_no_worker_came(tmp_path):
+    url = f"http://127.0.0.1:{free_port()}"
+    run = loadtest(url, tmp_path / "a", "--door", "runpod", "--processes", "2", timeout=60)
+    assert run.returncode == 2 and "--door runpod takes one client process" in run.stderr
+    run = loadtest(url, tmp_path / "b", "--door", "runpod", "--timeout", "1", timeout=60)
+    assert run.returncode == 2 and "no RunPod worker polled" in run.stdout and "RUNPOD_WEBHOOK_GET_JOB" in run.stdout
