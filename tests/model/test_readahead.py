@@ -1,8 +1,7 @@
 """Reading the weights ahead of the imports (feature early_readahead): which files a load will read, found without
 torch (model/loading/readahead.py weight_files), and read_weights_ahead() from the package root in a fresh
 interpreter: torch not imported, the files read on background threads; off with the feature, quiet on a bad
-environment (the start reports that). And the compiler imported beside the weights' read (feature early_compiler):
-on its own thread with the feature, on the loading thread without, the same phases and model either way."""
+environment (the start reports that)."""
 
 from __future__ import annotations
 
@@ -12,7 +11,7 @@ import subprocess
 import sys
 import time
 
-from conftest import MODEL_DIR, ROOT
+from conftest import ROOT
 
 from ttsengine.model.families import s1
 from ttsengine.model.loading.readahead import CODEC_FILES, MODEL_FILES, weight_files
@@ -59,28 +58,3 @@ def test_read_ahead_before_torch_is_imported(tmp_path):
     assert _ahead({"TTS_MODEL_DIR": str(tmp_path), "TTS_FEATURES": "-early_readahead"})["threads"] is None
     assert _ahead({"TTS_MODEL_DIR": str(tmp_path), "TTS_MAX_BATCH": "lots"})["threads"] is None  # reported later
     assert _ahead({"TTS_MODEL_DIR": str(tmp_path / "nowhere")})["threads"] is None
-
-
-COMPILER_IMPORT = """
-import json, sys, threading
-seen = []
-sys.addaudithook(lambda event, args: event == "import" and args[0] == "torch._dynamo"
-                 and seen.append(threading.current_thread().name))
-from ttsengine.config import EngineConfig
-from ttsengine.engine.loader import load
-ckpt = load(EngineConfig(model_dir=sys.argv[1], device="cpu", features=sys.argv[2]))
-print(json.dumps({"threads": seen[:1], "phases": sorted(ckpt.load_phases),
-                  "sum": float(sum(p.double().sum() for p in ckpt.model.parameters()))}))
-"""
-
-
-def test_the_compiler_is_imported_beside_the_weights_with_early_compiler():
-    sums = []
-    for features, thread in (("+early_compiler", "compiler-import"), ("auto", "MainThread")):
-        proc = subprocess.run([sys.executable, "-c", COMPILER_IMPORT, str(MODEL_DIR), features], capture_output=True,
-                              text=True, timeout=300, env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
-        assert proc.returncode == 0, proc.stderr[-2000:]
-        got = json.loads(proc.stdout.strip().splitlines()[-1])
-        assert got["threads"] == [thread] and got["phases"] == ["codec", "compiler", "files", "model"], features
-        sums.append(got["sum"])
-    assert sums[0] == sums[1]  # the same weights loaded either way

@@ -42,7 +42,6 @@ STEP_PRIORITY = "step_priority"
 SEGMENT_SLACK = "segment_slack"
 SLACK_PREFILL = "slack_prefill"
 EARLY_READAHEAD = "early_readahead"
-EARLY_COMPILER = "early_compiler"
 PLAIN_WEBSOCKET = "plain_websocket"
 DIRECT_ADMIT = "direct_admit"
 PREFILL_FIT = "prefill_fit"
@@ -165,13 +164,6 @@ FEATURES = (
             "one moving average per position, the fixed part included", "engine/control/prefill_budget.py"),
     Feature(EARLY_READAHEAD, ENGINE, "the servers and `warm` start reading the weight files from disk before they "
             "import torch and the web framework", "read from the load's start on", "serving/prefetch.py"),
-    # early_compiler: opt-in until measured on a GPU (scripts/device/coldstart.sh with TTS_FEATURES=+early_compiler).
-    # The load imported torch._dynamo (our custom ops' first call needs it) between reading the configs and the
-    # weights, ~1 s on a CI core and more of a GPU host's warm start (docs/performance.md, "Start time and kernel
-    # cache"); on a thread it runs while the weights are read and copied, which mostly wait without the GIL
-    Feature(EARLY_COMPILER, ENGINE, "the load imports the compiler (torch._dynamo) on a thread while it reads and "
-            "copies the weights", "imported before the weights are read, on the loading thread",
-            "model/loading/checkpoint.py `load_checkpoint`", default=False),
     # plain_websocket: audio barely deflates (a tenth of its bytes), and deflating it on the one event loop made
     # every other socket wait behind it: live sessions' first audio measured with and without in docs/voice-agents.md
     Feature(PLAIN_WEBSOCKET, ENGINE, "the servers' WebSockets decline permessage-deflate: audio goes uncompressed",

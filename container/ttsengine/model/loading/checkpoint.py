@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -123,18 +122,15 @@ def read_model_dir(model_dir: Path) -> ModelFiles:
 
 def load_checkpoint(model_dir: Path, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32,
                     codec_dtype: torch.dtype = torch.float32, codec_device: torch.device | str | None = None,
-                    codec_cache: CodecCache | None = None, compiler_ahead: bool = False) -> Checkpoint:
+                    codec_cache: CodecCache | None = None) -> Checkpoint:
     """codec_device: where the codec goes (None: `device`). codec_cache: where the codec converted to
-    `codec_dtype` is kept (None: read and convert codec.pth every time). compiler_ahead (feature early_compiler):
-    torch._dynamo is imported on a thread from the start, beside the weights' read and copy; its phase is then the
-    wait left after the codec.
+    `codec_dtype` is kept (None: read and convert codec.pth every time).
 
     The weight files are read ahead in the background from the start (readahead.py), the configs and tokenizer
     are read meanwhile, and each state dict goes to its device through the staged copy (upload.py)."""
     model_dir = Path(model_dir)
     codec_device = device if codec_device is None else codec_device
     ahead = Readahead(_weight_files(model_dir, codec_cache, codec_dtype))
-    importer = _import_compiler_ahead() if compiler_ahead else None
     phases, t = {}, time.perf_counter()
 
     def phase(name: str) -> None:
@@ -150,10 +146,9 @@ def load_checkpoint(model_dir: Path, device: torch.device | str = "cpu", dtype: 
         phase("files")
         # the first call of any of our custom ops imports torch._dynamo (torch wraps their implementations to keep
         # Dynamo out): ~1 s, here at the load rather than in the first request's first step (stop 58: it had come
-        # with the empty modules until on_meta); with compiler_ahead, a thread has been importing it since the start
-        if importer is None:
-            import torch._dynamo  # noqa: F401
-            phase("compiler")
+        # with the empty modules until on_meta)
+        import torch._dynamo  # noqa: F401
+        phase("compiler")
         sd = check_strict(model, family.normalize_model_keys(read_state_dict(model_path)), str(model_path))
         model.load_state_dict(to_device(sd, device, lambda t: dtype), strict=True, assign=True)
         del sd  # the file's mapping goes with it
@@ -165,27 +160,10 @@ def load_checkpoint(model_dir: Path, device: torch.device | str = "cpu", dtype: 
         del sd
         codec = codec.to(device=codec_device, dtype=codec_dtype).eval()
         phase("codec")
-        if importer is not None:
-            importer.join()
-            import torch._dynamo  # noqa: F401  (at once if the thread got it; its error, if it failed, raised here)
-            phase("compiler")
     finally:
         ahead.stop()
     return Checkpoint(model_dir, family, cfg, codec_cfg, tok, model, codec,
                       codec_cache=codec_cache.status if codec_cache is not None else "off", load_phases=phases)
-
-
-def _import_compiler_ahead() -> threading.Thread:
-    """A started daemon thread importing torch._dynamo (feature early_compiler). A failure is left for the loading
-    thread's own import to raise, in its words."""
-
-    def run() -> None:
-        with contextlib.suppress(Exception):  # raised again by the loading thread's own import
-            import torch._dynamo  # noqa: F401
-
-    thread = threading.Thread(target=run, name="compiler-import", daemon=True)
-    thread.start()
-    return thread
 
 
 def _codec_state(codec: Codec, family: Family, path: Path, dtype: torch.dtype, cache: CodecCache | None):
