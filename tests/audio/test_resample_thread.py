@@ -69,7 +69,7 @@ def test_only_a_rate_change_goes_to_the_resampler():
         encoder_pool.close()
 
 
-@pytest.mark.parametrize("features, where", [("+resample_thread", "resampler"), ("auto", "inline"),
+@pytest.mark.parametrize("features, where", [("+resample_thread", "resampler"), ("auto", "resampler"),
                                              ("all,-resample_thread", "inline")])
 def test_the_service_sets_it_for_the_process(features, where):
     job = SpeechJob(SynthesisRequest(text="Hello."), "pcm", None, 1.0, True)
@@ -78,4 +78,4 @@ def test_the_service_sets_it_for_the_process(features, where):
         enc = delivery.encoder_for(job, RATE)
         assert (enc.where, enc.rate) == (where, 24000)
     finally:
-        delivery.use_resample_thread(False)
+        delivery.use_resample_thread(True)  # the default, as a process without a Service has it

@@ -40,8 +40,8 @@ def server(tmp_path_factory):
 @pytest.fixture(scope="module")
 def threaded(tmp_path_factory):
     """The same server with direct_admit off (a front planning thread hands each request over and waits) and
-    resample_thread on (pcm's 24 kHz and wav at other rates resampled on threads, not on the event loop)."""
-    proc, url = start_server(tmp_path_factory.mktemp("http-ep-threaded"), TTS_FEATURES="-direct_admit,+resample_thread",
+    resample_thread off (pcm's 24 kHz and wav at other rates resampled on the event loop, not on threads)."""
+    proc, url = start_server(tmp_path_factory.mktemp("http-ep-threaded"), TTS_FEATURES="-direct_admit,-resample_thread",
                              **ON)
     wait_ready(url, proc)
     yield url
@@ -59,7 +59,8 @@ def test_without_direct_admit_as_in_one_process(threaded, name):
 @pytest.mark.parametrize("body", [{"response_format": "pcm"}, {"response_format": "wav", "sample_rate": 16000},
                                   {"response_format": "pcm", "sample_rate": 44100}])
 def test_resample_thread_writes_the_inline_bytes(server, threaded, body):
-    # the same request to both servers: resampled on the event loop (server) and on resampler threads (threaded)
+    # the same request to both servers: resampled on resampler threads (server, the default) and on the event loop
+    # (threaded: the off switches)
     a, b = (httpx.post(url + "/v1/audio/speech", timeout=120, json={"input": "Hello there.", "seed": 5, **body})
             for url in (server, threaded))
     assert a.status_code == b.status_code == 200 and len(a.content) > 1000 and a.content == b.content

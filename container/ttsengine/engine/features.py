@@ -196,12 +196,13 @@ FEATURES = (
     Feature(OWN_GPU_VIEW, ENGINE, "each engine process sees only its own GPUs, numbered from cuda:0: the kernel "
             "cache `warm` filled on one GPU serves the processes of every GPU", "every process sees every GPU and "
             "traces decode-step variants of its own per device index", "engine/placement.py `gpu_view`"),
-    # resample_thread: opt-in until measured through HTTP on a GPU (front_door.sh `restart:+resample_thread`). A
-    # profile of the HTTP front at 256 pcm streams (docs/performance.md, "The HTTP path (issue 43)") put 59% of the
-    # event loop's busy samples in soxr's resampling (44.1 to 24 kHz, pcm's default rate); soxr releases the GIL
+    # resample_thread: on by default since stop 64. A profile of the HTTP front at 256 pcm streams put most of the
+    # event loop's busy samples in soxr's resampling (44.1 to 24 kHz, pcm's default rate; soxr releases the GIL);
+    # with the threads the loop's lag and the first audio's tail at 256 streams came down through HTTP on a GPU
+    # (docs/performance.md, "The HTTP path (issue 43)")
     Feature(RESAMPLE_THREAD, ENGINE, "pcm and wav streams whose rate changes are resampled and converted on a "
             "resampler thread (soxr runs without the GIL), not on the event loop", "on the event loop, inline",
-            "audio/stream_encoder.py `StreamEncoder`", default=False),
+            "audio/stream_encoder.py `StreamEncoder`"),
     # ---- the decode step's fused kernels ----
     # Why the defaults (the figures: docs/performance.md, "Fused decode-step kernels"): each kernel on by default was
     # measured faster than the unfused path. merged_ffn: int8/int4 linears are left unmerged by merge_inputs. The

@@ -72,7 +72,7 @@ def _delivering(stream: Stream, tally: Tally):
             stream.cancel()  # the consumer stopped early: free the engine slot
 
 
-_resample_thread = False  # feature resample_thread, set by the process's Service (use_resample_thread)
+_resample_thread = True  # feature resample_thread (its default), set by the process's Service (use_resample_thread)
 
 
 def use_resample_thread(on: bool) -> None:
