@@ -149,10 +149,13 @@ def test_every_switch_takes_auto_on_off():
     names = {v.name for v in SWITCHES}
     # the speed features are a list (TTS_FEATURES), not switches
     assert names == {"TTS_ALLOW_SPECIAL_TOKENS", "TTS_STRICT_FIELDS", "TTS_PREFIX_CACHE", "TTS_TRACE_CHUNKS",
-                     "TTS_ENGINE_PROCESS"}
+                     "TTS_ENGINE_PROCESS", "RUNPOD_AGGREGATE_STREAM"}
     for var in SWITCHES:
         for word in ("auto", "on", "off", "AUTO", "On", "1", "0", "true", "false", "yes", "no"):
             from_env({var.name: word})  # no error
+            RunPodConfig.from_env({var.name: word})
+    assert [RunPodConfig.from_env({"RUNPOD_AGGREGATE_STREAM": w}).aggregate_stream for w in ("auto", "off", "on")] \
+        == [True, False, True]
 
 
 @pytest.mark.parametrize("name, field, words", [

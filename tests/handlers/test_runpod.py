@@ -234,6 +234,22 @@ def test_worker_loop_streams_batches_reports_progress_and_drains(tmp_path):
         print((tmp_path / "worker.log").read_text()[-3000:])
 
 
+def test_aggregate_stream_off_leaves_the_streamed_items_out_of_the_jobs_result(tmp_path):
+    """RUNPOD_AGGREGATE_STREAM=off: /stream gets every item; the job's result does not repeat them (the worker
+    serialises each job's audio once instead of twice)."""
+    queue = FakeQueue().start()
+    queue.submit("stream", {"input": "Streamed once.", "seed": 1, "response_format": "pcm", "stream": True})
+    proc = start_worker(tmp_path, {**queue.env(), "RUNPOD_AGGREGATE_STREAM": "off"})
+    try:
+        queue.wait_done(["stream"], timeout=120)
+        *pieces, done = queue.streamed["stream"]
+        assert done["done"] and pieces and sum(len(base64.b64decode(p["audio"])) for p in pieces) == done["bytes"]
+        assert queue.done["stream"].get("output") in (None, []), queue.done["stream"]
+    finally:
+        stop_worker(proc)
+        queue.stop()
+
+
 def test_sigterm_cuts_a_job_past_the_drain_deadline_with_an_error_item(tmp_path):
     # RunPod's SDK waits for running jobs without a limit and RunPod kills the container after its grace period:
     # a job still running then would end without a word. TTS_DRAIN_SECONDS bounds the wait; the cut job's last
