@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 import sys
 
-from ttsengine.tools.load.job_queue import POLL_S, FakeQueue  # noqa: F401 - the tests' names
+from ttsengine.tools.load.job_queue import FakeQueue  # noqa: F401 - the name the tests use
 
 if __name__ == "__main__":
     q = FakeQueue("0.0.0.0", int(sys.argv[1])).start()

@@ -651,7 +651,7 @@ class RunPodConfig:
     strict_fields: bool = False
     ready_when: str = "settled"  # as ServerConfig's: the worker takes jobs once the lazy graphs are captured
     ready_max_wait: float = 120.0
-    aggregate_stream: bool = True  # a streamed job's items also go back as one list at its end (/runsync, /status)
+    aggregate_stream: bool = True  # a job's items also go back as one list at its end (/runsync, /status)
 
     @staticmethod
     def from_env(env: Mapping[str, str] | None = None, defaults: Mapping[str, object] | None = None) -> RunPodConfig:
@@ -668,8 +668,8 @@ RUNPOD_VARS = (
     Var("RUNPOD_S3_URL_EXPIRES", "url_expires", integer(1),
         "lifetime of the presigned URL of an uploaded output, in seconds (default 86400)"),
     Var("RUNPOD_AGGREGATE_STREAM", "aggregate_stream", toggle(auto=True),
-        "auto (= on): a streamed job's items also come back as one list when it ends (/runsync, /status) | off: "
-        "only on /stream, which halves what the worker serialises per job (docs/deploy-runpod.md)"),
+        "auto (= on): a job's items also come back as one list when it ends (/runsync, /status) | off: only on "
+        "/stream, for every job, whole-file ones too; halves what the worker serialises (docs/deploy-runpod.md)"),
     DATA_DIR,
     DRAIN_SECONDS,
     VOICE_ALIASES,

@@ -1,5 +1,5 @@
 """The RunPod job handler: one async generator for every job, so RunPod's /stream delivers audio while it
-is made and /runsync (return_aggregate_stream) gets the same items as one list.
+is made and /runsync (return_aggregate_stream, unless RUNPOD_AGGREGATE_STREAM=off) gets the same items as one list.
 
 A job's input holds the fields of /v1/tts (`text`, `references`, `reference_id`, `format`, `seed`, ...)
 or of OpenAI's speech API (`input`, `voice`, `response_format`, `speed`, ...), plus two worker options:

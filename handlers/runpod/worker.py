@@ -68,6 +68,7 @@ def main(argv: list[str] | None = None) -> int:
              handler.concurrency(0), cfg.max_inline_bytes, cfg.s3_bucket or "-", volume or "-")
     sys.argv = [sys.argv[0], *argv]  # RunPod parses its flags (--rp_serve_api, ...) from sys.argv
     try:
+        # the aggregate is all jobs' or none's: the SDK decides once for the one generator that serves every job
         runpod.serverless.start({"handler": handler.run, "return_aggregate_stream": cfg.aggregate_stream,
                                  "concurrency_modifier": handler.concurrency})
     finally:

@@ -17,7 +17,9 @@ from pathlib import Path
 
 import httpx
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))
+ROOT_DIR = Path(__file__).resolve().parents[2]
+# tests/fake_runpod.py re-exports the package's job queue: this checkout's, whatever the venv was installed from
+sys.path[:0] = [str(ROOT_DIR / "tests"), str(ROOT_DIR / "container")]
 
 
 def fail(message: str) -> None:

@@ -74,6 +74,7 @@ def test_only_a_rate_change_goes_to_the_resampler():
 def test_the_service_sets_it_for_the_process(features, where):
     job = SpeechJob(SynthesisRequest(text="Hello."), "pcm", None, 1.0, True)
     try:
+        delivery.use_resample_thread(where != "resampler")  # the opposite first: only the Service can set it right
         Service(lambda: None, None, features)
         enc = delivery.encoder_for(job, RATE)
         assert (enc.where, enc.rate) == (where, 24000)

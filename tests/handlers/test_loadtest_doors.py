@@ -5,6 +5,7 @@ runpod (`python -m handlers runpod` taking jobs from the job queue loadtest host
 from __future__ import annotations
 
 import json
+import socket
 import subprocess
 import sys
 
@@ -14,8 +15,12 @@ from test_http import served
 from test_runpod import start_worker, stop_worker
 from test_sagemaker import serve  # noqa: F401 - the real `serve` server, a module fixture
 
+from ttsengine.tools.load import runpod_door
 from ttsengine.tools.load.doors import JsonLines, RecordError
+from ttsengine.tools.load.job_queue import FakeQueue as JobQueue
+from ttsengine.tools.load.job_queue import worker_env
 from ttsengine.tools.load.playback import first_stall
+from ttsengine.tools.load.schedule import Share
 
 LOAD = ["--concurrency", "2", "--requests", "3", "--max-new-tokens", "8"]
 
@@ -57,12 +62,8 @@ def test_every_door_delivers_the_same_audio_for_the_same_requests(tmp_path, serv
     got["serve"] = level(tmp_path / "serve-out")
     port = free_port()
     queue_url = f"http://127.0.0.1:{port}"
-    env = {"RUNPOD_WEBHOOK_GET_JOB": f"{queue_url}/job-take/$ID?gpu=fake",
-           "RUNPOD_WEBHOOK_POST_OUTPUT": f"{queue_url}/job-done/$RUNPOD_POD_ID/$ID?gpu=fake",
-           "RUNPOD_WEBHOOK_POST_STREAM": f"{queue_url}/job-stream/$RUNPOD_POD_ID/$ID?gpu=fake",
-           "RUNPOD_POD_ID": "load-worker", "RUNPOD_SKIP_AUTO_SYSTEM_CHECKS": "true", "RUNPOD_SKIP_GPU_CHECK": "true"}
     (tmp_path / "rp").mkdir()
-    worker = start_worker(tmp_path / "rp", env)
+    worker = start_worker(tmp_path / "rp", worker_env(queue_url, "load-worker"))
     try:
         run = loadtest(queue_url, tmp_path / "runpod-out", "--door", "runpod", "--timeout", "120")
         assert run.returncode == 0, run.stderr + run.stdout + (tmp_path / "rp" / "worker.log").read_text()
@@ -77,9 +78,36 @@ def test_every_door_delivers_the_same_audio_for_the_same_requests(tmp_path, serv
     assert seconds["runpod"] == pytest.approx(seconds["http"], rel=1e-9)
 
 
-def test_runpod_door_refuses_several_processes_and_says_when_no_worker_came(tmp_path):
+def test_runpod_door_refuses_bad_addresses_several_processes_and_says_when_no_worker_came(tmp_path):
     url = f"http://127.0.0.1:{free_port()}"
     run = loadtest(url, tmp_path / "a", "--door", "runpod", "--processes", "2", timeout=60)
     assert run.returncode == 2 and "--door runpod takes one client process" in run.stderr
+    for bad in ("127.0.0.1:8765", "http://127.0.0.1", "http://127.0.0.1:abc", "http://127.0.0.1:0"):
+        run = loadtest(bad, tmp_path / "c", "--door", "runpod", timeout=60)
+        assert run.returncode == 2 and "http://HOST:PORT" in run.stderr and "Traceback" not in run.stderr, bad
     run = loadtest(url, tmp_path / "b", "--door", "runpod", "--timeout", "1", timeout=60)
-    assert run.returncode == 2 and "no RunPod worker polled" in run.stdout and "RUNPOD_WEBHOOK_GET_JOB" in run.stdout
+    assert run.returncode == 2 and "no RunPod worker polled" in run.stderr and "RUNPOD_WEBHOOK_GET_JOB" in run.stderr
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        busy = f"http://127.0.0.1:{taken.getsockname()[1]}"
+        run = loadtest(busy, tmp_path / "d", "--door", "runpod", "--timeout", "1", timeout=60)
+    assert run.returncode == 2 and f"cannot host the RunPod job queue at {busy}" in run.stderr, run.stderr
+
+
+def test_a_late_post_after_the_client_gave_up_is_answered_and_kept_by_the_queue():
+    """A job past loadtest's --timeout: its listener is gone with the level's loop, the worker's late post still
+    gets its answer (the queue keeps it as any unlistened job's)."""
+    import httpx
+
+    queue = JobQueue().start()
+    try:
+        share = Share(clients=1, requests=1, indices=(0,), offsets=None)
+        part = runpod_door.run_share(queue, share, {"input": "x", "response_format": "pcm"}, timeout=0.2)
+        (record,) = part["records"]
+        (job_id,) = queue.to_stop  # given up: asked to stop, as RunPod stops a job its client cancelled
+        assert record["error"].startswith("TimeoutError") and job_id not in queue.listeners
+        late = httpx.post(f"{queue.url}/job-done/w/{job_id}", content=json.dumps({"output": []}), timeout=10)
+        assert late.status_code == 200 and queue.done[job_id] == {"output": []}
+    finally:
+        queue.stop()

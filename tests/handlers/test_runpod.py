@@ -234,17 +234,22 @@ def test_worker_loop_streams_batches_reports_progress_and_drains(tmp_path):
         print((tmp_path / "worker.log").read_text()[-3000:])
 
 
-def test_aggregate_stream_off_leaves_the_streamed_items_out_of_the_jobs_result(tmp_path):
-    """RUNPOD_AGGREGATE_STREAM=off: /stream gets every item; the job's result does not repeat them (the worker
-    serialises each job's audio once instead of twice)."""
+def test_aggregate_stream_off_leaves_every_jobs_items_out_of_its_result(tmp_path):
+    """RUNPOD_AGGREGATE_STREAM=off: /stream gets every item; no job's result repeats them (the worker serialises each
+    job's audio once instead of twice), a whole-file job's included: its one item is on /stream only."""
     queue = FakeQueue().start()
     queue.submit("stream", {"input": "Streamed once.", "seed": 1, "response_format": "pcm", "stream": True})
+    queue.submit("whole", {"input": "A whole file.", "seed": 2, "response_format": "wav"})
     proc = start_worker(tmp_path, {**queue.env(), "RUNPOD_AGGREGATE_STREAM": "off"})
     try:
-        queue.wait_done(["stream"], timeout=120)
+        queue.wait_done(["stream", "whole"], timeout=120)
         *pieces, done = queue.streamed["stream"]
         assert done["done"] and pieces and sum(len(base64.b64decode(p["audio"])) for p in pieces) == done["bytes"]
-        assert queue.done["stream"].get("output") in (None, []), queue.done["stream"]
+        (whole,) = queue.streamed["whole"]
+        wav = base64.b64decode(whole["audio"])
+        assert wav[:4] == b"RIFF" and whole["bytes"] == len(wav)
+        for job in ("stream", "whole"):
+            assert queue.done[job].get("output") in (None, []), queue.done[job]
     finally:
         stop_worker(proc)
         queue.stop()

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict
@@ -88,7 +89,7 @@ def print_table(levels: list[dict]) -> None:
         print(" | ".join(report_page.fmt(lv[k]) if k != "client_cpu_pct" else "/".join(map(str, lv[k]))
                          for k in COLUMNS))
     for lv in levels:
-        if lv.get("stall_at"):  # json keys are strings after a round trip
+        if lv.get("stall_at"):
             at = ", ".join(f"{k}: {v}" for k, v in list(lv["stall_at"].items())[:6])
             print(f"  {lv['format']} {lv['concurrency']}: first stall at piece (index: streams) {at}")
     if any(lv["server"] for lv in levels):
@@ -137,8 +138,13 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(str(e))
     if args.processes < 1:
         ap.error("--processes must be at least 1")
-    if args.door == "runpod" and args.processes > 1:
-        ap.error("--door runpod takes one client process (the job queue lives in it); leave --processes at 1")
+    if args.door == "runpod":
+        if args.processes > 1:
+            ap.error("--door runpod takes one client process (the job queue lives in it); leave --processes at 1")
+        try:
+            runpod_door.listen_address(args.url)
+        except ValueError as e:
+            ap.error(str(e))
     headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
     url = args.url.rstrip("/")
     levels = []
@@ -149,7 +155,7 @@ def main(argv: list[str] | None = None) -> int:
         try:
             queue = runpod_door.start_queue(url, args.timeout)
         except (OSError, TimeoutError) as e:
-            print(f"loadtest: {e}")
+            print(f"loadtest: {e}", file=sys.stderr)
             return 2
     try:
         for fmt in formats:

@@ -41,7 +41,8 @@ async def _one(client, url: str, body: dict, headers: dict, door: str = "http") 
             async for chunk in r.aiter_raw():
                 if chunk:
                     add_piece(out, parts, time.perf_counter() - t0, chunk if lines is None else lines.feed(chunk))
-            out["rate"] = lines.rate or out["rate"] if lines is not None else out["rate"]
+            if lines is not None and lines.rate:
+                out["rate"] = lines.rate
             out["bytes"] = b"".join(parts)
         out["end"] = time.perf_counter() - t0
     except Exception as e:  # noqa: BLE001 - counted as an error of this request
@@ -115,17 +116,33 @@ def seeded(body: dict, i: int) -> dict:
     return {**body, "seed": body.get("seed", 0) + i}
 
 
+async def drive(share: Share, send) -> tuple[list, list]:
+    """The share's requests, closed or open loop (send(i) -> request i's record) -> (records, the open loop's
+    lateness)."""
+    results, lags = [], []
+    if share.offsets is None:
+        await closed_loop(share, send, results)
+    else:
+        await open_loop(share, send, results, lags)
+    return results, lags
+
+
 async def _run(share: Share, url: str, body: dict, headers: dict, timeout: float, kind: str,
                door: str) -> tuple[list, list]:
-    results, lags = [], []
     n = share.clients if share.offsets is None else len(share.indices)
     async with _client(kind, url, n, timeout) as client:
-        send = lambda i: _one(client, url, seeded(body, i), headers, door)  # noqa: E731
-        if share.offsets is None:
-            await closed_loop(share, send, results)
-        else:
-            await open_loop(share, send, results, lags)
-    return results, lags
+        return await drive(share, lambda i: _one(client, url, seeded(body, i), headers, door))
+
+
+def timed_part(run, body: dict, late: float) -> dict:
+    """run() -> (records, lags), timed: a level's part as summary.summarise takes it (records finished, the
+    monotonic begin and end, the process's CPU seconds)."""
+    begin, cpu0 = time.monotonic(), time.process_time()
+    results, lags = run()
+    end, cpu = time.monotonic(), time.process_time() - cpu0
+    fmt = body.get("response_format", "pcm")
+    return {"records": [finished(r, fmt) for r in results], "begin": begin, "end": end, "cpu_s": cpu,
+            "late_start_s": max(0.0, late), "lags": lags}
 
 
 def run_share(share: Share, url: str, body: dict, headers: dict, timeout: float, start_at: float,
@@ -139,9 +156,4 @@ def run_share(share: Share, url: str, body: dict, headers: dict, timeout: float,
     late = time.monotonic() - start_at
     if late < 0:
         time.sleep(-late)
-    begin, cpu0 = time.monotonic(), time.process_time()
-    results, lags = asyncio.run(_run(share, url, body, headers, timeout, kind, door))
-    end, cpu = time.monotonic(), time.process_time() - cpu0
-    fmt = body.get("response_format", "pcm")
-    return {"records": [finished(r, fmt) for r in results], "begin": begin, "end": end, "cpu_s": cpu,
-            "late_start_s": max(0.0, late), "lags": lags}
+    return timed_part(lambda: asyncio.run(_run(share, url, body, headers, timeout, kind, door)), body, late)

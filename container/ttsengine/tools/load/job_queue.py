@@ -20,6 +20,14 @@ from urllib.parse import parse_qs, urlparse
 POLL_S = 1.0  # how long an empty take or stop poll is held open, like RunPod's long poll
 
 
+def worker_env(base: str, pod: str = "fake-worker") -> dict[str, str]:
+    """The variables RunPod sets for a worker polling the queue at base (http://HOST:PORT)."""
+    return {"RUNPOD_WEBHOOK_GET_JOB": f"{base}/job-take/$ID?gpu=fake",
+            "RUNPOD_WEBHOOK_POST_OUTPUT": f"{base}/job-done/$RUNPOD_POD_ID/$ID?gpu=fake",
+            "RUNPOD_WEBHOOK_POST_STREAM": f"{base}/job-stream/$RUNPOD_POD_ID/$ID?gpu=fake",
+            "RUNPOD_POD_ID": pod, "RUNPOD_SKIP_AUTO_SYSTEM_CHECKS": "true", "RUNPOD_SKIP_GPU_CHECK": "true"}
+
+
 class FakeQueue:
     def __init__(self, host: str = "127.0.0.1", port: int = 0):
         self.jobs: deque[dict] = deque()
@@ -43,12 +51,7 @@ class FakeQueue:
 
     def env(self, host: str | None = None) -> dict[str, str]:
         """The variables RunPod sets for a worker; `host` when the worker reaches us by another name."""
-        base = self.url if host is None else f"http://{host}:{self.server.server_address[1]}"
-        return {"RUNPOD_WEBHOOK_GET_JOB": f"{base}/job-take/$ID?gpu=fake",
-                "RUNPOD_WEBHOOK_POST_OUTPUT": f"{base}/job-done/$RUNPOD_POD_ID/$ID?gpu=fake",
-                "RUNPOD_WEBHOOK_POST_STREAM": f"{base}/job-stream/$RUNPOD_POD_ID/$ID?gpu=fake",
-                "RUNPOD_POD_ID": "fake-worker", "RUNPOD_SKIP_AUTO_SYSTEM_CHECKS": "true",
-                "RUNPOD_SKIP_GPU_CHECK": "true"}
+        return worker_env(self.url if host is None else f"http://{host}:{self.server.server_address[1]}")
 
     def start(self) -> FakeQueue:
         self.thread.start()
@@ -68,6 +71,10 @@ class FakeQueue:
         or "job-done", progress included), on the queue's thread for that call, before it is answered; set before
         the job is submitted."""
         self.listeners[job_id] = listener
+
+    def unlisten(self, job_id: str) -> None:
+        """No more calls for the job (its client gave up on it: a late post then goes to the queue's records)."""
+        self.listeners.pop(job_id, None)
 
     def cancel(self, job_id: str) -> None:
         with self.cond:
@@ -145,7 +152,8 @@ class FakeQueue:
                 self.send_response(status)
                 if payload is not None:
                     self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
+                if status != 204:  # a 204 has no body and no length
+                    self.send_header("Content-Length", str(len(data)))
                 self.end_headers()
                 self.wfile.write(data)
 

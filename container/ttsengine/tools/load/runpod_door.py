@@ -12,7 +12,7 @@ import itertools
 import time
 from urllib.parse import urlsplit
 
-from .client import add_piece, closed_loop, finished, new_record, open_loop, seeded
+from .client import add_piece, drive, new_record, seeded, timed_part
 from .doors import RecordError, audio_of, request_body
 from .job_queue import FakeQueue as JobQueue
 from .schedule import Share
@@ -20,10 +20,27 @@ from .schedule import Share
 _ids = itertools.count()
 
 
-def start_queue(url: str, wait_s: float) -> JobQueue:
-    """The queue listening at url's host and port, once a worker has polled it (else TimeoutError)."""
+def listen_address(url: str) -> tuple[str, int]:
+    """(host, port) of http://HOST:PORT, the address the queue listens at; ValueError saying what is wrong."""
     u = urlsplit(url)
-    queue = JobQueue(u.hostname or "127.0.0.1", u.port or 80).start()
+    try:
+        port = u.port
+    except ValueError:
+        port = None
+    if u.scheme != "http" or not u.hostname or not port:
+        raise ValueError(f"--door runpod takes the queue's address as http://HOST:PORT (a port of its own), "
+                         f"got {url!r}")
+    return u.hostname, port
+
+
+def start_queue(url: str, wait_s: float) -> JobQueue:
+    """The queue listening at url (listen_address), once a worker has polled it (else TimeoutError); OSError (the
+    address taken) names the address."""
+    host, port = listen_address(url)
+    try:
+        queue = JobQueue(host, port).start()
+    except OSError as e:
+        raise OSError(f"cannot host the RunPod job queue at {url}: {e.strerror or e}") from e
     end = time.monotonic() + wait_s
     while not any(r.startswith("GET /job-take") for r in queue.requests):
         if time.monotonic() > end:
@@ -38,7 +55,7 @@ async def _job(queue: JobQueue, body: dict, timeout: float) -> dict:
     loop = asyncio.get_running_loop()
     t0, out, parts, done = time.perf_counter(), new_record(), [], loop.create_future()
 
-    def listener(kind: str, posted: dict) -> None:  # on a queue thread
+    def listener(kind: str, posted: dict) -> None:  # on a queue thread, until unlisten
         now = time.perf_counter() - t0
         if kind == "job-take":
             out["ttfb"] = now
@@ -47,8 +64,8 @@ async def _job(queue: JobQueue, body: dict, timeout: float) -> dict:
             try:
                 add_piece(out, parts, now, audio_of(item))
                 out["rate"] = item.get("sample_rate", out["rate"])
-            except RecordError as e:
-                out["error"] = f"streamed error: {e}"
+            except (RecordError, ValueError, TypeError) as e:  # an error item, or one that is not audio
+                out["error"] = out["error"] or f"streamed error: {e}"
         elif posted.get("status") != "IN_PROGRESS":
             if "error" in posted and out["error"] is None:
                 out["error"] = f"job failed: {str(posted['error'])[:200]}"
@@ -62,24 +79,15 @@ async def _job(queue: JobQueue, body: dict, timeout: float) -> dict:
     except asyncio.TimeoutError:
         queue.cancel(job_id)
         out["error"] = f"TimeoutError: the job was not done within {timeout:g} s"
+    finally:
+        queue.unlisten(job_id)  # a late post must not reach this loop once it is gone
     out["bytes"] = b"".join(parts)
     return out
 
 
 def run_share(queue: JobQueue, share: Share, body: dict, timeout: float) -> dict:
     """The share's requests as jobs, closed or open loop; the same part as client.run_share returns."""
-    results, lags = [], []
-    send = lambda i: _job(queue, seeded(body, i), timeout)  # noqa: E731
-
     async def run():
-        if share.offsets is None:
-            await closed_loop(share, send, results)
-        else:
-            await open_loop(share, send, results, lags)
+        return await drive(share, lambda i: _job(queue, seeded(body, i), timeout))
 
-    begin, cpu0 = time.monotonic(), time.process_time()
-    asyncio.run(run())
-    end, cpu = time.monotonic(), time.process_time() - cpu0
-    fmt = body.get("response_format", "pcm")
-    return {"records": [finished(r, fmt) for r in results], "begin": begin, "end": end, "cpu_s": cpu,
-            "late_start_s": 0.0, "lags": lags}
+    return timed_part(lambda: asyncio.run(run()), body, late=0.0)
