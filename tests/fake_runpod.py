@@ -1,5 +1,5 @@
 """The tests' RunPod job queue: ttsengine's own stand-in (tools/load/job_queue.py, also what `loadtest --door
-runpod` drives), imported here under the name the tests use. `python tests/fake_runpod.py PORT` runs a standalone
+runpod` drives), re-exported here for the tests. `python tests/fake_runpod.py PORT` runs a standalone
 queue for the container's end-to-end run: jobs come in over stdin as JSON lines."""
 
 from __future__ import annotations
@@ -7,10 +7,10 @@ from __future__ import annotations
 import json
 import sys
 
-from ttsengine.tools.load.job_queue import FakeQueue  # noqa: F401 - the name the tests use
+from ttsengine.tools.load.job_queue import JobQueue  # noqa: F401 - re-exported for the tests
 
 if __name__ == "__main__":
-    q = FakeQueue("0.0.0.0", int(sys.argv[1])).start()
+    q = JobQueue("0.0.0.0", int(sys.argv[1])).start()
     print(json.dumps({"url": q.url}), flush=True)
     for line in sys.stdin:
         cmd = json.loads(line)

@@ -83,9 +83,9 @@ def _status(url: str) -> int | None:
 
 
 def check_runpod(image: str, model: str) -> None:
-    from fake_runpod import FakeQueue
+    from fake_runpod import JobQueue
 
-    queue = FakeQueue("0.0.0.0").start()
+    queue = JobQueue("0.0.0.0").start()
     queue.submit("normal", {"text": "A normal job.", "seed": 3})
     queue.submit("streamed", {"input": "A streaming job.", "response_format": "pcm", "stream": True})
     env = queue.env(host="host.docker.internal")

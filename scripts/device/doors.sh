@@ -51,7 +51,6 @@ up() {  # up PID PATH: waits (300 s) for the server's PATH to answer 200; prints
     sleep 0.5
   done
   echo "ready after $(( $(date +%s) - t0 )) s"; }
-down() { kill -TERM "$1"; wait "$1"; echo "server exit $?: $(grep -c Traceback "$W/server-$2.log") tracebacks"; }
 RUNS=()
 for entry in $DOORS; do
   door=${entry%%:*} feats=auto name=$door
@@ -60,17 +59,17 @@ for entry in $DOORS; do
   case $door in
     http)
       env "${common[@]}" TTS_PORT=$PORT python3 -m handlers http > "$W/server-$name.log" 2>&1 & pid=$!
-      up $pid /ready && { spy "$name" $pid; lt http "$PROCS"; }; down $pid "$name" ;;
+      up $pid /ready && { spy "$name" $pid; lt http "$PROCS"; }; server_down $pid "$name" ;;
     serve)
       env "${common[@]}" SAGEMAKER_BIND_TO_PORT=$PORT python3 -m handlers serve > "$W/server-$name.log" 2>&1 & pid=$!
-      up $pid /ping && { spy "$name" $pid; lt serve "$PROCS"; }; down $pid "$name" ;;
+      up $pid /ping && { spy "$name" $pid; lt serve "$PROCS"; }; server_down $pid "$name" ;;
     runpod)  # the worker polls the queue loadtest hosts at $URL; loadtest waits for its first poll
       env "${common[@]}" RUNPOD_WEBHOOK_GET_JOB="$URL/job-take/\$ID?gpu=h200" \
         RUNPOD_WEBHOOK_POST_OUTPUT="$URL/job-done/\$RUNPOD_POD_ID/\$ID?gpu=h200" \
         RUNPOD_WEBHOOK_POST_STREAM="$URL/job-stream/\$RUNPOD_POD_ID/\$ID?gpu=h200" RUNPOD_POD_ID=doors \
         RUNPOD_SKIP_AUTO_SYSTEM_CHECKS=true RUNPOD_SKIP_GPU_CHECK=true python3 -m handlers runpod \
         > "$W/server-$name.log" 2>&1 & pid=$!
-      spy "$name" $pid; lt runpod 1; down $pid "$name" ;;
+      spy "$name" $pid; lt runpod 1; server_down $pid "$name" ;;
     *) echo "unknown door $door"; continue ;;
   esac
   RUNS+=("$name")

@@ -52,7 +52,7 @@ serve() {  # serve NAME: starts the server, waits for a settled /ready; sets PID
     || { tail -30 "$W/server-$1.log"; kill $PID; return 1; }
   echo "server $1: ready after $(python3 -c "import time; print(round(time.time() - $t0, 1))") s (process start)"
 }
-stop() { kill -TERM "$PID"; wait "$PID"; echo "server exit $?: $(grep -c Traceback "$W/server-$1.log") tracebacks"
+stop() { server_down "$PID" "$1"
   grep -E "captured|ready|warm|load|compil|cache" "$W/server-$1.log" | grep -v "\"GET " | cut -c1-220 \
     > "$OUT/server-$1-start.txt"; }
 LIVE=()

@@ -3,6 +3,8 @@
 #     TAIL_BYTES go to $OUT/logs.txt (what comes back from the device); this checkout on PYTHONPATH, unbuffered.
 #   random_checkpoint DIR LOG: a checkpoint of S1-mini's real shapes with random weights in DIR, once (~20 s on a
 #     GPU); its output to LOG, the tail of which is printed if it fails (the caller exits).
+#   server_down PID NAME: SIGTERM to the server PID, waits for it; prints its exit status and the tracebacks counted
+#     in $W/server-NAME.log.
 
 device_setup() {
   OUT=${OUT:-device-out}
@@ -20,4 +22,8 @@ random_checkpoint() {
   python3 -c "import sys; from ttsengine.model.loading.checkpoint_writer import write_random_checkpoint as w; \
 w('s1-mini', sys.argv[1], 'cuda')" "$1" > "$2" 2>&1 || { tail -20 "$2"; return 1; }
   echo "wrote $1 in $(( $(date +%s) - t )) s: $(du -sh "$1" | cut -f1)"
+}
+
+server_down() {
+  kill -TERM "$1"; wait "$1"; echo "server exit $?: $(grep -c Traceback "$W/server-$2.log") tracebacks"
 }

@@ -17,8 +17,7 @@ from test_sagemaker import serve  # noqa: F401 - the real `serve` server, a modu
 
 from ttsengine.tools.load import runpod_door
 from ttsengine.tools.load.doors import JsonLines, RecordError
-from ttsengine.tools.load.job_queue import FakeQueue as JobQueue
-from ttsengine.tools.load.job_queue import worker_env
+from ttsengine.tools.load.job_queue import JobQueue, worker_env
 from ttsengine.tools.load.playback import first_stall
 from ttsengine.tools.load.schedule import Share
 
@@ -39,7 +38,9 @@ def test_json_lines_give_the_audio_of_each_completed_line_and_stop_at_an_error()
     lines = JsonLines()
     assert lines.feed(b'{"index": 0, "audio": "AAEC", "sample_rate": 16000}\n{"index": 1, "au') == b"\x00\x01\x02"
     assert lines.rate == 16000
-    assert lines.feed(b'dio": "AwQ="}\n{"done": true}\n') == b"\x03\x04"
+    assert lines.feed(b'dio": "Aw') == b"" and not lines.done  # a line over several reads
+    assert lines.feed(b'Q="}\n{"done": true}\n') == b"\x03\x04"
+    assert lines.done
     with pytest.raises(RecordError, match="too long"):
         JsonLines().feed(b'{"error": "the text is too long"}\n')
 
@@ -109,5 +110,27 @@ def test_a_late_post_after_the_client_gave_up_is_answered_and_kept_by_the_queue(
         assert record["error"].startswith("TimeoutError") and job_id not in queue.listeners
         late = httpx.post(f"{queue.url}/job-done/w/{job_id}", content=json.dumps({"output": []}), timeout=10)
         assert late.status_code == 200 and queue.done[job_id] == {"output": []}
+    finally:
+        queue.stop()
+
+
+def test_the_job_queue_reads_chunked_and_bad_bodies_whole_on_a_kept_alive_connection():
+    """A worker may post with chunked transfer encoding; the queue must read such a body to its end, or the next
+    request on the same connection would start inside it. A body that is not JSON is a 400 naming it."""
+    import http.client
+
+    queue = JobQueue().start()
+    try:
+        conn = http.client.HTTPConnection(*queue.server.server_address[:2], timeout=10)
+        body = json.dumps({"output": [{"audio": "AAEC"}]}).encode()
+        conn.request("POST", "/job-stream/w/j1", body=iter([body[:7], body[7:]]))  # no length: sent chunked
+        assert conn.getresponse().read() == b"{}"
+        conn.request("POST", "/job-done/w/j1", body=b"not json", headers={"Content-Length": "8"})
+        bad = conn.getresponse()
+        assert bad.status == 400 and b"not JSON" in bad.read()
+        conn.request("POST", "/job-done/w/j1", body=b'{"output": []}')  # the same connection, still in step
+        assert conn.getresponse().status == 200
+        assert queue.streamed["j1"] == [[{"audio": "AAEC"}]] and queue.done["j1"] == {"output": []}
+        conn.close()
     finally:
         queue.stop()

@@ -16,7 +16,7 @@ import time
 import httpx
 import pytest
 from conftest import MODEL_DIR, ROOT, complete_model, free_port, s3_client
-from fake_runpod import FakeQueue
+from fake_runpod import JobQueue
 
 from ttsengine import RunPodConfig, SynthesisRequest, encode_audio
 
@@ -184,7 +184,7 @@ def stop_worker(proc: subprocess.Popen) -> int:
 
 
 def test_worker_loop_streams_batches_reports_progress_and_drains(tmp_path):
-    queue = FakeQueue().start()
+    queue = JobQueue().start()
     # all queued before the worker starts: its first take asks for a batch of them
     queue.submit("stream", {"text": "Streaming job.", "streaming": True, "seed": 1, "format": "pcm"})
     queue.submit("whole", {"input": "A whole file.", "seed": 2, "response_format": "flac"})
@@ -237,7 +237,7 @@ def test_worker_loop_streams_batches_reports_progress_and_drains(tmp_path):
 def test_aggregate_stream_off_leaves_every_jobs_items_out_of_its_result(tmp_path):
     """RUNPOD_AGGREGATE_STREAM=off: /stream gets every item; no job's result repeats them (the worker serialises each
     job's audio once instead of twice), a whole-file job's included: its one item is on /stream only."""
-    queue = FakeQueue().start()
+    queue = JobQueue().start()
     queue.submit("stream", {"input": "Streamed once.", "seed": 1, "response_format": "pcm", "stream": True})
     queue.submit("whole", {"input": "A whole file.", "seed": 2, "response_format": "wav"})
     proc = start_worker(tmp_path, {**queue.env(), "RUNPOD_AGGREGATE_STREAM": "off"})
@@ -259,7 +259,7 @@ def test_sigterm_cuts_a_job_past_the_drain_deadline_with_an_error_item(tmp_path)
     # RunPod's SDK waits for running jobs without a limit and RunPod kills the container after its grace period:
     # a job still running then would end without a word. TTS_DRAIN_SECONDS bounds the wait; the cut job's last
     # item is an error with status 503 (the job's result: failed, retry it), and the worker exits 0
-    queue = FakeQueue().start()
+    queue = JobQueue().start()
     queue.submit("cut", {"text": "Long. " * 40, "stream": True, "max_new_tokens": 3000, "seed": 1})
     proc = start_worker(tmp_path, {**queue.env(), "TTS_DRAIN_SECONDS": "2"})
     try:
@@ -285,7 +285,7 @@ def test_worker_concurrency_override_and_bad_config(tmp_path):
                              env={**os.environ, **WORKER_ENV, "TTS_MODEL_DIR": str(tmp_path)}, timeout=60)
     assert missing.returncode == 1 and "Traceback" not in missing.stderr and "config.json" in missing.stderr
 
-    queue = FakeQueue().start()
+    queue = JobQueue().start()
     for i in range(3):
         queue.submit(f"j{i}", {"text": f"Job {i}.", "max_new_tokens": 4})
     # a fresh "volume": the model is fetched from TTS_MODEL_SOURCE before the worker takes jobs

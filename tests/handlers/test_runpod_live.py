@@ -9,7 +9,7 @@ import json
 import time
 
 import pytest
-from fake_runpod import FakeQueue
+from fake_runpod import JobQueue
 from test_runpod import error_of, run_job, start_worker, stop_worker
 
 from ttsengine import RunPodConfig
@@ -114,7 +114,7 @@ def test_a_cancelled_live_job_frees_its_slot(handler, engine):
 
 
 def test_the_worker_loop_streams_a_live_job(tmp_path, handler):
-    queue = FakeQueue().start()
+    queue = JobQueue().start()
     queue.submit("live", {"live": EVENTS})
     queue.submit("bad", {"live": [{"event": "flush"}]})
     proc = start_worker(tmp_path, queue.env())

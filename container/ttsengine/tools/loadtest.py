@@ -40,10 +40,12 @@ START_S = 3.0  # client processes start together this long after a level is hand
 def run_level(url: str, concurrency: int, requests: int, body: dict, headers: dict, timeout: float,
               arrivals: str = "closed", pool: ProcessPoolExecutor | None = None, processes: int = 1,
               client: str = "raw", door: str = "http", queue: runpod_door.JobQueue | None = None) -> Level:
-    """One level through the door; runpod's goes through `queue` (its worker has no /metrics to read)."""
+    """One level through the door; runpod's goes through `queue`. Only the HTTP server has /metrics to read (serve
+    and the RunPod worker keep their series in the process)."""
     rate = poisson_rate(arrivals)
     parts = shares(concurrency, requests, processes if pool is not None else 1, rate)
-    before = scrape.read(url) if queue is None else None
+    metrics = door == "http"
+    before = scrape.read(url) if metrics else None
     if queue is not None:
         done = [runpod_door.run_share(queue, parts[0], body, timeout)]
     elif pool is None:
@@ -53,7 +55,7 @@ def run_level(url: str, concurrency: int, requests: int, body: dict, headers: di
         same = (url, body, headers, timeout, start_at, client, door)
         done = list(pool.map(run_share, parts, *([x] * len(parts) for x in same)))
     level = summarise(done, body.get("response_format", "pcm"), concurrency, arrivals, len(body["input"]))
-    level.server = scrape.breakdown(before, scrape.read(url)) if queue is None else {}
+    level.server = scrape.breakdown(before, scrape.read(url)) if metrics else {}
     return level
 
 

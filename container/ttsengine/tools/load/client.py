@@ -41,8 +41,10 @@ async def _one(client, url: str, body: dict, headers: dict, door: str = "http") 
             async for chunk in r.aiter_raw():
                 if chunk:
                     add_piece(out, parts, time.perf_counter() - t0, chunk if lines is None else lines.feed(chunk))
-            if lines is not None and lines.rate:
-                out["rate"] = lines.rate
+            if lines is not None:
+                out["rate"] = lines.rate or out["rate"]
+                if not lines.done:
+                    out["error"] = "the stream ended without its closing {\"done\": ...} record"
             out["bytes"] = b"".join(parts)
         out["end"] = time.perf_counter() - t0
     except Exception as e:  # noqa: BLE001 - counted as an error of this request

@@ -33,18 +33,26 @@ def audio_of(record: dict) -> bytes:
 
 
 class JsonLines:
-    """serve's streamed body, fed as it arrives: feed(raw) -> the audio of the lines completed by it."""
+    """serve's streamed body, fed as it arrives: feed(raw) -> the audio of the lines completed by it; `done` once
+    the closing {"done": ...} record came (a body that ends without it was cut short)."""
 
     def __init__(self):
-        self._rest = b""
+        self._rest: list[bytes] = []  # the unfinished line's pieces: joined once, when its newline arrives
         self.rate: int | None = None  # the first record's sample_rate
+        self.done = False
 
     def feed(self, raw: bytes) -> bytes:
-        *lines, self._rest = (self._rest + raw).split(b"\n")
+        if b"\n" not in raw:
+            self._rest.append(raw)
+            return b""
+        *lines, rest = raw.split(b"\n")
+        lines[0] = b"".join([*self._rest, lines[0]])
+        self._rest = [rest] if rest else []
         out = []
         for line in lines:
             if line.strip():
                 record = json.loads(line)
                 self.rate = self.rate or record.get("sample_rate")
+                self.done = self.done or bool(record.get("done"))
                 out.append(audio_of(record))
         return b"".join(out)

@@ -28,7 +28,10 @@ def worker_env(base: str, pod: str = "fake-worker") -> dict[str, str]:
             "RUNPOD_POD_ID": pod, "RUNPOD_SKIP_AUTO_SYSTEM_CHECKS": "true", "RUNPOD_SKIP_GPU_CHECK": "true"}
 
 
-class FakeQueue:
+KEPT = 4096  # calls kept in `requests` and `taken` (what tests inspect): a long load run must not grow them
+
+
+class JobQueue:
     def __init__(self, host: str = "127.0.0.1", port: int = 0):
         self.jobs: deque[dict] = deque()
         self.to_stop: list[str] = []
@@ -36,8 +39,9 @@ class FakeQueue:
         self.stream_times: dict[str, list[float]] = defaultdict(list)
         self.progress: dict[str, list] = defaultdict(list)
         self.done: dict[str, dict] = {}
-        self.taken: list[tuple[float, list[str]]] = []  # (time, ids) per take call that returned jobs
-        self.requests: list[str] = []
+        self.taken: deque[tuple[float, list[str]]] = deque(maxlen=KEPT)  # (time, ids) per take call that returned jobs
+        self.requests: deque[str] = deque(maxlen=KEPT)  # "GET /job-take/..." per call, the latest KEPT
+        self.polled = threading.Event()  # set on a worker's first take call
         self.listeners: dict[str, Callable[[str, dict], None]] = {}  # job id -> called with (kind, body) per post
         self.cond = threading.Condition()
         self.server = ThreadingHTTPServer((host, port), self._handler())
@@ -53,7 +57,7 @@ class FakeQueue:
         """The variables RunPod sets for a worker; `host` when the worker reaches us by another name."""
         return worker_env(self.url if host is None else f"http://{host}:{self.server.server_address[1]}")
 
-    def start(self) -> FakeQueue:
+    def start(self) -> JobQueue:
         self.thread.start()
         return self
 
@@ -69,7 +73,7 @@ class FakeQueue:
     def listen(self, job_id: str, listener: Callable[[str, dict], None]) -> None:
         """listener(kind, body) when a worker takes the job ("job-take", {}) and for each of its posts ("job-stream"
         or "job-done", progress included), on the queue's thread for that call, before it is answered; set before
-        the job is submitted."""
+        the job is submitted, called until `unlisten` (its final done post included)."""
         self.listeners[job_id] = listener
 
     def unlisten(self, job_id: str) -> None:
@@ -124,9 +128,7 @@ class FakeQueue:
     def _post(self, kind: str, job_id: str, body: dict) -> None:
         listener = self.listeners.get(job_id)
         if listener is not None:
-            listener(kind, body)
-            if kind == "job-done" and body.get("status") != "IN_PROGRESS":
-                self.listeners.pop(job_id, None)
+            listener(kind, body)  # its client unlistens once it is done with the job (or gave up on it)
             return  # a listened job's items go to its listener only (a load run keeps no audio here)
         with self.cond:
             if kind == "job-stream":
@@ -157,10 +159,25 @@ class FakeQueue:
                 self.end_headers()
                 self.wfile.write(data)
 
+            def _body(self) -> bytes:
+                """The request's body, sent with a Content-Length or chunked (a kept-alive connection must read it
+                whole either way, or the next request starts inside it)."""
+                if "chunked" not in self.headers.get("Transfer-Encoding", "").lower():
+                    return self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                data = bytearray()
+                while size := int(self.rfile.readline().split(b";")[0].strip() or b"0", 16):
+                    data += self.rfile.read(size)
+                    self.rfile.readline()  # the CRLF after each chunk
+                while self.rfile.readline() not in (b"\r\n", b"\n", b""):  # trailers up to the blank line
+                    pass
+                return bytes(data)
+
             def do_GET(self):
                 url = urlparse(self.path)
                 queue.requests.append(f"GET {url.path}")
                 kind = url.path.split("/")[1]
+                if kind.startswith("job-take"):
+                    queue.polled.set()
                 if kind == "job-take":
                     self._reply(*queue._take(None))
                 elif kind == "job-take-batch":
@@ -174,7 +191,11 @@ class FakeQueue:
                 url = urlparse(self.path)
                 queue.requests.append(f"POST {url.path}")
                 parts = url.path.split("/")  # /job-done/<worker>/<job id>
-                body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))) or b"{}")
+                try:
+                    body = json.loads(self._body() or b"{}")
+                except ValueError as e:  # not JSON, or a length that is not a number
+                    self._reply(400, {"error": f"the body is not JSON: {e}"})
+                    return
                 if parts[1] in ("job-done", "job-stream") and len(parts) == 4:
                     queue._post(parts[1], parts[3], body)
                     self._reply(200, {})

@@ -8,13 +8,14 @@ generator's CPU), so the door takes one client process."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import time
 from urllib.parse import urlsplit
 
 from .client import add_piece, drive, new_record, seeded, timed_part
 from .doors import RecordError, audio_of, request_body
-from .job_queue import FakeQueue as JobQueue
+from .job_queue import JobQueue
 from .schedule import Share
 
 _ids = itertools.count()
@@ -41,13 +42,10 @@ def start_queue(url: str, wait_s: float) -> JobQueue:
         queue = JobQueue(host, port).start()
     except OSError as e:
         raise OSError(f"cannot host the RunPod job queue at {url}: {e.strerror or e}") from e
-    end = time.monotonic() + wait_s
-    while not any(r.startswith("GET /job-take") for r in queue.requests):
-        if time.monotonic() > end:
-            queue.stop()
-            raise TimeoutError(f"no RunPod worker polled {url} within {wait_s:g} s (start it with the queue's "
-                               f"variables: {' '.join(f'{k}={v}' for k, v in queue.env().items())})")
-        time.sleep(0.2)
+    if not queue.polled.wait(wait_s):
+        queue.stop()
+        raise TimeoutError(f"no RunPod worker polled {url} within {wait_s:g} s (start it with the queue's "
+                           f"variables: {' '.join(f'{k}={v}' for k, v in queue.env().items())})")
     return queue
 
 
@@ -69,7 +67,8 @@ async def _job(queue: JobQueue, body: dict, timeout: float) -> dict:
         elif posted.get("status") != "IN_PROGRESS":
             if "error" in posted and out["error"] is None:
                 out["error"] = f"job failed: {str(posted['error'])[:200]}"
-            loop.call_soon_threadsafe(lambda: done.done() or done.set_result(now))
+            with contextlib.suppress(RuntimeError):  # the loop closed between this thread fetching us and unlisten
+                loop.call_soon_threadsafe(lambda: done.done() or done.set_result(now))
 
     job_id = f"load-{next(_ids)}"
     queue.listen(job_id, listener)
