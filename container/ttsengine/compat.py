@@ -8,7 +8,9 @@ from __future__ import annotations
 import functools
 import pickle
 import re
+import threading
 import zipfile
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -53,6 +55,58 @@ def custom_ops_available() -> bool:
     import torch.library
 
     return hasattr(torch.library, "custom_op")
+
+
+def compiling() -> bool:
+    """Whether torch.compile is tracing the caller (torch.compiler.is_compiling; False on torch without it). A
+    registered custom op is what a trace must see; an eager call takes the function itself: the op's dispatcher
+    wrapper imports torch._dynamo at its first call (~1 s), which the path to a start's first audio then pays
+    (feature lazy_compiler)."""
+    return _IS_COMPILING is not None and bool(_IS_COMPILING())
+
+
+_IS_COMPILING = getattr(getattr(torch, "compiler", None), "is_compiling", None)
+
+
+_RECOMPILE_LIMIT = [0]  # the largest torch._dynamo cache_size_limit asked for so far (compiler())
+_BEFORE_COMPILE: list[Callable[[], None]] = []  # run once, at the first compiler() call
+_COMPILER_LOCK = threading.RLock()  # the engine's and the codec's threads may both compile first
+
+
+def compiler(recompile_limit: int = 0):
+    """torch._dynamo, imported now (~1 s the first time: callers import it where a compile or a compiled unit's
+    load is about to happen, not on a start's path), with its recompile limit raised to the largest
+    `recompile_limit` any caller asked for and what before_first_compile deferred done."""
+    from torch import _dynamo
+
+    with _COMPILER_LOCK:
+        _RECOMPILE_LIMIT[0] = max(_RECOMPILE_LIMIT[0], recompile_limit)
+        _dynamo.config.cache_size_limit = max(_dynamo.config.cache_size_limit, _RECOMPILE_LIMIT[0])
+        deferred, _BEFORE_COMPILE[:] = list(_BEFORE_COMPILE), []
+        for fn in deferred:
+            fn()
+    return _dynamo
+
+
+def before_first_compile(fn: Callable[[], None]) -> None:
+    """fn() at the first compiler() call, or now if the compiler is imported already (e.g. the kernel cache's
+    Inductor options and artifacts: importing torch._inductor imports torch._dynamo too)."""
+    import sys
+
+    with _COMPILER_LOCK:
+        _BEFORE_COMPILE.append(fn)
+    if "torch._dynamo" in sys.modules:
+        compiler()
+
+
+def want_recompile_limit(n: int) -> None:
+    """Asks for torch._dynamo's cache_size_limit to be at least n, applied now if the compiler is imported, else at
+    its import through compiler() (the compile units' first compile)."""
+    import sys
+
+    _RECOMPILE_LIMIT[0] = max(_RECOMPILE_LIMIT[0], n)
+    if "torch._dynamo" in sys.modules:
+        compiler()
 
 
 def compile_supported() -> bool:

@@ -19,6 +19,7 @@
 #                                                FRESH (1: start from empty caches; 0 keeps an earlier
 #                                                invocation's, e.g. CASES=empty RUNS=1, then FRESH=0 CASES=dir)
 set -uo pipefail
+. scripts/device/lib.sh
 export PYTHONPATH=$PWD/container:$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 OUT=${OUT:-device-out}
 WORK=${WORK:-/tmp/coldstart}
@@ -53,26 +54,6 @@ print(f'wrote {d} in {time.perf_counter() - t:.1f} s:', ', '.join(f'{p.name} {p.
   [ -f "$CK/codec.pth" ] || { echo "could not write the checkpoint"; exit 1; }
 fi
 
-evict() {  # drop the weight files and the cache directory from the page cache (clean pages only: fsync first)
-  [ "$EVICT" = 1 ] || return 0
-  python3 - "$CK" "$@" <<'PY'
-import os, sys
-for root in sys.argv[1:]:
-    for d, _, names in os.walk(root):
-        for n in names:
-            try:
-                fd = os.open(os.path.join(d, n), os.O_RDONLY)
-            except OSError:
-                continue
-            try:
-                os.fsync(fd)
-                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-            except OSError:
-                pass
-            finally:
-                os.close(fd)
-PY
-}
 
 declare -A LAST  # seconds the last run of each case took (the estimate for the next one)
 run_case() {  # run_case QUANT CASE ROUND [FEATURES]
@@ -97,7 +78,7 @@ run_case() {  # run_case QUANT CASE ROUND [FEATURES]
     echo "skipped $q $c run $r: $(left) s left, it takes ~$est s"
     return
   fi
-  evict "$dir"
+  [ "$EVICT" = 1 ] && evict_pages "$CK" "$dir"
   t0=$(date +%s)
   # the same paths in the environment too: `warm` starts reading $TTS_MODEL_DIR's weights before its imports
   TTS_FEATURES=$([ "$f" = - ] && echo auto || echo "$f") \

@@ -14,11 +14,13 @@
 # .whl) samples the server (RunPod: the worker) and the loadtest process for 10 s; their threads and main-thread
 # leaves are printed.
 # Usage: scripts/device/doors.sh   (env: DOORS="http serve runpod", LEVELS=64,256, MAX=256, FRAMES=192, PROCS=4,
-#   CKPT, CACHE; the servers take any TTS_* exported. Needs runpod's wheels for the runpod door: .whl/rp/)
+#   FORMAT=pcm (loadtest --format: one or several, comma-separated), CKPT, CACHE; the servers take any TTS_*
+#   exported. Needs runpod's wheels for the runpod door: .whl/rp/)
 set -uo pipefail
 . scripts/device/lib.sh
 device_setup "${WORK:-/tmp/doors}" 8000
 DOORS=${DOORS:-http serve runpod} LEVELS=${LEVELS:-64,256} MAX=${MAX:-256} FRAMES=${FRAMES:-192} PROCS=${PROCS:-4}
+FORMAT=${FORMAT:-pcm}
 CKPT=${CKPT:-/tmp/s1-random} CACHE=${CACHE:-/tmp/doors-cache} PORT=${PORT:-8090}
 URL=http://127.0.0.1:$PORT WARM=${LEVELS##*,}
 if ! python3 -c "import runpod" 2>/dev/null && [ -d .whl/rp ]; then  # the device's Python has no runpod
@@ -32,7 +34,7 @@ common=(TTS_MODEL_DIR="$CKPT" TTS_CACHE_DIR="$CACHE" TTS_DATA_DIR=/tmp/tts-data 
         TTS_MAX_BATCH="$MAX" TTS_FEATURES=auto)
 lt() {  # lt DOOR PROCS: a warm-up level, then the measured ones, into $W/$name (one loadtest: runpod's queue lives in it)
   local t0; t0=$(date +%s)
-  timeout 400 python3 -m ttsengine loadtest "$URL" --door "$1" --processes "$2" --max-new-tokens "$FRAMES" \
+  timeout 400 python3 -m ttsengine loadtest "$URL" --door "$1" --processes "$2" --max-new-tokens "$FRAMES" --format "$FORMAT" \
     --concurrency "$WARM,$LEVELS" --timeout 300 --out "$W/$name" > "$W/$name.log" 2>&1
   echo "loadtest $name exit $? ($(( $(date +%s) - t0 )) s)"; }
 spy() {  # spy NAME SERVER_PID: in the background, py-spy on the server and on loadtest's main process

@@ -22,7 +22,6 @@ from ttsengine.model.kernels.small_linear import (
     SmallLinearConfig,
     small_linear,
     small_linear_config,
-    small_linear_op,
     small_linear_reference,
 )
 from ttsengine.model.kernels.triton_support import triton_available, triton_major
@@ -234,23 +233,6 @@ def test_wide_tile_norm_kernel_rounds_as_the_eager_norm(dtype, whole, monkeypatc
     ulp = 2.0 ** (torch.floor(torch.log2(want.float().abs().clamp(min=1e-30))) - (7 if dtype == torch.bfloat16 else 23))
     assert ((got.float() - want.float()).abs() <= ulp * (1 if dtype == torch.bfloat16 else 8)).all()
     assert (got == want).float().mean() > (0.9 if dtype == torch.bfloat16 else 0.5)
-
-
-@interpreted
-@cpu_only
-def test_custom_op_is_small_linear():
-    op = small_linear_op()
-    if op is None:
-        pytest.skip("torch < 2.4: no custom ops")
-    x, w, kw = make(3, 64, 96, torch.bfloat16, int8=True, norm=True, epilogue="swiglu")
-    got = op(x, w, kw["scale"], kw["norm_weight"], EPS, None, True, None)
-    assert torch.equal(got, small_linear(x, w, **kw))
-    from torch._subclasses.fake_tensor import FakeTensorMode
-
-    with FakeTensorMode():
-        fx, fw = torch.empty(3, 64, dtype=torch.bfloat16), torch.empty(96, 64, dtype=torch.bfloat16)
-        assert op(fx, fw, None, None, EPS, None, True, None).shape == (3, 48)
-        assert op(fx, fw, None, None, EPS, None, False, 10).shape == (3, 10)
 
 
 @pytest.mark.parametrize("absent", ["triton", "interpreter"])

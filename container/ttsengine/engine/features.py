@@ -42,6 +42,7 @@ STEP_PRIORITY = "step_priority"
 SEGMENT_SLACK = "segment_slack"
 SLACK_PREFILL = "slack_prefill"
 EARLY_READAHEAD = "early_readahead"
+LAZY_COMPILER = "lazy_compiler"
 PLAIN_WEBSOCKET = "plain_websocket"
 DIRECT_ADMIT = "direct_admit"
 PREFILL_FIT = "prefill_fit"
@@ -164,6 +165,11 @@ FEATURES = (
             "one moving average per position, the fixed part included", "engine/control/prefill_budget.py"),
     Feature(EARLY_READAHEAD, ENGINE, "the servers and `warm` start reading the weight files from disk before they "
             "import torch and the web framework", "read from the load's start on", "serving/prefetch.py"),
+    # lazy_compiler: stop 65's py-spy of a warm start put ~1 s of its ~6.8 s in torch._dynamo's import, which only the
+    # compile units (buckets above the fused layers' rows, captured after the first audio) use
+    Feature(LAZY_COMPILER, ENGINE, "torch's compiler (torch._dynamo, ~1 s of imports) is imported at the first "
+            "compile, not on a start's path to its first audio (eager calls skip our custom ops' wrappers)",
+            "imported in the weight load (its 'compiler' phase)", "model/loading/checkpoint.py, compat.py"),
     # plain_websocket: audio barely deflates (a tenth of its bytes), and deflating it on the one event loop made
     # every other socket wait behind it: live sessions' first audio measured with and without in docs/voice-agents.md
     Feature(PLAIN_WEBSOCKET, ENGINE, "the servers' WebSockets decline permessage-deflate: audio goes uncompressed",

@@ -20,6 +20,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 import torch
 
+from ..compat import want_recompile_limit
 from ..config import EngineConfig
 from ..errors import SEE_LOGS, AtCapacity, BusyError, EngineDown
 from ..synthesis.plan import Plan
@@ -50,9 +51,7 @@ class Fleet:
         configs = engine_configs(config, torch.cuda.device_count() if torch.cuda.is_available() else 0)
         gpus = len({c.device for c in configs if c.device.startswith("cuda")})
         if gpus > 1:  # each unit compiles once per device index (its guards check it): room for all of them
-            from torch import _dynamo
-
-            _dynamo.config.cache_size_limit = max(_dynamo.config.cache_size_limit, 8 * gpus)
+            want_recompile_limit(8 * gpus)
         ckpts = load_all(configs, random_weights)
         warm = threading.Event()  # lazy captures wait for every engine's warm-up (cuda_graphs.GraphSet.gate)
         failing, _, at = config.fail_engine.partition("@")

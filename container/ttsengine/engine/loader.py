@@ -14,7 +14,7 @@ from ..model.loading import codec_cache
 from ..model.loading.checkpoint import Checkpoint, load_checkpoint
 from ..model.loading.replicate import copy_to
 from ..model.quant import quantize
-from .features import CODEC_CACHE, switched_off
+from .features import CODEC_CACHE, LAZY_COMPILER, switched_off
 
 log = logging.getLogger(__name__)
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
@@ -60,7 +60,8 @@ def load(config: EngineConfig, random_weights: str | None = None, quantize: bool
         ckpt = random_checkpoint(random_weights, device, dtype, codec_dtype, codec_device=codec_device)
     else:
         cache = codec_cache.make(config.cache_dir, "off" if switched_off(config.features, CODEC_CACHE) else "auto")
-        ckpt = load_checkpoint(config.model_dir, device, dtype, codec_dtype, codec_device, cache)
+        ckpt = load_checkpoint(config.model_dir, device, dtype, codec_dtype, codec_device, cache,
+                               import_compiler=switched_off(config.features, LAZY_COMPILER))
     log.info("loaded %s checkpoint from %s on %s (LLM %s, codec %s%s, codec cache %s) in %.1f s", ckpt.family.NAME,
              f"random weights ({random_weights})" if random_weights else config.model_dir, device,
              str(dtype).removeprefix("torch."), str(codec_dtype).removeprefix("torch."),

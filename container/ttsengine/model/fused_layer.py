@@ -20,8 +20,8 @@ from collections.abc import Callable
 
 from torch import Tensor, nn
 
-from .kernels.paged_attention import attention_splits, write_and_attend_qkv_op
-from .kernels.small_linear import SMALL_LINEAR_MAX_ROWS, small_linear, small_linear_op
+from .kernels.paged_attention import attention_splits, write_and_attend_qkv_eager
+from .kernels.small_linear import SMALL_LINEAR_MAX_ROWS, small_linear
 from .quant import Int8Linear
 
 MAX_ROWS = SMALL_LINEAR_MAX_ROWS
@@ -61,8 +61,9 @@ def make_layer(use_triton: bool, pdl: bool = False, max_splits: int = 1) -> Call
     where the GPU has it (kernels/launch.py: TTS_FEATURES pdl). max_splits > 1: the attention shares each row and
     KV head's pages among up to that many programs where the rows are few (paged_attention.attention_splits:
     TTS_FEATURES split_attention); a pool of one page per row (the fast layers') is never split."""
-    lin = small_linear_op() or _plain_linear
-    attend = write_and_attend_qkv_op()
+    # the functions themselves, not their custom ops: nothing traces these layers (they run eager or in CUDA graphs),
+    # and an op's first call would import torch._dynamo on a start's path (compat.compiling)
+    lin, attend = _plain_linear, write_and_attend_qkv_eager
 
     def layer_step(layer: nn.Module, x: Tensor, rope: Tensor, k_pool: Tensor, v_pool: Tensor, table: Tensor,
                    pos: Tensor) -> Tensor:
@@ -89,7 +90,7 @@ def make_layer(use_triton: bool, pdl: bool = False, max_splits: int = 1) -> Call
 def make_fast_head(pdl: bool = False) -> Callable:
     """-> fn(model, x [B, 1, Df], limit) -> logits [B, limit]: fast_norm and the first `limit` rows of the fast
     head in one kernel (frame.fast_logits' math); pdl as make_layer's."""
-    lin = small_linear_op() or _plain_linear
+    lin = _plain_linear  # as make_layer's
 
     def fast_head(model: nn.Module, x: Tensor, limit: int) -> Tensor:
         w, s = linear_weight(model.fast_output)
@@ -100,6 +101,6 @@ def make_fast_head(pdl: bool = False) -> Callable:
 
 
 def _plain_linear(x, weight, scale, norm_weight, eps, residual, swiglu, out_rows, pdl):
-    # torch < 2.4 (no custom ops): the function itself, same positional order as the op
+    # positional, in the order the attention's and the layers' calls above give them
     return small_linear(x, weight, scale=scale, norm_weight=norm_weight, eps=eps, residual=residual, swiglu=swiglu,
                         out_rows=out_rows, pdl=pdl)

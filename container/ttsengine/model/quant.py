@@ -32,7 +32,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..compat import custom_ops_available, torchao_quantize
+from ..compat import compiling, custom_ops_available, torchao_quantize
 from ..errors import ConfigError
 from .kernels.int8 import GEMV_MAX_ROWS, int8_linear_triton
 from .kernels.triton_support import triton_available
@@ -67,7 +67,7 @@ class Int8Linear(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         if self.kernel in ("fused", "tile"):
-            if _INT8_OP is not None:
+            if _INT8_OP is not None and compiling():  # a trace sees the opaque op; eager calls the function
                 return _INT8_OP(x, self.weight_int8, self.scale, self.bias, self.gemv_rows)
             return int8_linear(x, self.weight_int8, self.scale, self.bias, self.gemv_rows)
         if self.kernel == "dequant":

@@ -13,6 +13,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from ..compat import compiling
+
 _M32 = 0xFFFFFFFF
 
 
@@ -57,7 +59,7 @@ def logits_to_probs(logits: Tensor, temperature: Tensor, top_p: Tensor, penalty:
     logits = logits.float()
     if previous_ids is not None:
         logits = apply_repetition_penalty(logits, previous_ids, penalty)
-    logits = (_TOP_P_OP or top_p_filter)(logits, top_p, scan_block)
+    logits = (_TOP_P_OP if _TOP_P_OP is not None and compiling() else top_p_filter)(logits, top_p, scan_block)
     return torch.softmax(logits / temperature.clamp(min=1e-5)[:, None], dim=-1)
 
 

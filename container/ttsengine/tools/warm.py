@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
 from pathlib import Path
 
@@ -63,6 +64,7 @@ def main(argv: list[str] | None = None) -> int:
         stream = engine.submit(SynthesisRequest(text=_TEXT, seed=0, max_new_tokens=16), ignore_stop=True)
         next(iter(stream))
         first_audio = process_age()
+        compiler_imported = "torch._dynamo" in sys.modules  # ~1 s of a start when it is (feature lazy_compiler)
         stream.result()
         if not args.until_first_audio:
             engine.settle()  # the graphs captured after ready use no new kernels, but warm promises everything
@@ -73,7 +75,7 @@ def main(argv: list[str] | None = None) -> int:
         wait_for_writers()  # the codec cache's entry too: warm leaves a complete cache
     print(json.dumps({
         "process_to_first_audio_s": round(first_audio, 2), "imports_s": round(imports_s, 2), "load_s": round(load_s, 2),
-        "load_phases": ckpt.load_phases,
+        "load_phases": ckpt.load_phases, "compiler_at_first_audio": compiler_imported,
         "model": f"random weights ({random_weights})" if random_weights else str(config.model_dir),
         "write_checkpoint_s": write_s, "codec_cache": ckpt.codec_cache,
         "warmup_s": round(stats.warmup_seconds or 0.0, 2), "kernel_cache": stats.kernel_cache,

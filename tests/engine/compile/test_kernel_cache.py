@@ -66,6 +66,38 @@ def test_blob_round_trip_with_a_real_compile(tmp_path):
     assert KernelCache(fresh, {"model": "tiny"}).setup() == "blob"
 
 
+@pytest.mark.skipif(not compat.cache_artifacts_supported(), reason="torch < 2.7 has no portable cache blob")
+def test_a_blobs_compile_artifacts_wait_for_the_first_compile(tmp_path):
+    """A start from a blob (feature lazy_compiler): setup writes its files but leaves torch's compile artifacts, whose
+    load imports torch._dynamo (~1 s), to the first compile; compat.compiler() then loads them. A fresh process, so
+    nothing else has imported the compiler."""
+    kc = KernelCache(tmp_path / "a", {"model": "tiny"})
+    kc.setup()
+    torch.compile(lambda x: torch.sin(x) * 2 + 1)(torch.randn(8))
+    blob = kc.save()
+    fresh = tmp_path / "b"
+    fresh.mkdir()
+    (fresh / blob.name).write_bytes(blob.read_bytes())
+    code = """
+import sys
+from pathlib import Path
+from unittest import mock
+from ttsengine import compat
+from ttsengine.engine.device.compile.kernel_cache import KernelCache
+kc = KernelCache(Path(sys.argv[1]), {"model": "tiny"})
+with mock.patch.object(compat, "load_cache_artifacts", wraps=compat.load_cache_artifacts) as load:
+    print(kc.setup(), "torch._dynamo" in sys.modules, load.call_count)
+    compat.compiler()
+    print(load.call_count, load.call_args.args[0][:0] == b"")
+"""
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-c", code, str(fresh)], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["blob", "False", "0", "1", "True"], out.stdout + out.stderr
+
+
 def test_blob_carries_the_triton_cache_into_an_empty_directory(tmp_path):
     # our own Triton kernels (paged attention, Snake, int8) live only in the Triton cache directory
     kc = KernelCache(tmp_path / "a", {"model": "tiny"})
@@ -226,15 +258,21 @@ def test_blob_members_outside_the_directory_are_refused(tmp_path, caplog):
     assert any("outside the cache directory" in r.message for r in caplog.records)
 
 
-def test_warm_command_reports_json(tmp_path):
+@pytest.mark.parametrize("features", ["auto", "-lazy_compiler"])
+def test_warm_command_reports_json(tmp_path, features):
+    """Its JSON line, the load's phases and whether torch's compiler was imported by the first audio: with
+    lazy_compiler (the default) nothing on the way there imports it (our custom ops' eager calls included); off, the
+    load does, in a phase of its own."""
     proc = run_cli("ttsengine", "warm", "--model", str(MODEL_DIR), "--cache-dir", str(tmp_path / "kc"),
-                   env={"TTS_DEVICE": "cpu"})
+                   env={"TTS_DEVICE": "cpu", "TTS_FEATURES": features})
     assert proc.returncode == 0, proc.stderr
     report = json.loads(proc.stdout.strip().splitlines()[-1])
     assert report["process_to_first_audio_s"] > report["load_s"] > 0
     phases = report["load_phases"]  # the load's parts: they add up to (almost) all of it
-    assert set(phases) == {"files", "compiler", "model", "codec"} and all(s >= 0 for s in phases.values())
-    assert 0 < sum(phases.values()) <= report["load_s"] + 0.01
+    lazy = features == "auto"
+    assert set(phases) == {"files", "model", "codec"} | (set() if lazy else {"compiler"})
+    assert all(s >= 0 for s in phases.values()) and 0 < sum(phases.values()) <= report["load_s"] + 0.01
+    assert report["compiler_at_first_audio"] is not lazy
     assert report["quantization"] == "bf16 (none)" and report["compiled"] is False
 
 

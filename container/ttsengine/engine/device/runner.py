@@ -14,12 +14,13 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
+from ...compat import want_recompile_limit
 from ...model import fast_stack, fused_layer
 from ...model.dual_ar import DualAR
 from ...model.frame import sample_frame
 from ...model.kernels import step_glue
 from ...model.kernels.launch import pdl_runs
-from ...model.kernels.paged_attention import PagedKV, write_and_attend_op
+from ...model.kernels.paged_attention import PagedKV, write_and_attend_eager, write_and_attend_op
 from ...model.layers import attend
 from ...model.sampling import RepetitionWindow, SamplingTensors, register_top_p_op
 from ..features import FAST_STACK, LAYER_GEMV, MERGED_FFN, PDL, SPLIT_ATTENTION, STEP_GLUE
@@ -102,14 +103,14 @@ class Runner:
         self.window = RepetitionWindow.empty(S, n + 1, cfg.penalty_window, dev)
         self.fresh = torch.zeros(S, dtype=torch.bool, device=dev)  # the next frame is the stream's first
         self.out = torch.zeros(S, n + 1, dtype=torch.int64, device=dev)  # frames made by the last step
-        self._attend = write_and_attend_op()
+        self._attend = write_and_attend_op()  # what compiled units call: the op a trace keeps opaque
         gemv = LAYER_GEMV in cfg.fused
         if MERGED_FFN in cfg.fused or gemv:  # W1|W3 as one matmul in the step's layers (their weights become views)
             for layer in (*model.layers, *model.fast_layers):
                 layer.feed_forward.merge_inputs()
                 if gemv:
                     layer.feed_forward.merge_int8_inputs()
-        self.ops = StepOps.eager(self._attend, cfg.triton_attention, cfg.fused)
+        self.ops = StepOps.eager(write_and_attend_eager, cfg.triton_attention, cfg.fused)
         # layer_gemv: steps of up to cfg.gemv_rows (<= fused_layer.MAX_ROWS) rows run each layer as five fused kernels
         # (fused_layer.py)
         self.gemv_rows = 0
@@ -344,10 +345,8 @@ class Runner:
     def enable_compile(self, store: Path | None = None) -> None:
         """Routes the step's units through torch.compile (see compile/units.py); `store`: directory of their
         precompiled traces (None: plain torch.compile). Numerics differ from eager at bf16 rounding level."""
-        from torch import _dynamo
-
         register_top_p_op()
-        _dynamo.config.cache_size_limit = max(_dynamo.config.cache_size_limit, 64)
+        want_recompile_limit(64)  # applied when a unit first compiles: nothing imports the compiler before that
         self.ops = StepOps.compiled(self._attend, self.cfg.triton_attention, self.cfg.max_slots, store,
                                     self.cfg.fused)
         self.compiled = True
@@ -357,7 +356,7 @@ class Runner:
         return self.ops.precompiled()
 
     def disable_compile(self) -> None:
-        self.ops = StepOps.eager(self._attend, self.cfg.triton_attention, self.cfg.fused)
+        self.ops = StepOps.eager(write_and_attend_eager, self.cfg.triton_attention, self.cfg.fused)
         self.compiled = False
 
 

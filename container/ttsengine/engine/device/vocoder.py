@@ -29,6 +29,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from ...compat import compiler
 from ...model.codec import Codec
 from ...model.codec.streaming import StreamingCodec
 from .cuda_graphs import GraphSet
@@ -147,10 +148,7 @@ class Vocoder:
     def enable_compile(self) -> None:
         """torch.compile the chunk decode, one static-shape compile per (rows, chunk) key (a dynamic batch
         fails in Inductor on torch 2.11): fuses Snake and the other elementwise chains between convolutions."""
-        from torch import _dynamo
-
-        keys = len(self.buckets) * len(self.chunk_sizes) + 4
-        _dynamo.config.cache_size_limit = max(_dynamo.config.cache_size_limit, keys)
+        compiler(len(self.buckets) * len(self.chunk_sizes) + 4)  # room for every key's static compile
         self._decode, self.compiled = torch.compile(self.codec.codes_to_audio, dynamic=False), True
 
     def disable_compile(self) -> None:

@@ -90,7 +90,14 @@ def write_and_attend_op():
 
 def write_and_attend(q: Tensor, k: Tensor, v: Tensor, kv: PagedKV, page_table: Tensor, pos: Tensor,
                      use_triton: bool) -> Tensor:
-    return write_and_attend_op()(q, k, v, kv.k, kv.v, page_table, pos, use_triton)
+    return write_and_attend_eager(q, k, v, kv.k, kv.v, page_table, pos, use_triton)
+
+
+def write_and_attend_eager(q: Tensor, k: Tensor, v: Tensor, k_pool: Tensor, v_pool: Tensor, page_table: Tensor,
+                           pos: Tensor, use_triton: bool) -> Tensor:
+    """write_and_attend_op's step called as a function, where nothing traces it (compat.compiling): the op's
+    wrapper would import torch._dynamo at its first call."""
+    return _write_and_attend(q, k, v, k_pool, v_pool, page_table, pos, use_triton)
 
 
 def _write_and_attend(q: Tensor, k: Tensor, v: Tensor, k_pool: Tensor, v_pool: Tensor, page_table: Tensor,
@@ -114,6 +121,12 @@ def write_and_attend_qkv_op():
     custom op where torch has them (>= 2.4); the plain function otherwise."""
     op = _custom_op_qkv()
     return op if op is not None else _write_and_attend_qkv
+
+
+def write_and_attend_qkv_eager(*args) -> Tensor:
+    """write_and_attend_qkv_op's step called as a function (the fused layers, which nothing traces): the op's
+    wrapper would import torch._dynamo at its first call."""
+    return _write_and_attend_qkv(*args)
 
 
 def _write_and_attend_qkv(qkv: Tensor, rope: Tensor, q_norm: Optional[Tensor],  # noqa: UP045

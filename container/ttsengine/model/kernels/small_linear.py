@@ -30,13 +30,11 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
-from typing import Optional
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from ...compat import custom_ops_available
 from ..layers import rms_norm
 from .launch import gdc_ops, launch_fitting, launch_options
 from .triton_support import next_pow2, triton_available
@@ -448,29 +446,3 @@ def _mac(acc, acc3, w, w3, X, xp, NW, rstd, rm, rk, k0, M, K, s_xm, HAS_NORM: tl
             if SWIGLU:
                 acc3 = tl.where(row, acc3 + tl.sum(w3f * xr[None, :], axis=1)[None, :], acc3)
     return acc, acc3
-
-
-# ---- the custom op ------------------------------------------------------------------------------------
-@functools.lru_cache(maxsize=1)
-def small_linear_op():
-    """`ttsengine::small_linear` (torch >= 2.4): small_linear as one op torch.compile calls without tracing
-    (default tiles); None on older torch. Call it positionally:
-    op(x, weight, scale, norm_weight, eps, residual, swiglu, out_rows, pdl=False)."""
-    if not custom_ops_available():
-        return None
-    op = torch.library.custom_op("ttsengine::small_linear", mutates_args=())(_small_linear_for_op)
-    op.register_fake(_small_linear_fake)
-    # the OpOverload (as paged_attention.py): serializable in a precompiled graph
-    return torch.ops.ttsengine.small_linear.default
-
-
-def _small_linear_for_op(x: Tensor, weight: Tensor, scale: Optional[Tensor], norm_weight: Optional[Tensor],  # noqa: UP045
-                         eps: float, residual: Optional[Tensor], swiglu: bool,  # noqa: UP045
-                         out_rows: Optional[int], pdl: bool = False) -> Tensor:  # noqa: UP045 (schema: Optional)
-    return small_linear(x, weight, scale=scale, norm_weight=norm_weight, eps=eps, residual=residual, swiglu=swiglu,
-                        out_rows=out_rows, pdl=pdl)
-
-
-def _small_linear_fake(x, weight, scale, norm_weight, eps, residual, swiglu, out_rows, pdl=False):
-    n = weight.shape[0] if out_rows is None else out_rows
-    return x.new_empty((x.shape[0], n // 2 if swiglu else n))

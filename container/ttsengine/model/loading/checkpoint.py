@@ -34,8 +34,8 @@ class Checkpoint:
     quantization: str = "bf16 (none)"
     codec_cache: str = "off"  # what the codec cache did: off | hit | miss | damaged (codec_cache.py)
     # seconds of each part of load_checkpoint, as the host saw them: files (configs, tokenizer, empty modules),
-    # compiler (torch._dynamo's import), model and codec (each read, checked and copied to its device); empty for
-    # random weights
+    # compiler (torch._dynamo's import, with feature lazy_compiler off), model and codec (each read, checked and copied
+    # to its device); empty for random weights
     load_phases: dict[str, float] = field(default_factory=dict)
 
 
@@ -86,8 +86,8 @@ FILLS = frozenset({"normal_", "uniform_", "fill_", "zero_", "random_"})  # what 
 class _NoFill(TorchFunctionMode):
     """Meta tensors hold no values, so filling them is skipped. Why: on the meta device nn.Embedding's normal_ runs
     torch's reference decomposition, whose first call imports torch._dynamo: ~1 s hidden in the load's 'files' phase
-    (stop 58). The import is still needed (our custom ops' first call makes it): load_checkpoint now makes it in a
-    phase of its own, where it can be seen, and moved or overlapped."""
+    (stop 58). Nothing else on a start's path imports it now (compat.compiling: eager calls skip our custom ops'
+    wrappers; the compile units import it at their first compile)."""
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -122,9 +122,11 @@ def read_model_dir(model_dir: Path) -> ModelFiles:
 
 def load_checkpoint(model_dir: Path, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32,
                     codec_dtype: torch.dtype = torch.float32, codec_device: torch.device | str | None = None,
-                    codec_cache: CodecCache | None = None) -> Checkpoint:
+                    codec_cache: CodecCache | None = None, import_compiler: bool = False) -> Checkpoint:
     """codec_device: where the codec goes (None: `device`). codec_cache: where the codec converted to
-    `codec_dtype` is kept (None: read and convert codec.pth every time).
+    `codec_dtype` is kept (None: read and convert codec.pth every time). import_compiler: torch._dynamo imported
+    here, in a phase of its own (feature lazy_compiler off; on, nothing on a start's path to its first audio imports
+    it: the first compile does).
 
     The weight files are read ahead in the background from the start (readahead.py), the configs and tokenizer
     are read meanwhile, and each state dict goes to its device through the staged copy (upload.py)."""
@@ -144,11 +146,9 @@ def load_checkpoint(model_dir: Path, device: torch.device | str = "cpu", dtype: 
         model_path, codec_path = files.model_path, files.codec_path
         model, codec = files.meta_modules()
         phase("files")
-        # the first call of any of our custom ops imports torch._dynamo (torch wraps their implementations to keep
-        # Dynamo out): ~1 s, here at the load rather than in the first request's first step (stop 58: it had come
-        # with the empty modules until on_meta)
-        import torch._dynamo  # noqa: F401
-        phase("compiler")
+        if import_compiler:  # ~1 s (stop 58: it had come with the empty modules until on_meta)
+            import torch._dynamo  # noqa: F401
+            phase("compiler")
         sd = check_strict(model, family.normalize_model_keys(read_state_dict(model_path)), str(model_path))
         model.load_state_dict(to_device(sd, device, lambda t: dtype), strict=True, assign=True)
         del sd  # the file's mapping goes with it

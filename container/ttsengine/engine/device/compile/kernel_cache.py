@@ -15,6 +15,7 @@ one log line, then a recompile, never a crash.
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import io
 import json
@@ -74,8 +75,11 @@ class KernelCache:
         return self.directory / f"artifacts-{self.key}.bin"
 
     def setup(self) -> str:
-        """Points the caches at the directory and loads what fits; -> status. Call before compiling."""
-        compat.set_inductor_options(fx_graph_cache=True, autotune_local_cache=True)
+        """Points the caches at the directory and loads what fits; -> status. Call before compiling. Inductor's
+        options and torch's artifacts from the blob are set and loaded at the first compile (compat.compiler):
+        importing Inductor imports torch._dynamo, ~1 s that a start's first audio need not wait for (our Triton
+        kernels' cache is files, written here)."""
+        compat.before_first_compile(lambda: compat.set_inductor_options(fx_graph_cache=True, autotune_local_cache=True))
         if self.directory is None:
             self.status = "off"
             return self.status
@@ -115,6 +119,7 @@ class KernelCache:
         if self.directory is None:
             return None
         self.save_metadata()
+        compat.compiler()  # the artifacts a start deferred (setup) loaded first: a blob never drops what it had
         artifacts = compat.save_cache_artifacts()
         dirs = ("triton", self.precompiled_dir.name) + (() if artifacts is not None else ("inductor",))
         buf = io.BytesIO()
@@ -129,8 +134,8 @@ class KernelCache:
         return self.blob_path
 
     def _unpack(self, blob: bytes) -> bool:
-        """Writes the blob's cache files that the directory lacks, then loads torch's artifacts
-        -> whether anything was loaded. A blob that is not ours raises (the caller logs and recompiles)."""
+        """Writes the blob's cache files that the directory lacks, and leaves torch's artifacts for the first
+        compile -> whether it held anything. A blob that is not ours raises (the caller logs and recompiles)."""
         root = self.directory.resolve()
         loaded = False
         with zipfile.ZipFile(io.BytesIO(blob)) as z:
@@ -145,8 +150,18 @@ class KernelCache:
                     _write_atomic(target, z.read(name))
                 loaded = True
             if ARTIFACTS in z.namelist():
-                loaded = compat.load_cache_artifacts(z.read(ARTIFACTS)) or loaded
+                compat.before_first_compile(functools.partial(_load_artifacts, z.read(ARTIFACTS), self.blob_path))
+                loaded = True
         return loaded
+
+
+def _load_artifacts(data: bytes, blob: Path) -> None:
+    """torch's compile artifacts of the blob, at the first compile; a failure only costs recompiles."""
+    try:
+        if not compat.load_cache_artifacts(data):
+            log.warning("kernel cache blob %s: torch did not take its compile artifacts: recompiling", blob)
+    except Exception as e:  # noqa: BLE001 - a bad blob only costs a recompile
+        log.warning("kernel cache blob %s: its compile artifacts could not be loaded (%s): recompiling", blob, e)
 
 
 def relink_triton_groups(triton_dir: Path) -> int:

@@ -26,6 +26,7 @@ from pathlib import Path
 
 import torch
 
+from ....compat import compiler
 from .units import dynamic_batch
 
 log = logging.getLogger(__name__)
@@ -82,6 +83,7 @@ class Precompiled:
         return sorted((p for p in self.directory.glob(f"{self.name}.*.pt2") if self._index(p) >= 0), key=self._index)
 
     def _load(self) -> list:
+        compiler()  # the compiler's import and what the kernel cache deferred to it (Inductor's artifacts)
         variants = []
         t0 = time.perf_counter()
         for path in self._paths():
@@ -102,8 +104,7 @@ class Precompiled:
         return variants
 
     def _compile(self, args: tuple):
-        from torch import _dynamo
-
+        _dynamo = compiler()  # imported here, at the first trace, with the recompile limit the runner asked for
         t0 = time.perf_counter()
         # a batch of one is its own static variant: marking a size-1 dim dynamic (min 2) fails Dynamo's constraints
         marked = [(t, set(vars(t))) for t in (args[i] for i in self.batch_args) if dynamic_batch(t)]

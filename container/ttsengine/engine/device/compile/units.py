@@ -17,6 +17,7 @@ from pathlib import Path
 import torch
 from torch import Tensor, nn
 
+from ....compat import compiler
 from ....model.frame import FrameOps, fast_layer_step, fast_logits, sample_token, sample_token_blocked
 from ....model.kernels.codebook_sampler import sample_codebook_embed
 from ....model.kernels.vocab_sampler import sample_vocab_triton
@@ -82,15 +83,17 @@ def dynamic_batch(t) -> bool:
 
 
 class Compiled:
-    """torch.compile'd `fn` whose arguments at `batch_args` have a dynamic dim 0 in [2, max_batch]."""
+    """torch.compile'd `fn` whose arguments at `batch_args` have a dynamic dim 0 in [2, max_batch]. torch.compile is
+    called at the first call: it imports torch._dynamo (~1 s), which a start then pays only once a unit runs."""
 
     def __init__(self, fn: Callable, batch_args: tuple[int, ...], max_batch: int):
-        self.fn = torch.compile(fn, dynamic=None)
+        self.source, self.fn = fn, None
         self.batch_args, self.max_batch = batch_args, max(max_batch, 3)
 
     def __call__(self, *args):
-        from torch import _dynamo
-
+        _dynamo = compiler()
+        if self.fn is None:
+            self.fn = torch.compile(self.source, dynamic=None)
         for i in self.batch_args:
             if dynamic_batch(args[i]):
                 _dynamo.mark_dynamic(args[i], 0, min=2, max=self.max_batch)
