@@ -6,6 +6,7 @@ Everything here works by feature detection at call time; importing this module c
 from __future__ import annotations
 
 import functools
+import logging
 import pickle
 import re
 import threading
@@ -58,10 +59,11 @@ def custom_ops_available() -> bool:
 
 
 def compiling() -> bool:
-    """Whether torch.compile is tracing the caller (torch.compiler.is_compiling; False on torch without it). A
-    registered custom op is what a trace must see; an eager call takes the function itself: the op's dispatcher
-    wrapper imports torch._dynamo at its first call (~1 s), which the path to a start's first audio then pays
-    (feature lazy_compiler)."""
+    """Whether torch.compile is tracing (torch.compiler.is_compiling; False on torch without it). A registered
+    custom op is what a trace must see; an eager call takes the function itself: the op's dispatcher wrapper imports
+    torch._dynamo at its first call (~1 s), which the path to a start's first audio then pays (feature
+    lazy_compiler). torch's flag is process-wide for a whole compile, so an eager call on another thread meanwhile
+    takes the op too: the same numbers, the compiler imported already."""
     return _IS_COMPILING is not None and bool(_IS_COMPILING())
 
 
@@ -84,7 +86,11 @@ def compiler(recompile_limit: int = 0):
         _dynamo.config.cache_size_limit = max(_dynamo.config.cache_size_limit, _RECOMPILE_LIMIT[0])
         deferred, _BEFORE_COMPILE[:] = list(_BEFORE_COMPILE), []
         for fn in deferred:
-            fn()
+            try:
+                fn()
+            except Exception as e:  # noqa: BLE001 - each is a cache's or an option's: a failure costs recompiles
+                logging.getLogger(__name__).warning("before the first compile: %s failed (%s: %s)",
+                                                    getattr(fn, "__name__", fn), type(e).__name__, e)
     return _dynamo
 
 
@@ -104,7 +110,8 @@ def want_recompile_limit(n: int) -> None:
     its import through compiler() (the compile units' first compile)."""
     import sys
 
-    _RECOMPILE_LIMIT[0] = max(_RECOMPILE_LIMIT[0], n)
+    with _COMPILER_LOCK:
+        _RECOMPILE_LIMIT[0] = max(_RECOMPILE_LIMIT[0], n)
     if "torch._dynamo" in sys.modules:
         compiler()
 

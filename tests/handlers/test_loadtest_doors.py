@@ -40,7 +40,9 @@ def test_json_lines_give_the_audio_of_each_completed_line_and_stop_at_an_error()
     assert lines.rate == 16000
     assert lines.feed(b'dio": "Aw') == b"" and not lines.done  # a line over several reads
     assert lines.feed(b'Q="}\n{"done": true}\n') == b"\x03\x04"
-    assert lines.done
+    assert lines.done and lines.close() == b""
+    last = JsonLines()  # a body whose last line has no newline: close() parses it
+    assert last.feed(b'{"audio": "BQ=="}') == b"" and last.close() == b"\x05"
     with pytest.raises(RecordError, match="too long"):
         JsonLines().feed(b'{"error": "the text is too long"}\n')
 
@@ -129,8 +131,12 @@ def test_the_job_queue_reads_chunked_and_bad_bodies_whole_on_a_kept_alive_connec
         bad = conn.getresponse()
         assert bad.status == 400 and b"not JSON" in bad.read()
         conn.request("POST", "/job-done/w/j1", body=b'{"output": []}')  # the same connection, still in step
-        assert conn.getresponse().status == 200
+        ok = conn.getresponse()
+        assert ok.status == 200 and ok.read() == b"{}"
         assert queue.streamed["j1"] == [[{"audio": "AAEC"}]] and queue.done["j1"] == {"output": []}
+        conn.request("POST", "/job-done/w/j2", body=b"{}", headers={"Content-Length": "-2"})
+        bad = conn.getresponse()  # the body's end is unknown: answered, and the connection closed
+        assert bad.status == 400 and b"not a length" in bad.read() and bad.getheader("Connection") == "close"
         conn.close()
     finally:
         queue.stop()

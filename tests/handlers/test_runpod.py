@@ -201,7 +201,7 @@ def test_worker_loop_streams_batches_reports_progress_and_drains(tmp_path):
         time.sleep(2)
         assert "stopped" not in queue.done  # a stopped job posts nothing; its slot is freed
         assert max(len(ids) for _, ids in queue.taken) >= 2, queue.taken  # jobs taken together, batched
-        assert any(r.startswith("GET /job-take-batch/fake-worker") for r in queue.requests)
+        assert any(r.startswith("GET /job-take-batch/fake-worker") for r in list(queue.requests))  # a snapshot
         # streams ran at once (one engine batch): some two of the streamed jobs overlap in time. Not a fixed pair:
         # a short job may finish before a long one's text is planned (seen in CI with engine processes)
         spans = {j: (t[0], t[-1]) for j, t in queue.stream_times.items() if j in ("stream", "long", "stopped")}

@@ -15,7 +15,7 @@ from ttsengine.model.kernels.paged_attention import (
     paged_decode_reference,
     paged_write_decode_triton,
     write_and_attend,
-    write_and_attend_qkv_op,
+    write_and_attend_qkv,
 )
 from ttsengine.model.kernels.triton_support import next_pow2, triton_available
 from ttsengine.model.layers import Attention, attend, rope_table
@@ -100,7 +100,7 @@ def test_next_pow2_gives_the_block_extents():
     assert [next_pow2(x) for x in (0, 1, 2, 3, 16, 17, 1000, 1024)] == [1, 1, 2, 4, 16, 32, 1024, 1024]
 
 
-# ---- write_and_attend_qkv_op: q/k-norm and RoPE inside the kernel ----------------------------------------------
+# ---- write_and_attend_qkv: q/k-norm and RoPE inside the kernel -------------------------------------------------
 EPS = 1e-6
 
 
@@ -118,7 +118,7 @@ def qkv_inputs(B, H, Hk, d, pos, norm, seed=0, dtype=torch.float32, device="cpu"
 
 
 def run_qkv(qkv, rope, q_norm, k_norm, kv, table, pos, H, use_triton, splits=1):
-    out = write_and_attend_qkv_op()(qkv, rope, q_norm, k_norm, EPS, kv.k, kv.v, table, pos, H, use_triton, False,
+    out = write_and_attend_qkv(qkv, rope, q_norm, k_norm, EPS, kv.k, kv.v, table, pos, H, use_triton, False,
                                     splits)
     return out, kv
 
@@ -237,7 +237,7 @@ def test_qkv_kernel_replays_in_a_cuda_graph():
     full_rope = rope_table(200, d, 1e6).cuda()
 
     def step(k_pool, v_pool):
-        return write_and_attend_qkv_op()(qkv, rope, q_norm, k_norm, EPS, k_pool, v_pool, table, pos, H, True)
+        return write_and_attend_qkv(qkv, rope, q_norm, k_norm, EPS, k_pool, v_pool, table, pos, H, True)
 
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())

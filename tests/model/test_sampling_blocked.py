@@ -37,3 +37,28 @@ def test_blocked_sampler_draws_the_same_tokens():
     counter = torch.arange(6) * 10
     args = (logits, p.temperature, p.top_p, p.repetition_penalty, ids, p.seed_lo, p.seed_hi, counter)
     assert torch.equal(sample_token_blocked(*args), sample_token(*args))
+
+
+def test_a_trace_keeps_top_p_as_its_custom_op():
+    """With the op registered (compile on), torch.compile's graph of the sampler holds ttsengine::top_p_filter, opaque
+    (compat.compiling routes a trace to it; an eager call takes the function, whose result it equals)."""
+    import pytest
+
+    from ttsengine.compat import custom_ops_available
+    from ttsengine.model.sampling import logits_to_probs, register_top_p_op
+
+    if not custom_ops_available():
+        pytest.skip("torch < 2.4: no custom ops")
+    register_top_p_op()
+    graphs = []
+
+    def keep(gm, inputs):  # a backend that only records the graph Dynamo hands it
+        graphs.append(gm)
+        return gm.forward
+
+    g = torch.Generator().manual_seed(5)
+    logits, ones, top_p = torch.randn(3, 40, generator=g), torch.ones(3), torch.full((3,), 0.8)
+    got = torch.compile(logits_to_probs, backend=keep, fullgraph=True)(logits, ones, top_p, ones)
+    torch.testing.assert_close(got, logits_to_probs(logits, ones, top_p, ones))
+    targets = [str(n.target) for gm in graphs for n in gm.graph.nodes if n.op == "call_function"]
+    assert any("top_p_filter" in t for t in targets), targets

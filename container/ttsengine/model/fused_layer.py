@@ -20,7 +20,7 @@ from collections.abc import Callable
 
 from torch import Tensor, nn
 
-from .kernels.paged_attention import attention_splits, write_and_attend_qkv_eager
+from .kernels.paged_attention import attention_splits, write_and_attend_qkv
 from .kernels.small_linear import SMALL_LINEAR_MAX_ROWS, small_linear
 from .quant import Int8Linear
 
@@ -63,7 +63,7 @@ def make_layer(use_triton: bool, pdl: bool = False, max_splits: int = 1) -> Call
     TTS_FEATURES split_attention); a pool of one page per row (the fast layers') is never split."""
     # the functions themselves, not their custom ops: nothing traces these layers (they run eager or in CUDA graphs),
     # and an op's first call would import torch._dynamo on a start's path (compat.compiling)
-    lin, attend = _plain_linear, write_and_attend_qkv_eager
+    lin, attend = _plain_linear, write_and_attend_qkv
 
     def layer_step(layer: nn.Module, x: Tensor, rope: Tensor, k_pool: Tensor, v_pool: Tensor, table: Tensor,
                    pos: Tensor) -> Tensor:

@@ -10,7 +10,7 @@ Two implementations of the decode step's write + attention, same math:
   streams that row's earlier pages with an online softmax; no gather, no scan of max_seq_len; works
   inside CUDA graphs (positions are read on the device).
 
-`write_and_attend_qkv_op` is the same step from the raw wqkv output: the kernel also applies the per-head
+`write_and_attend_qkv` is the same step from the raw wqkv output: the kernel also applies the per-head
 q/k RMSNorm and RoPE (Attention.project's math and roundings), so a layer launches no separate kernels for them.
 """
 
@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
-from typing import Optional
 
 import torch
 import torch.nn.functional as F
@@ -109,31 +108,24 @@ def _write_and_attend(q: Tensor, k: Tensor, v: Tensor, k_pool: Tensor, v_pool: T
     return paged_decode_reference(q, kv, page_table, (pos + 1).to(torch.int32))
 
 
-def write_and_attend_qkv_op():
-    """-> fn(qkv, rope, q_norm, k_norm, eps, k_pool, v_pool, page_table, pos, n_head, use_triton, pdl=False,
-    splits=1) -> y [B, H, d]:
-    the decode step's attention from the raw wqkv output. qkv: [B, (H + 2 * Hk) * d], one position per row,
-    split q | k | v head-major as Attention.project splits it (H = n_head; Hk, d from k_pool); rope: [B, d/2, 2]
-    (cos, sin) at each row's position; q_norm, k_norm: per-head RMSNorm weights [d], both or neither (None).
-    Normalises and rotates q and k as Attention.project does, then is write_and_attend_op's step (pdl: the Triton
-    kernel launched as a programmatic dependent where that runs, kernels/launch.py; splits: its pages shared by that
-    many programs per row and head, paged_write_decode_qkv_triton). A registered
-    custom op where torch has them (>= 2.4); the plain function otherwise."""
-    op = _custom_op_qkv()
-    return op if op is not None else _write_and_attend_qkv
+def write_and_attend_qkv(qkv: Tensor, rope: Tensor, q_norm: Tensor | None, k_norm: Tensor | None, eps: float,
+                         k_pool: Tensor, v_pool: Tensor, page_table: Tensor, pos: Tensor, n_head: int,
+                         use_triton: bool, pdl: bool = False, splits: int = 1) -> Tensor:
+    """The decode step's attention from the raw wqkv output -> y [B, H, d]. qkv: [B, (H + 2 * Hk) * d], one position
+    per row, split q | k | v head-major as Attention.project splits it (H = n_head; Hk, d from k_pool); rope:
+    [B, d/2, 2] (cos, sin) at each row's position; q_norm, k_norm: per-head RMSNorm weights [d], both or neither
+    (None). Normalises and rotates q and k as Attention.project does, then is write_and_attend_op's step (pdl: the
+    Triton kernel launched as a programmatic dependent where that runs, kernels/launch.py; splits: its pages shared
+    by that many programs per row and head, paged_write_decode_qkv_triton). A plain function, no custom op: only the
+    fused layers call it, which nothing traces (they run eager or in CUDA graphs; an op's first call would import
+    torch._dynamo)."""
+    return _write_and_attend_qkv(qkv, rope, q_norm, k_norm, eps, k_pool, v_pool, page_table, pos, n_head,
+                                 use_triton, pdl, splits)
 
 
-def write_and_attend_qkv_eager(*args) -> Tensor:
-    """write_and_attend_qkv_op's step called as a function (the fused layers, which nothing traces): the op's
-    wrapper would import torch._dynamo at its first call."""
-    return _write_and_attend_qkv(*args)
-
-
-def _write_and_attend_qkv(qkv: Tensor, rope: Tensor, q_norm: Optional[Tensor],  # noqa: UP045
-                          k_norm: Optional[Tensor], eps: float, k_pool: Tensor, v_pool: Tensor,  # noqa: UP045
-                          page_table: Tensor, pos: Tensor, n_head: int, use_triton: bool, pdl: bool = False,
-                          splits: int = 1) -> Tensor:
-    # (Optional, not `| None`: custom_op's schema inference on older torch reads only the typing spelling)
+def _write_and_attend_qkv(qkv: Tensor, rope: Tensor, q_norm: Tensor | None, k_norm: Tensor | None, eps: float,
+                          k_pool: Tensor, v_pool: Tensor, page_table: Tensor, pos: Tensor, n_head: int,
+                          use_triton: bool, pdl: bool = False, splits: int = 1) -> Tensor:
     if use_triton:
         return paged_write_decode_qkv_triton(qkv, rope, q_norm, k_norm, eps, PagedKV(k_pool, v_pool), page_table,
                                              pos, n_head, pdl, splits)
@@ -157,20 +149,9 @@ def _qkv_out_dtype(qkv: Tensor, q_norm: Tensor | None) -> torch.dtype:
     return qkv.dtype if q_norm is None else torch.promote_types(qkv.dtype, q_norm.dtype)
 
 
-def _write_and_attend_qkv_fake(qkv: Tensor, rope: Tensor, q_norm: Tensor | None, k_norm: Tensor | None, eps: float,
-                               k_pool: Tensor, v_pool: Tensor, page_table: Tensor, pos: Tensor, n_head: int,
-                               use_triton: bool, pdl: bool = False, splits: int = 1) -> Tensor:
-    return qkv.new_empty((qkv.shape[0], n_head, k_pool.shape[3]), dtype=_qkv_out_dtype(qkv, q_norm))
-
-
 @functools.lru_cache(maxsize=1)
 def _custom_op():
     return _register_op("paged_write_and_attend", _write_and_attend, lambda q, *args: torch.empty_like(q))
-
-
-@functools.lru_cache(maxsize=1)
-def _custom_op_qkv():
-    return _register_op("paged_write_and_attend_qkv", _write_and_attend_qkv, _write_and_attend_qkv_fake)
 
 
 def _register_op(name: str, fn, fake):

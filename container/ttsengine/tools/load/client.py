@@ -42,6 +42,8 @@ async def _one(client, url: str, body: dict, headers: dict, door: str = "http") 
                 if chunk:
                     add_piece(out, parts, time.perf_counter() - t0, chunk if lines is None else lines.feed(chunk))
             if lines is not None:
+                if last := lines.close():
+                    add_piece(out, parts, time.perf_counter() - t0, last)
                 out["rate"] = lines.rate or out["rate"]
                 if not lines.done:
                     out["error"] = "the stream ended without its closing {\"done\": ...} record"

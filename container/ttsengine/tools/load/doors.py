@@ -56,3 +56,7 @@ class JsonLines:
                 self.done = self.done or bool(record.get("done"))
                 out.append(audio_of(record))
         return b"".join(out)
+
+    def close(self) -> bytes:
+        """The body ended: the audio of a last line sent without its newline (b"" when there is none)."""
+        return self.feed(b"\n")

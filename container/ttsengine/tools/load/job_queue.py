@@ -31,6 +31,10 @@ def worker_env(base: str, pod: str = "fake-worker") -> dict[str, str]:
 KEPT = 4096  # calls kept in `requests` and `taken` (what tests inspect): a long load run must not grow them
 
 
+class BodyError(ValueError):
+    """A request body whose length cannot be read (a bad Content-Length or chunk size)."""
+
+
 class JobQueue:
     def __init__(self, host: str = "127.0.0.1", port: int = 0):
         self.jobs: deque[dict] = deque()
@@ -152,6 +156,8 @@ class JobQueue:
             def _reply(self, status: int, payload=None) -> None:
                 data = b"" if payload is None else json.dumps(payload).encode()
                 self.send_response(status)
+                if self.close_connection:
+                    self.send_header("Connection", "close")
                 if payload is not None:
                     self.send_header("Content-Type", "application/json")
                 if status != 204:  # a 204 has no body and no length
@@ -161,11 +167,23 @@ class JobQueue:
 
             def _body(self) -> bytes:
                 """The request's body, sent with a Content-Length or chunked (a kept-alive connection must read it
-                whole either way, or the next request starts inside it)."""
+                whole either way, or the next request starts inside it); BodyError for a length that is not one."""
                 if "chunked" not in self.headers.get("Transfer-Encoding", "").lower():
-                    return self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                    length = self.headers.get("Content-Length") or "0"
+                    if not length.isdigit():
+                        raise BodyError(f"Content-Length {length!r} is not a length")
+                    return self.rfile.read(int(length))
                 data = bytearray()
-                while size := int(self.rfile.readline().split(b";")[0].strip() or b"0", 16):
+                while True:
+                    line = self.rfile.readline().split(b";")[0].strip() or b"0"
+                    try:
+                        size = int(line, 16)
+                    except ValueError:
+                        raise BodyError(f"chunk size {line[:20]!r} is not hexadecimal") from None
+                    if size < 0:
+                        raise BodyError(f"chunk size {line[:20]!r} is negative")
+                    if size == 0:
+                        break
                     data += self.rfile.read(size)
                     self.rfile.readline()  # the CRLF after each chunk
                 while self.rfile.readline() not in (b"\r\n", b"\n", b""):  # trailers up to the blank line
@@ -192,8 +210,14 @@ class JobQueue:
                 queue.requests.append(f"POST {url.path}")
                 parts = url.path.split("/")  # /job-done/<worker>/<job id>
                 try:
-                    body = json.loads(self._body() or b"{}")
-                except ValueError as e:  # not JSON, or a length that is not a number
+                    raw = self._body()
+                except BodyError as e:  # the body's end is unknown: this connection cannot carry another request
+                    self.close_connection = True
+                    self._reply(400, {"error": f"unreadable body: {e}"})
+                    return
+                try:
+                    body = json.loads(raw or b"{}")
+                except ValueError as e:
                     self._reply(400, {"error": f"the body is not JSON: {e}"})
                     return
                 if parts[1] in ("job-done", "job-stream") and len(parts) == 4:

@@ -119,7 +119,7 @@ class KernelCache:
         if self.directory is None:
             return None
         self.save_metadata()
-        compat.compiler()  # the artifacts a start deferred (setup) loaded first: a blob never drops what it had
+        compat.compiler()  # what setup deferred (the blob's artifacts) loaded before torch gathers what it has
         artifacts = compat.save_cache_artifacts()
         dirs = ("triton", self.precompiled_dir.name) + (() if artifacts is not None else ("inductor",))
         buf = io.BytesIO()

@@ -91,9 +91,11 @@ class Compiled:
         self.batch_args, self.max_batch = batch_args, max(max_batch, 3)
 
     def __call__(self, *args):
-        _dynamo = compiler()
         if self.fn is None:
+            compiler()  # the import, the recompile limit and what the kernel cache deferred to the first compile
             self.fn = torch.compile(self.source, dynamic=None)
+        from torch import _dynamo
+
         for i in self.batch_args:
             if dynamic_batch(args[i]):
                 _dynamo.mark_dynamic(args[i], 0, min=2, max=self.max_batch)
