@@ -97,21 +97,23 @@ def compiler(recompile_limit: int = 0):
 def before_first_compile(fn: Callable[[], None]) -> None:
     """fn() at the first compiler() call, or now if the compiler is imported already (e.g. the kernel cache's
     Inductor options and artifacts: importing torch._inductor imports torch._dynamo too)."""
-    import sys
-
     with _COMPILER_LOCK:
         _BEFORE_COMPILE.append(fn)
-    if "torch._dynamo" in sys.modules:
-        compiler()
+    _now_if_imported()
 
 
 def want_recompile_limit(n: int) -> None:
     """Asks for torch._dynamo's cache_size_limit to be at least n, applied now if the compiler is imported, else at
     its import through compiler() (the compile units' first compile)."""
-    import sys
-
     with _COMPILER_LOCK:
         _RECOMPILE_LIMIT[0] = max(_RECOMPILE_LIMIT[0], n)
+    _now_if_imported()
+
+
+def _now_if_imported() -> None:
+    """compiler() at once when something has imported torch._dynamo already (nothing left to save by waiting)."""
+    import sys
+
     if "torch._dynamo" in sys.modules:
         compiler()
 

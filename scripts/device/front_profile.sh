@@ -12,9 +12,9 @@ C=${C:-256} FRAMES=${FRAMES:-192} PROCS=${PROCS:-4} FORMAT=${FORMAT:-pcm} CKPT=$
 CACHE=${CACHE:-/tmp/front-profile-cache} PORT=8080 URL=http://127.0.0.1:8080
 random_checkpoint "$CKPT" "$W/write.log" || exit 1
 PROFILE_OUT=$OUT/front.prof TTS_MODEL_DIR="$CKPT" TTS_CACHE_DIR="$CACHE" TTS_PORT=$PORT TTS_LOG_LEVEL=WARNING \
-  TTS_MAX_BATCH=$C python3 scripts/device/front_profile.py > "$W/server.log" 2>&1 &
+  TTS_MAX_BATCH=$C python3 scripts/device/front_profile.py > "$W/server-front.log" 2>&1 &
 PID=$!
-python3 scripts/device/wait_ready.py "$PORT" "$PID" 240 kernel_cache || { tail -30 "$W/server.log"; exit 1; }
+python3 scripts/device/wait_ready.py "$PORT" "$PID" 240 kernel_cache || { tail -30 "$W/server-front.log"; exit 1; }
 lt() { timeout 120 python3 -m ttsengine loadtest "$URL" --max-new-tokens "$FRAMES" --processes "$PROCS" \
   --concurrency "$C" --format "$FORMAT" --out "$W/$1" > "$W/$1.log" 2>&1; echo "loadtest $1 exit $?"
   grep -E "first audio|audio-s/s|rtf" "$W/$1.log" | head -4; }
@@ -26,6 +26,6 @@ if [ -x "$SPY" ]; then
 fi
 lt spied; [ -n "${SP:-}" ] && { wait "$SP"; tail -3 "$W/spy.log"; }
 kill -USR1 "$PID"; lt profiled; kill -USR2 "$PID"; sleep 3
-kill -TERM "$PID"; wait "$PID"; echo "server exit $?: $(grep -c Traceback "$W/server.log") tracebacks"
+server_down "$PID" front
 [ -f "$OUT/spy.txt" ] && python3 scripts/device/spy_leaves.py "$OUT/spy.txt"
 [ -f "$OUT/front.prof.txt" ] && sed -n 1,70p "$OUT/front.prof.txt"

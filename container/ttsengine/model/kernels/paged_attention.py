@@ -84,7 +84,7 @@ def write_and_attend_op():
     of its row -> [B, H, d]. A registered custom op where torch has them (>= 2.4), so torch.compile
     neither traces the kernel nor copies the pools; the plain function otherwise."""
     op = _custom_op()
-    return op if op is not None else _write_and_attend
+    return op if op is not None else write_and_attend_eager
 
 
 def write_and_attend(q: Tensor, k: Tensor, v: Tensor, kv: PagedKV, page_table: Tensor, pos: Tensor,
@@ -94,13 +94,8 @@ def write_and_attend(q: Tensor, k: Tensor, v: Tensor, kv: PagedKV, page_table: T
 
 def write_and_attend_eager(q: Tensor, k: Tensor, v: Tensor, k_pool: Tensor, v_pool: Tensor, page_table: Tensor,
                            pos: Tensor, use_triton: bool) -> Tensor:
-    """write_and_attend_op's step called as a function, where nothing traces it (compat.compiling): the op's
-    wrapper would import torch._dynamo at its first call."""
-    return _write_and_attend(q, k, v, k_pool, v_pool, page_table, pos, use_triton)
-
-
-def _write_and_attend(q: Tensor, k: Tensor, v: Tensor, k_pool: Tensor, v_pool: Tensor, page_table: Tensor,
-                      pos: Tensor, use_triton: bool) -> Tensor:
+    """write_and_attend_op's step as a function (what its op registers), called where nothing traces it
+    (compat.compiling): the op's wrapper would import torch._dynamo at its first call."""
     kv = PagedKV(k_pool, v_pool)
     if use_triton:
         return paged_write_decode_triton(q, k, v, kv, page_table, pos)
@@ -119,13 +114,6 @@ def write_and_attend_qkv(qkv: Tensor, rope: Tensor, q_norm: Tensor | None, k_nor
     by that many programs per row and head, paged_write_decode_qkv_triton). A plain function, no custom op: only the
     fused layers call it, which nothing traces (they run eager or in CUDA graphs; an op's first call would import
     torch._dynamo)."""
-    return _write_and_attend_qkv(qkv, rope, q_norm, k_norm, eps, k_pool, v_pool, page_table, pos, n_head,
-                                 use_triton, pdl, splits)
-
-
-def _write_and_attend_qkv(qkv: Tensor, rope: Tensor, q_norm: Tensor | None, k_norm: Tensor | None, eps: float,
-                          k_pool: Tensor, v_pool: Tensor, page_table: Tensor, pos: Tensor, n_head: int,
-                          use_triton: bool, pdl: bool = False, splits: int = 1) -> Tensor:
     if use_triton:
         return paged_write_decode_qkv_triton(qkv, rope, q_norm, k_norm, eps, PagedKV(k_pool, v_pool), page_table,
                                              pos, n_head, pdl, splits)
@@ -134,7 +122,7 @@ def _write_and_attend_qkv(qkv: Tensor, rope: Tensor, q_norm: Tensor | None, k_no
     if q_norm is not None:
         q, k = rms_norm(q, q_norm, eps), rms_norm(k, k_norm, eps)
     q, k = apply_rope(q, rope[:, None]), apply_rope(k, rope[:, None])
-    return _write_and_attend(q[:, 0], k[:, 0], v[:, 0], k_pool, v_pool, page_table, pos, False)
+    return write_and_attend_eager(q[:, 0], k[:, 0], v[:, 0], k_pool, v_pool, page_table, pos, False)
 
 
 def _split_heads(qkv: Tensor, n_head: int, n_kv: int, d: int) -> tuple[Tensor, Tensor, Tensor]:
@@ -151,7 +139,7 @@ def _qkv_out_dtype(qkv: Tensor, q_norm: Tensor | None) -> torch.dtype:
 
 @functools.lru_cache(maxsize=1)
 def _custom_op():
-    return _register_op("paged_write_and_attend", _write_and_attend, lambda q, *args: torch.empty_like(q))
+    return _register_op("paged_write_and_attend", write_and_attend_eager, lambda q, *args: torch.empty_like(q))
 
 
 def _register_op(name: str, fn, fake):
