@@ -3,7 +3,8 @@
 # once by the checkpoint writer of `warm --write-checkpoint`, kept in $CKPT between calls on a warm machine), `python -m ttsengine soak`
 # with 256 clients for 8 minutes (streams in every format, a stored voice, hang-ups, SSE, bad requests), then
 # SIGTERM and the drain. Prints the per-minute table and the server's errors.
-# Usage: scripts/device/soak.sh   (env: CKPT, CACHE, CLIENTS=256, MINUTES=8, INTERVAL=60)
+# Usage: scripts/device/soak.sh   (env: CKPT, CACHE, CLIENTS=256, MINUTES=8, INTERVAL=60, PROCS=4 client processes,
+#   FORMAT_SETS)
 set -uo pipefail
 OUT=${OUT:-device-out}
 mkdir -p "$OUT"
@@ -19,7 +20,7 @@ PID=$!
 python3 scripts/device/wait_ready.py "$PORT" "$PID" 400 kernel_cache max_streams memory_preset || { tail -30 "$OUT/server.log"; kill $PID; exit 1; }
 for formats in ${FORMAT_SETS:-pcm,wav,mp3,opus,flac}; do  # one soak per set, against the same server
   echo "## formats $formats"
-  python3 -m ttsengine soak "http://127.0.0.1:$PORT" --clients "${CLIENTS:-256}" --minutes "${MINUTES:-8}" \
+  python3 -m ttsengine soak "http://127.0.0.1:$PORT" --clients "${CLIENTS:-256}" --processes "${PROCS:-4}" --minutes "${MINUTES:-8}" \
     --interval "${INTERVAL:-60}" --formats "$formats" --server-pid $PID --out "$OUT/soak-${formats//,/-}" \
     2> "$OUT/soak.err"
   echo "soak exit $?"

@@ -6,8 +6,8 @@ purpose), rejected (a bad request answered with a 4xx JSON error, as it should b
 unexpected (anything else: a 5xx, a good request refused, a bad one accepted, a broken or empty body) or hang
 (no byte for --stall seconds). Per minute: the counts, audio seconds per second, first audio p50/p95 (of the
 streamed formats: FLAC is sent whole, when the audio ends), the server's RSS (--server-pid) and the engines'
-GPU memory (/metrics). Writes soak.json; exits 1 when any request
-was unexpected or hung.
+GPU memory (/metrics). `--processes N` deals the clients over N client processes (their CPU use is printed).
+Writes soak.json; exits 1 when any request was unexpected or hung.
 """
 
 from __future__ import annotations
@@ -18,7 +18,9 @@ import io
 import json
 import random
 import time
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass, field
+from multiprocessing import get_context
 from pathlib import Path
 
 from . import report as report_page
@@ -96,12 +98,12 @@ def draw(rng: random.Random, voice: str | None, max_frames: int, formats: tuple[
 async def run_one(client, url: str, plan: Plan, headers: dict, t_start: float) -> Outcome:
     import httpx
 
-    t0 = time.perf_counter()
+    t0 = time.monotonic()
     first = None
 
     def done(kind: str, audio_s: float = 0.0, detail: str = "") -> Outcome:
         ms = None if first is None else (first - t0) * 1000
-        return Outcome(time.perf_counter() - t_start, kind, ms, audio_s, detail[:300],
+        return Outcome(time.monotonic() - t_start, kind, ms, audio_s, detail[:300],
                        plan.body.get("response_format") != "flac")
 
     content = plan.raw if plan.action == "bad" else json.dumps(plan.body).encode()
@@ -121,7 +123,7 @@ async def run_one(client, url: str, plan: Plan, headers: dict, t_start: float) -
             async for chunk in r.aiter_raw():
                 if not chunk:
                     continue
-                first = first or time.perf_counter()
+                first = first or time.monotonic()
                 parts.append(chunk)
                 n += 1
                 if plan.action == "cut" and n >= plan.cut_after:
@@ -199,43 +201,92 @@ async def make_voice(client, url: str, headers: dict, seconds: float) -> str:
     return voice
 
 
-async def soak(args) -> dict:
+START_S = 3.0  # with --processes: the client processes begin together this long after they are handed out
+
+
+def http_client(args, connections: int):
     import httpx
 
-    url = args.url.rstrip("/")
-    headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
-    limits = httpx.Limits(max_connections=args.clients + 4, max_keepalive_connections=args.clients + 4)
-    timeout = httpx.Timeout(args.stall, connect=30)
+    limits = httpx.Limits(max_connections=connections + 4, max_keepalive_connections=connections + 4)
+    return httpx.AsyncClient(timeout=httpx.Timeout(args.stall, connect=30), limits=limits)
+
+
+async def clients(args, url: str, indices: list[int], voice: str | None, headers: dict, t_start: float,
+                  end: float) -> list[Outcome]:
+    """Clients `indices` (each its own seeded draws) until `end` (time.monotonic()) -> their outcomes."""
     outcomes: list[Outcome] = []
-    samples: list[tuple[float, float | None, float | None, float | None]] = []  # (t, rss, gpu, active)
-    async with httpx.AsyncClient(timeout=timeout, limits=limits) as client:
-        voice = args.voice or (await make_voice(client, url, headers, args.voice_seconds)
-                               if args.voice_seconds > 0 else None)
-        t_start = time.perf_counter()
-        end = t_start + args.minutes * 60
+    async with http_client(args, len(indices)) as client:
+        await asyncio.sleep(max(0.0, t_start - time.monotonic()))
 
         async def client_loop(i: int) -> None:
             rng = random.Random(args.seed * 100003 + i)
             await asyncio.sleep(rng.random() * min(5.0, args.minutes * 6))  # arrivals spread, not one burst
-            while time.perf_counter() < end:
+            while time.monotonic() < end:
                 plan = draw(rng, voice, args.max_frames, args.formats)
                 outcomes.append(await run_one(client, url, plan, headers, t_start))
 
+        await asyncio.gather(*(client_loop(i) for i in indices))
+    return outcomes
+
+
+def client_process(args, url: str, indices: list[int], voice: str | None, headers: dict, t_start: float,
+                   end: float) -> tuple[list[Outcome], float]:
+    """One client process's share -> (its outcomes, its CPU seconds)."""
+    cpu0 = time.process_time()
+    outcomes = asyncio.run(clients(args, url, indices, voice, headers, t_start, end))
+    return outcomes, time.process_time() - cpu0
+
+
+async def soak(args) -> dict:
+    """The clients, in this process's loop or dealt round-robin over --processes spawned processes (the load
+    generator's CPU must not be what limits a 256-client soak); the server sampled from here meanwhile."""
+    url = args.url.rstrip("/")
+    headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
+    samples: list[tuple[float, float | None, float | None, float | None]] = []  # (t, rss, gpu, active)
+    n = min(args.processes, args.clients)
+    shares = [list(range(k, args.clients, n)) for k in range(n)]
+    async with http_client(args, 4) as client:
+        voice = args.voice or (await make_voice(client, url, headers, args.voice_seconds)
+                               if args.voice_seconds > 0 else None)
+        t_start = time.monotonic() + (START_S if n > 1 else 0.0)
+        end = t_start + args.minutes * 60
+        cpu0 = time.process_time()
+
         async def sampler() -> None:
+            await asyncio.sleep(max(0.0, t_start - time.monotonic()))
             while True:
                 gpu, active = await scrape(client, url, headers)
-                samples.append((time.perf_counter() - t_start, read_rss_mb(args.server_pid), gpu, active))
-                if time.perf_counter() >= end:
+                samples.append((time.monotonic() - t_start, read_rss_mb(args.server_pid), gpu, active))
+                if time.monotonic() >= end:
                     return
-                await asyncio.sleep(min(args.interval, max(0.1, end - time.perf_counter())))
+                await asyncio.sleep(min(args.interval, max(0.1, end - time.monotonic())))
 
-        await asyncio.gather(sampler(), *(client_loop(i) for i in range(args.clients)))
-        wall = time.perf_counter() - t_start
+        if n == 1:
+            parts = [clients(args, url, shares[0], voice, headers, t_start, end)]
+        else:
+            loop = asyncio.get_running_loop()
+            pool = ProcessPoolExecutor(n, mp_context=get_context("spawn"))
+            parts = [loop.run_in_executor(pool, client_process, args, url, share, voice, headers, t_start, end)
+                     for share in shares]
+        try:
+            done = await asyncio.gather(sampler(), *parts)
+        finally:
+            if n > 1:
+                pool.shutdown(cancel_futures=True)
+        wall = time.monotonic() - t_start
+    if n == 1:
+        outcomes, cpu = done[1], [time.process_time() - cpu0]
+    else:
+        outcomes = [o for part, _ in done[1:] for o in part]
+        cpu = [c for _, c in done[1:]]
+    outcomes.sort(key=lambda o: o.t)
     minutes = summarize(outcomes, samples, args.interval, wall)
     counts = {k: sum(o.kind == k for o in outcomes) for k in KINDS}
     examples = {k: next(o.detail for o in outcomes if o.kind == k) for k in ("unexpected", "hang") if counts[k]}
-    return {"url": url, "clients": args.clients, "minutes": args.minutes, "wall_s": wall, "voice": voice,
-            "counts": counts, "examples": examples, "per_interval": [asdict(m) for m in minutes]}
+    return {"url": url, "clients": args.clients, "processes": n, "minutes": args.minutes, "wall_s": wall,
+            "voice": voice, "counts": counts, "examples": examples,
+            "client_cpu_pct": [round(100 * c / wall) for c in cpu], "per_interval": [asdict(m) for m in minutes],
+            "whole": asdict(summarize(outcomes, samples, wall, wall)[0])}  # the soak as one interval
 
 
 def summarize(outcomes: list[Outcome], samples: list, interval: float, wall: float) -> list[Minute]:
@@ -266,6 +317,8 @@ def main(argv: list[str] | None = None) -> int:
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("url", help="server base URL, e.g. http://127.0.0.1:8080")
     ap.add_argument("--clients", type=int, default=256, help="concurrent clients (default 256)")
+    ap.add_argument("--processes", type=int, default=1, help="client processes sharing the clients (default 1; "
+                    "each one's CPU use is printed: a busy load generator delays what it measures)")
     ap.add_argument("--minutes", type=float, default=8.0)
     ap.add_argument("--interval", type=float, default=60.0, help="seconds per table row (default 60)")
     ap.add_argument("--max-frames", type=int, default=200, help="longest request in frames (~21.5 per second)")
@@ -278,8 +331,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--api-key")
     ap.add_argument("--out", type=Path, default=Path("soak-out"))
     args = ap.parse_args(argv)
-    if args.clients < 1 or args.minutes <= 0 or args.interval <= 0:
-        raise SystemExit("soak: --clients, --minutes and --interval must be positive")
+    if args.clients < 1 or args.processes < 1 or args.minutes <= 0 or args.interval <= 0:
+        raise SystemExit("soak: --clients, --processes, --minutes and --interval must be positive")
     args.formats = tuple(f.strip() for f in args.formats.split(","))
     if not set(args.formats) <= set(FORMATS):
         raise SystemExit(f"soak: --formats takes {', '.join(FORMATS)}")
@@ -289,9 +342,10 @@ def main(argv: list[str] | None = None) -> int:
     cols = ("minute", *KINDS, "audio_s_per_s", "first_audio_p50_ms", "first_audio_p95_ms", "rss_mb", "gpu_mb",
             "active_streams")
     print(" | ".join(cols))
-    for row in report["per_interval"]:
+    for row in [*report["per_interval"], {**report["whole"], "minute": "all"}]:
         print(" | ".join(report_page.fmt(row["counts"][k] if k in KINDS else row[k]) for k in cols))
     print("total:", ", ".join(f"{k} {v}" for k, v in report["counts"].items()))
+    print(f"load generator: {report['processes']} process(es), CPU % each: {report['client_cpu_pct']}")
     for kind, detail in report["examples"].items():
         print(f"{kind}, e.g.: {detail}")
     print(f"report: {args.out / 'soak.json'}")
