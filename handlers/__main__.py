@@ -18,9 +18,10 @@ def main(argv: list[str] | None = None) -> int:
         modes = "\n".join(f"  {name:<7} {help_}" for name, (_, help_) in MODES.items())
         print(f"usage: python -m handlers {{{'|'.join(MODES)}}} [args]\n{modes}", file=sys.stderr)
         return 2
-    from ttsengine import read_weights_ahead  # light: the configuration and a reader, no torch
+    from ttsengine import build_kernels_ahead, read_weights_ahead  # light: the configuration, a reader, no torch
 
     read_weights_ahead()  # the disk reads the weights while the adapter imports torch and its web framework
+    build_kernels_ahead()  # an empty kernel cache: our Triton kernels compile in other processes meanwhile
     module = importlib.import_module(MODES[argv[0]][0])
     return module.main(argv[1:])
 

@@ -26,7 +26,7 @@ _FROM = {  # public name -> (module, its name there)
                                    "ShuttingDown", "TTSError")},
     **{n: (".serving.delivery", n) for n in ("audio_bytes", "audio_record", "sse_events", "whole")},
     **{n: (".serving.download", n) for n in ("ensure_model", "model_origin")},
-    "read_weights_ahead": (".serving.prefetch", "read_weights_ahead"),
+    **{n: (".serving.prefetch", n) for n in ("build_kernels_ahead", "read_weights_ahead")},
     **{n: (".serving.voices", n) for n in ("Voice", "VoiceStore", "check_id")},
     "caption_cues": (".synthesis.captions", "cues"),
     "render_captions": (".synthesis.captions", "render"),

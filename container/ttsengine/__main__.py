@@ -188,7 +188,8 @@ def build_parser() -> argparse.ArgumentParser:
 TOOLS = {"bench": "bench", "warm": "warm", "loadtest": "loadtest", "livetest": "load.live", "soak": "soak",
          "parity": "parity", "info": "info", "plan": "plan"}  # name -> its module under tools/
 ENGINE_TOOLS = ("bench", "warm")  # log the engine's start (cache status, warm-up); loadtest is a quiet HTTP client
-READ_AHEAD_TOOLS = ("warm",)  # start reading $TTS_MODEL_DIR's weights before their imports (serving/prefetch.py)
+READ_AHEAD_TOOLS = ("warm",)  # start reading $TTS_MODEL_DIR's weights and building kernels before their imports
+# (serving/prefetch.py)
 
 
 def _log_to_stderr() -> None:
@@ -201,9 +202,10 @@ def main(argv: list[str] | None = None) -> int:
         import importlib
 
         if argv[0] in READ_AHEAD_TOOLS:
-            from .serving.prefetch import read_weights_ahead
+            from .serving.prefetch import build_kernels_ahead, read_weights_ahead
 
             read_weights_ahead()
+            build_kernels_ahead()
         tool = importlib.import_module(f".tools.{TOOLS[argv[0]]}", __package__)
         try:
             if argv[0] in ENGINE_TOOLS:

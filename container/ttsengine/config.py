@@ -388,6 +388,24 @@ def read_ahead_paths(env: Mapping[str, str] | None = None) -> tuple[Path, Path |
     return cfg.model_dir, cfg.cache_dir
 
 
+def kernels_ahead_dir(env: Mapping[str, str] | None = None) -> Path | None:
+    """The kernel-cache directory a start may compile our Triton kernels into ahead, in background processes (feature
+    early_kernels; engine/device/compile/early_kernels.py); None when that is switched off, the engine runs on the
+    CPU, there is no cache directory, or the environment does not read (the start itself reports that)."""
+    try:
+        cfg = from_env(env)
+    except ConfigError:
+        return None
+    if features.switched_off(cfg.features, features.EARLY_KERNELS) or cfg.device == "cpu":
+        return None
+    return cfg.cache_dir
+
+
+def environment() -> dict[str, str]:
+    """This process's environment, for a child process that should see what it sees."""
+    return dict(os.environ)
+
+
 def with_visible_gpus(gpus: str) -> dict[str, str]:
     """This process's environment with CUDA_VISIBLE_DEVICES=`gpus`: what an engine process is started with (feature
     own_gpu_view; serving/engine_process/remote_fleet.py)."""

@@ -67,7 +67,8 @@ def test_cpu_defaults_are_what_they_were_before_the_registry(ckpt):
                           F.PREFILL_FIT,  # since stop 59
                           F.OWN_GPU_VIEW, F.SHORT_SWITCH,  # since stop 62
                           F.RESAMPLE_THREAD,  # since stop 64
-                          F.LAZY_COMPILER}  # since stop 65
+                          F.LAZY_COMPILER,  # since stop 65
+                          F.EARLY_KERNELS}  # since stop 66
 
 
 def test_named_kernels_reach_the_runner_and_those_that_cannot_run_warn(ckpt, caplog):

@@ -43,6 +43,7 @@ SEGMENT_SLACK = "segment_slack"
 SLACK_PREFILL = "slack_prefill"
 EARLY_READAHEAD = "early_readahead"
 LAZY_COMPILER = "lazy_compiler"
+EARLY_KERNELS = "early_kernels"
 PLAIN_WEBSOCKET = "plain_websocket"
 DIRECT_ADMIT = "direct_admit"
 PREFILL_FIT = "prefill_fit"
@@ -167,6 +168,10 @@ FEATURES = (
             "import torch and the web framework", "read from the load's start on", "serving/prefetch.py"),
     # lazy_compiler: stop 65's py-spy of a warm start put ~1 s of its ~6.8 s in torch._dynamo's import, which only the
     # compile units (buckets above the fused layers' rows, captured after the first audio) use
+    # early_kernels: stop 66's census of an empty-cache start: 31 Triton compiles, ~16 s, one at a time on two threads
+    Feature(EARLY_KERNELS, ENGINE, "a start whose kernel cache lacks our Triton kernels compiles them in background "
+            "processes from the recorded manifest while it imports and loads", "each compiled at its first use, one "
+            "at a time", "engine/device/compile/early_kernels.py, serving/prefetch.py"),
     Feature(LAZY_COMPILER, ENGINE, "torch's compiler (torch._dynamo, ~1 s of imports) is imported at the first "
             "compile, not on a start's path to its first audio (eager calls skip our custom ops' wrappers)",
             "imported in the weight load (its 'compiler' phase)", "model/loading/checkpoint.py, compat.py"),

@@ -1,13 +1,17 @@
-"""The weights read from disk while a process imports (feature early_readahead): an entry point calls
-read_weights_ahead() first thing, before torch and the web framework are imported (a few seconds of a warm start),
-so the disk works meanwhile and the load finds the pages in memory. It needs only the configuration and a reader
-(config.py, model/loading/readahead.py: no torch); the package imports its names lazily for this."""
+"""What a start begins before it imports torch and the web framework (a few seconds of a warm start): an entry point
+calls read_weights_ahead() first thing, so the disk reads the weights meanwhile and the load finds the pages in
+memory (feature early_readahead), and build_kernels_ahead(), so that on an empty kernel cache our Triton kernels
+compile in background processes meanwhile (feature early_kernels). Both need only the configuration, a reader and
+a process spawner (config.py, model/loading/readahead.py, engine/device/compile/early_kernels.py: no torch); the
+package imports its names lazily for this."""
 
 from __future__ import annotations
 
+import subprocess
 from collections.abc import Mapping
 
-from ..config import read_ahead_paths
+from ..config import environment, kernels_ahead_dir, read_ahead_paths
+from ..engine.device.compile.early_kernels import build_ahead
 from ..model.loading.readahead import Readahead, weight_files
 
 
@@ -18,3 +22,13 @@ def read_weights_ahead(env: Mapping[str, str] | None = None) -> Readahead | None
     paths = read_ahead_paths(env)
     files = weight_files(*paths) if paths is not None else []
     return Readahead(files) if files else None
+
+
+def build_kernels_ahead(env: Mapping[str, str] | None = None) -> list[subprocess.Popen]:
+    """On a GPU machine whose kernel cache holds none of our Triton kernels yet, starts the processes that compile
+    them (engine/device/compile/early_kernels.py) -> those processes (none otherwise). Never raises: a start that
+    cannot spawn them compiles each kernel at its first use, as without the feature."""
+    try:
+        return build_ahead(kernels_ahead_dir(env), environment() if env is None else dict(env))
+    except OSError:
+        return []
