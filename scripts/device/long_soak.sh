@@ -11,7 +11,7 @@ DIR=${DIR:-/tmp/long-soak}
 case ${1:-} in
   start)
     mkdir -p "$DIR"
-    rm -f "$DIR/done"
+    rm -rf "$DIR/done" "$DIR"/soak-*  # an earlier soak's reports are not this one's
     CUDA_VISIBLE_DEVICES=${GPU:-0} OUT=$DIR setsid bash -c 'bash scripts/device/soak.sh; echo "soak.sh exit $?" > "$0/done"' \
       "$DIR" > "$DIR/run.log" 2>&1 < /dev/null &
     echo "soak started in its own session (pid $!), output in $DIR" ;;

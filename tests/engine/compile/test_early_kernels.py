@@ -21,22 +21,35 @@ RECORDED = kernel_manifest.TRITON
 
 
 def test_workers_only_where_a_gpu_start_would_compile_our_kernels(tmp_path):
-    n = len(kernel_manifest.ENTRIES)
-    assert n > 0 and RECORDED  # the manifest is a recording, not a placeholder
-    assert early_kernels.processes(tmp_path, True, 32, RECORDED) == min(early_kernels.MAX_PROCESSES, 16, n)
-    assert early_kernels.processes(tmp_path, True, 2, RECORDED) == 1  # a small machine: one worker beside the start
-    assert early_kernels.processes(tmp_path, False, 32, RECORDED) == 0  # no GPU driver
-    assert early_kernels.processes(None, True, 32, RECORDED) == 0  # no cache directory to fill
-    assert early_kernels.processes(tmp_path, True, 32, "0.0.1") == 0  # another Triton: its specializations differ
-    assert early_kernels.processes(tmp_path, True, 32, None) == 0  # no Triton
+    n, arch = len(kernel_manifest.ENTRIES), kernel_manifest.TARGET["arch"]
+    assert n > 0 and RECORDED and arch  # the manifest is a recording, not a placeholder
+    assert early_kernels.processes(32, RECORDED, arch) == min(early_kernels.MAX_PROCESSES, 16, n)
+    assert early_kernels.processes(2, RECORDED, arch) == 1  # a small machine: one worker beside the start
+    assert early_kernels.processes(32, "0.0.1", arch) == 0  # another Triton: its specializations differ
+    assert early_kernels.processes(32, None, arch) == 0  # no Triton
+    assert early_kernels.processes(32, RECORDED, arch + 10) == 0  # another GPU: kernels nobody would load
+    assert early_kernels.processes(32, RECORDED, None) == 0  # the GPU cannot be told
+    assert early_kernels.cache_lacks_kernels(tmp_path)
     group = tmp_path / "triton" / "abc"
     group.mkdir(parents=True)
-    assert early_kernels.processes(tmp_path, True, 32, RECORDED) > 0  # an empty folder is no kernel
+    assert early_kernels.cache_lacks_kernels(tmp_path)  # an empty folder is no kernel
     (group / "__grp__kernel.json").write_text("{}")
-    assert early_kernels.processes(tmp_path, True, 32, RECORDED) == 0  # the cache has kernels: a restart
+    assert not early_kernels.cache_lacks_kernels(tmp_path)  # the cache has kernels: a restart
     (group / "__grp__kernel.json").unlink()
     (tmp_path / "artifacts-0123.bin").write_bytes(b"blob")
-    assert early_kernels.processes(tmp_path, True, 32, RECORDED) == 0  # the blob brings them
+    assert not early_kernels.cache_lacks_kernels(tmp_path)  # the blob brings them
+
+
+def test_workers_count_the_cpus_a_container_may_use(tmp_path):
+    quota = tmp_path / "cpu.max"
+    mine = early_kernels.cpus(tmp_path / "none")  # no quota file: the affinity
+    assert mine >= 1
+    quota.write_text("max 100000\n")
+    assert early_kernels.cpus(quota) == mine
+    quota.write_text("200000 100000\n")  # two CPUs' worth of time
+    assert early_kernels.cpus(quota) == min(mine, 2)
+    quota.write_text("50000 100000\n")  # half a CPU: still one
+    assert early_kernels.cpus(quota) == 1
 
 
 CHECK = """
@@ -46,6 +59,9 @@ for entry in kernel_manifest.ENTRIES:
     jit = early_kernels.kernel(entry["kernel"])
     names = list(inspect.signature(jit.fn).parameters)
     assert list(entry["signature"]) == names, (entry["kernel"], names)
+    module = entry["kernel"].partition(":")[0]
+    assert entry["source"] == early_kernels.source_fingerprint(module), (
+        f"{module} changed since the manifest was recorded: record it again (docs/speed.md)")
     for index, _ in entry["constants"] + entry["attrs"]:
         assert 0 <= index[0] < len(names), entry["kernel"]
     assert set(entry["options"]) <= {"num_warps", "num_stages", "launch_pdl", "num_ctas", "maxnreg"}, entry
@@ -56,8 +72,9 @@ print(len(kernel_manifest.ENTRIES), "entries")
 
 @pytest.mark.skipif(triton_major() < 3, reason="the kernels' factories need Triton 3")
 def test_every_manifest_entry_is_still_one_of_our_kernels():
-    """An entry whose kernel moved or whose arguments changed would only cost a worker its time; this catches it
-    here, so the manifest is recorded again (scripts/device/triton_census.py --record) with the change. In a fresh
+    """An entry whose kernel moved, whose arguments changed, or whose module (or a kernels module it imports) changed
+    at all (Triton's cache key holds the source and its starting line) would only cost a worker its time; this catches
+    it here, so the manifest is recorded again (scripts/device/triton_census.py --record) with the change. In a fresh
     interpreter without the tests' TRITON_INTERPRET (which makes interpreter functions, not JIT functions)."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     run = subprocess.run([sys.executable, "-c", CHECK], env=env, capture_output=True, text=True, timeout=120, cwd=ROOT)
@@ -65,8 +82,8 @@ def test_every_manifest_entry_is_still_one_of_our_kernels():
 
 
 def test_the_spawn_runs_before_torch_and_its_workers_finish(tmp_path):
-    """build_kernels_ahead() from the package root in a fresh interpreter, with the GPU driver's file and this
-    Triton's version standing in for a GPU machine with the recorded Triton: workers spawned before torch is
+    """build_kernels_ahead() from the package root in a fresh interpreter, with the GPU driver's file, this Triton's
+    version and the GPU's arch standing in for a GPU machine like the recording's: workers spawned before torch is
     imported, pointed at the cache's Triton folder with no GPU in view; they exit 0 (here this Triton's version is
     not the recording's, so they find nothing to compile)."""
     driver = tmp_path / "nvidia-version"
@@ -75,6 +92,7 @@ def test_the_spawn_runs_before_torch_and_its_workers_finish(tmp_path):
     code = ("import json, sys; from pathlib import Path; "
             "from ttsengine.engine.device.compile import early_kernels as ek; "
             f"ek.NVIDIA_DRIVER = Path({str(driver)!r}); ek.triton_version = lambda: {RECORDED!r}; "
+            f"ek.gpu_arch = lambda: {kernel_manifest.TARGET['arch']!r}; "
             "from ttsengine import build_kernels_ahead; ws = build_kernels_ahead(); torch = 'torch' in sys.modules; "
             "print(json.dumps({'torch': torch, 'n': len(ws), 'codes': [w.wait(120) for w in ws], "
             "'args': ws[0].args if ws else None}))")

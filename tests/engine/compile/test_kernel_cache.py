@@ -110,6 +110,10 @@ def test_blob_carries_the_triton_cache_into_an_empty_directory(tmp_path):
     kernel.parent.mkdir(parents=True)
     kernel.write_bytes(b"\x7fELF kernel bytes")
     (kernel.parent / "snake.lock").write_bytes(b"")  # lock files stay behind
+    # a kernel another process is writing (Triton's temp folder, renamed into place when whole) stays behind too
+    half = tmp_path / "a" / "triton" / "ABC123" / "tmp.pid_77_1234" / "snake.cubin"
+    half.parent.mkdir(parents=True)
+    half.write_bytes(b"\x7fELF half")
     blob = kc.save()
     fresh = tmp_path / "b"
     fresh.mkdir()
@@ -117,6 +121,7 @@ def test_blob_carries_the_triton_cache_into_an_empty_directory(tmp_path):
     assert KernelCache(fresh, {"model": "tiny"}).setup() == "blob"
     assert (fresh / "triton" / "ABC123" / "snake.cubin").read_bytes() == b"\x7fELF kernel bytes"
     assert not (fresh / "triton" / "ABC123" / "snake.lock").exists()
+    assert not (fresh / "triton" / "ABC123" / "tmp.pid_77_1234").exists()
 
 
 def test_the_blob_carries_the_precompiled_units(tmp_path):

@@ -18,28 +18,60 @@ to spawn(); the workers import Triton and the kernels' modules.
 
 from __future__ import annotations
 
+import atexit
+import hashlib
 import importlib
-import importlib.metadata
+import importlib.util
 import inspect
-import logging
 import os
+import re
+import signal
 import subprocess
 import sys
 import threading
 from pathlib import Path
 
-log = logging.getLogger(__name__)
 TRITON_DIR = "triton"  # the kernel cache's Triton subdirectory (kernel_cache.py points TRITON_CACHE_DIR at it)
 MAX_PROCESSES = 8  # workers at most: ~30 kernels, the slowest ~1.5 s; more would only add imports
+WORKER_LIMIT_S = 300  # a worker ends itself after this long (a hung compile must not outlive the start by much)
 NVIDIA_DRIVER = Path("/proc/driver/nvidia/version")  # present where an NVIDIA GPU's driver is loaded
+CGROUP_CPU = Path("/sys/fs/cgroup/cpu.max")  # a container's CPU quota (cgroup v2): "QUOTA PERIOD" or "max PERIOD"
+KERNELS = "ttsengine.model.kernels"  # the package whose modules hold our Triton kernels and their JIT helpers
+_IMPORT = re.compile(r"^\s*from (\.+)(\w*) import ([\w, ]+)", re.M)
 
 
 def triton_version() -> str | None:
     """The installed Triton's version without importing it (None: not installed)."""
+    import importlib.metadata  # here: ~15 ms a start without a GPU need not pay
+
     try:
         return importlib.metadata.version("triton")
     except importlib.metadata.PackageNotFoundError:
         return None
+
+
+def gpu_arch() -> int | None:
+    """The first GPU's compute capability as Triton names targets (90 for 9.0), asked of nvidia-smi (no CUDA in this
+    process: it has not imported torch yet); None when that cannot be told."""
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=compute_cap", "--format=csv,noheader"], capture_output=True,
+                             text=True, timeout=10).stdout.split()
+        major, minor = out[0].split(".")
+        return int(major) * 10 + int(minor)
+    except (OSError, subprocess.SubprocessError, IndexError, ValueError):
+        return None
+
+
+def cpus(quota_file: Path = CGROUP_CPU) -> int:
+    """CPUs this process may use: its affinity, and a container's CPU quota where one is set."""
+    n = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    try:
+        quota, period = quota_file.read_text().split()[:2]
+        if quota != "max":
+            n = min(n, max(1, int(quota) // int(period)))
+    except (OSError, ValueError):
+        pass
+    return n
 
 
 def entries(version: str | None) -> tuple[dict, ...]:
@@ -50,6 +82,24 @@ def entries(version: str | None) -> tuple[dict, ...]:
     return manifest.ENTRIES if version and manifest.TRITON == version else ()
 
 
+def source_fingerprint(module: str) -> str:
+    """A hash of a kernel module's text and of the modules of our kernels package it imports from. Triton's cache key
+    holds a kernel's source, its starting line and its JIT helpers' sources: a change to any of those makes a recorded
+    entry compile a kernel the start never asks for (tests/engine/compile/test_early_kernels.py compares these with
+    the manifest's, so the manifest is recorded again)."""
+    files = {Path(importlib.util.find_spec(module).origin)}
+    for dots, name, names in _IMPORT.findall(next(iter(files)).read_text()):
+        base = module.rsplit(".", len(dots))[0]
+        for target in [f"{base}.{name}"] if name else [f"{base}.{n.strip()}" for n in names.split(",")]:
+            spec = importlib.util.find_spec(target) if target.startswith(KERNELS + ".") else None
+            if spec is not None and spec.origin:
+                files.add(Path(spec.origin))
+    digest = hashlib.sha256()
+    for path in sorted(files):
+        digest.update(path.name.encode() + b"\0" + path.read_bytes())
+    return digest.hexdigest()[:16]
+
+
 def cache_lacks_kernels(cache_dir: Path) -> bool:
     """Nothing in the cache would give the start our kernels: no Triton kernel compiled there yet (each leaves a
     `__grp__*.json` in its folder) and no blob to unpack them from."""
@@ -58,27 +108,35 @@ def cache_lacks_kernels(cache_dir: Path) -> bool:
     return not any((cache_dir / TRITON_DIR).glob("*/__grp__*.json"))
 
 
-def processes(cache_dir: Path | None, gpu: bool, cpus: int, version: str | None) -> int:
-    """How many workers a start spawns: none without a GPU, a cache directory or entries for this Triton, or when
-    the cache already has kernels; else one per two CPUs (the start's own threads need the rest), at most
-    MAX_PROCESSES and one per entry."""
-    if not gpu or cache_dir is None or not cache_lacks_kernels(cache_dir):
+def processes(cpu_count: int, version: str | None, arch: int | None) -> int:
+    """How many workers a start on a GPU whose cache lacks our kernels spawns: none without entries for this Triton,
+    or when the GPU is not the one they were recorded for (they would compile kernels nobody loads); else one per two
+    CPUs (the start's own threads need the rest), at most MAX_PROCESSES and one per entry."""
+    from . import kernel_manifest as manifest
+
+    if arch is None or arch != manifest.TARGET.get("arch"):
         return 0
-    return min(MAX_PROCESSES, max(1, cpus // 2), len(entries(version)))
+    return min(MAX_PROCESSES, max(1, cpu_count // 2), len(entries(version)))
 
 
 def build_ahead(cache_dir: Path | None, env: dict[str, str]) -> list[subprocess.Popen]:
-    """Spawns the workers when processes() says so -> them (reaped by a daemon thread). env: the environment they
-    inherit (config.with_env)."""
-    n = processes(cache_dir, NVIDIA_DRIVER.exists(), os.cpu_count() or 1, triton_version())
-    if n == 0:
+    """Spawns the workers where a GPU start's cache lacks our kernels and processes() says so -> them (reaped by a
+    daemon thread; those still running when this process exits are ended). env: the environment they inherit. The
+    cheap checks first: a start without a GPU or with a filled cache pays a file test."""
+    if cache_dir is None or not NVIDIA_DRIVER.exists() or not cache_lacks_kernels(cache_dir):
         return []
+    n = processes(cpus(), triton_version(), gpu_arch())
     worker_env = {**env, "TRITON_CACHE_DIR": str(cache_dir / TRITON_DIR), "CUDA_VISIBLE_DEVICES": ""}
-    workers = [subprocess.Popen([sys.executable, "-m", __name__, str(k), str(n)], env=worker_env,
-                                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL) for k in range(n)]
-    threading.Thread(target=lambda: [w.wait() for w in workers], name="tts-early-kernels", daemon=True).start()
-    log.info("early_kernels: %d processes compiling %d Triton kernels into %s", n, len(entries(triton_version())),
-             cache_dir / TRITON_DIR)
+    workers: list[subprocess.Popen] = []
+    try:
+        for k in range(n):
+            workers.append(subprocess.Popen([sys.executable, "-m", __name__, str(k), str(n)], env=worker_env,
+                                            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL))
+    finally:  # a failed spawn: the ones started are still reaped and ended
+        if workers:
+            threading.Thread(target=lambda: [w.wait() for w in workers], name="tts-early-kernels",
+                             daemon=True).start()
+            atexit.register(lambda: [w.terminate() for w in workers if w.poll() is None])
     return workers
 
 
@@ -169,6 +227,8 @@ def run_share(k: int, n: int) -> tuple[int, list[str]]:
 
 
 def main(argv: list[str]) -> int:
+    if hasattr(signal, "alarm"):
+        signal.alarm(WORKER_LIMIT_S)  # SIGALRM ends the worker: a start waits for none of them
     try:
         k, n = (int(a) for a in argv)
         if not 0 <= k < n:

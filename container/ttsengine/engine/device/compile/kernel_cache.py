@@ -127,8 +127,8 @@ class KernelCache:
             if artifacts is not None:
                 z.writestr(ARTIFACTS, artifacts)
             for sub in dirs:
-                for path in sorted((self.directory / sub).rglob("*")):
-                    if path.is_file() and not path.name.endswith(".lock"):
+                for path in _cache_files(self.directory / sub):
+                    with contextlib.suppress(FileNotFoundError):  # renamed away meanwhile (an atomic write's temp)
                         z.write(path, path.relative_to(self.directory).as_posix())
         _write_atomic(self.blob_path, buf.getvalue())
         return self.blob_path
@@ -153,6 +153,17 @@ class KernelCache:
                 compat.before_first_compile(functools.partial(_load_artifacts, z.read(ARTIFACTS), self.blob_path))
                 loaded = True
         return loaded
+
+
+def _cache_files(root: Path) -> list[Path]:
+    """The files under `root` a blob carries, sorted: not locks, not the temporary folders (`tmp.*`) in which Triton
+    writes a kernel before renaming it into place: another process (early_kernels' workers, a second start) may be
+    writing there while this one saves, and a folder that vanishes mid-walk is skipped (os.walk ignores it)."""
+    found = []
+    for folder, subdirs, names in os.walk(root):
+        subdirs[:] = sorted(d for d in subdirs if not d.startswith("tmp."))
+        found += [Path(folder, n) for n in names if not n.endswith(".lock")]
+    return sorted(found)
 
 
 def _load_artifacts(data: bytes, blob: Path) -> None:
