@@ -5,7 +5,11 @@ Kernels compiled in subprocesses (Inductor's worker pool) are not seen; their lo
 --record FILE: also keeps the specialization Triton serializes for each of our kernels it compiles (its post-compile
 hook) and writes FILE as engine/device/compile/kernel_manifest.py's format (feature early_kernels), merged with the
 entries FILE already has (a second run, e.g. int8, adds its kernels).
-Usage: python3 scripts/device/triton_census.py [--record FILE] -m ttsengine warm --model DIR --until-first-audio
+--until-ready PORT: for a server (`-m handlers http`, with TTS_ENGINE_PROCESS=off so its engine compiles in this
+process): once its /ready answers 200 (every graph a burst needs captured), the table and FILE are written and the
+server is sent SIGTERM: the kernels a settled start compiles, beyond those of its first audio.
+Usage: python3 scripts/device/triton_census.py [--record FILE] [--until-ready PORT] -m ttsengine warm --model DIR
+  --until-first-audio
 """
 
 from __future__ import annotations
@@ -135,19 +139,45 @@ def report() -> None:
             f.writelines(json.dumps(c) + "\n" for c in calls)
 
 
+def finish(record: str | None) -> None:
+    report()
+    if record:
+        write_manifest(record)
+
+
+def stop_when_ready(port: str, record: str | None) -> None:
+    """On a thread: polls the server's /ready; at its first 200, finish() and SIGTERM to this process."""
+    import signal
+    import urllib.request
+
+    while True:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/ready", timeout=5) as r:
+                if r.status == 200:
+                    break
+        except Exception:  # noqa: BLE001 - not up yet: refused, or 503 while it warms
+            pass
+        time.sleep(0.5)
+    finish(record)
+    os.kill(os.getpid(), signal.SIGTERM)
+
+
 def main() -> int:
-    record = None
-    if len(sys.argv) > 2 and sys.argv[1] == "--record":
-        record = sys.argv[2]
+    options: dict[str, str] = {}
+    while len(sys.argv) > 2 and sys.argv[1] in ("--record", "--until-ready"):
+        options[sys.argv[1]] = sys.argv[2]
         del sys.argv[1:3]
     if len(sys.argv) < 3 or sys.argv[1] != "-m":
-        print("usage: triton_census.py [--record FILE] -m MODULE [ARGS...]", file=sys.stderr)
+        print("usage: triton_census.py [--record FILE] [--until-ready PORT] -m MODULE [ARGS...]", file=sys.stderr)
         return 2
+    record = options.get("--record")
     install()
     if record:
         from triton import knobs
 
         knobs.runtime.jit_post_compile_hook = record_hook
+    if "--until-ready" in options:
+        threading.Thread(target=stop_when_ready, args=(options["--until-ready"], record), daemon=True).start()
     module, sys.argv = sys.argv[2], [sys.argv[2], *sys.argv[3:]]
     code = 0
     try:
@@ -155,9 +185,8 @@ def main() -> int:
     except SystemExit as e:
         code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
     finally:
-        report()
-        if record:
-            write_manifest(record)
+        if "--until-ready" not in options:  # a server's table was written at its /ready
+            finish(record)
     return code
 
 
