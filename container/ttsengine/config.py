@@ -388,17 +388,18 @@ def read_ahead_paths(env: Mapping[str, str] | None = None) -> tuple[Path, Path |
     return cfg.model_dir, cfg.cache_dir
 
 
-def kernels_ahead_dir(env: Mapping[str, str] | None = None) -> Path | None:
-    """The kernel-cache directory a start may compile our Triton kernels into ahead, in background processes (feature
-    early_kernels; engine/device/compile/early_kernels.py); None when that is switched off, the engine runs on the
-    CPU, there is no cache directory, or the environment does not read (the start itself reports that)."""
+def kernels_ahead(env: Mapping[str, str] | None = None) -> tuple[Path, str] | None:
+    """(the kernel-cache directory, the quantization) of a start that may compile our Triton kernels into that cache
+    ahead, in background processes (feature early_kernels; engine/device/compile/early_kernels.py); None when that is
+    switched off, the engine runs on the CPU, there is no cache directory, or the environment does not read (the
+    start itself reports that)."""
     try:
         cfg = from_env(env)
     except ConfigError:
         return None
-    if features.switched_off(cfg.features, features.EARLY_KERNELS) or cfg.device == "cpu":
+    if features.switched_off(cfg.features, features.EARLY_KERNELS) or cfg.device == "cpu" or cfg.cache_dir is None:
         return None
-    return cfg.cache_dir
+    return cfg.cache_dir, cfg.quant
 
 
 def environment() -> dict[str, str]:

@@ -4,7 +4,7 @@ loads, compiles, seconds per thread, the slowest compiles) and writes every call
 Kernels compiled in subprocesses (Inductor's worker pool) are not seen; their loads in this process are.
 --record FILE: also keeps the specialization Triton serializes for each of our kernels it compiles (its post-compile
 hook) and writes FILE as engine/device/compile/kernel_manifest.py's format (feature early_kernels), merged with the
-entries FILE already has (a second run, e.g. int8, adds its kernels).
+entries FILE already has (a second run, e.g. int8, adds its kernels, tagged with its TTS_QUANT: record bf16 first).
 --until-ready PORT: for a server (`-m handlers http`, with TTS_ENGINE_PROCESS=off so its engine compiles in this
 process): once its /ready answers 200 (every graph a burst needs captured), the table and FILE are written and the
 server is sent SIGTERM: the kernels a settled start compiles, beyond those of its first audio.
@@ -64,9 +64,11 @@ def record_hook(**kw):
     fn, data = kw["fn"], kw["compile"].get("specialization_data")
     if data and fn.module.startswith("ttsengine.") and fn.name.count("<locals>") <= 1:
         spec = json.loads(data)
-        from ttsengine.engine.device.compile.early_kernels import source_fingerprint
+        from ttsengine.config import from_env
+        from ttsengine.engine.device.compile.early_kernels import base_quant, source_fingerprint
 
         recorded.append({"kernel": f"{fn.module}:{fn.name}", "source": source_fingerprint(fn.module),
+                         "quant": base_quant(from_env().quant),  # the run's: which starts use it (entries())
                          "signature": spec["signature"],
                          "constants": [list(kv) for kv in zip(spec["constant_keys"], spec["constant_vals"])],
                          "attrs": [list(kv) for kv in zip(spec["attrs_keys"], spec["attrs_vals"])],
@@ -94,9 +96,11 @@ def write_manifest(path: str) -> None:
 
             old = [{**e, "options": {**scope["OPTIONS"], **e["options"]}} for e in scope["ENTRIES"]
                    if e.get("source") == source_fingerprint(e["kernel"].partition(":")[0])]
-    seen = {json.dumps(e, sort_keys=True) for e in old}
-    merged = old + [e for e in recorded if json.dumps(e, sort_keys=True) not in seen
-                    and not seen.add(json.dumps(e, sort_keys=True))]
+    def same(e: dict) -> str:  # one specialization, whichever run recorded it first (that run's quant stays)
+        return json.dumps({k: v for k, v in e.items() if k != "quant"}, sort_keys=True)
+
+    seen = {same(e) for e in old}
+    merged = old + [e for e in recorded if same(e) not in seen and not seen.add(same(e))]
     shared = dict(merged[0]["options"]) if merged else {}
     for e in merged[1:]:
         shared = {k: v for k, v in shared.items() if e["options"].get(k, object()) == v}

@@ -10,7 +10,7 @@ from __future__ import annotations
 import subprocess
 from collections.abc import Mapping
 
-from ..config import environment, kernels_ahead_dir, read_ahead_paths
+from ..config import environment, kernels_ahead, read_ahead_paths
 from ..engine.device.compile.early_kernels import build_ahead
 from ..model.loading.readahead import Readahead, weight_files
 
@@ -28,7 +28,10 @@ def build_kernels_ahead(env: Mapping[str, str] | None = None) -> list[subprocess
     """On a GPU machine whose kernel cache holds none of our Triton kernels yet, starts the processes that compile
     them (engine/device/compile/early_kernels.py) -> those processes (none otherwise). Never raises: a start that
     cannot spawn them compiles each kernel at its first use, as without the feature."""
+    where = kernels_ahead(env)
+    if where is None:
+        return []
     try:
-        return build_ahead(kernels_ahead_dir(env), environment() if env is None else dict(env))
+        return build_ahead(*where, environment() if env is None else dict(env))
     except OSError:
         return []

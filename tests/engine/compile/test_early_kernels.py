@@ -40,6 +40,18 @@ def test_workers_only_where_a_gpu_start_would_compile_our_kernels(tmp_path):
     assert not early_kernels.cache_lacks_kernels(tmp_path)  # the blob brings them
 
 
+def test_a_start_builds_the_entries_of_its_quantization():
+    """Entries are tagged with the quantization of the recording that first compiled them: a bf16 recording's are
+    every start's, an int8 recording's only int8 starts'."""
+    every = kernel_manifest.ENTRIES
+    bf16, int8 = early_kernels.entries(RECORDED, "bf16"), early_kernels.entries(RECORDED, "int8")
+    assert {e["quant"] for e in every} == {"bf16", "int8"}
+    assert bf16 == tuple(e for e in every if e["quant"] == "bf16") and int8 == every
+    assert early_kernels.entries(RECORDED, "none") == bf16 == early_kernels.entries(RECORDED, "int4")
+    arch = kernel_manifest.TARGET["arch"]
+    assert early_kernels.processes(64, RECORDED, arch, "bf16") == min(early_kernels.MAX_PROCESSES, len(bf16))
+
+
 def test_workers_count_the_cpus_a_container_may_use(tmp_path):
     quota = tmp_path / "cpu.max"
     mine = early_kernels.cpus(tmp_path / "none")  # no quota file: the affinity
@@ -97,12 +109,13 @@ def test_the_spawn_runs_before_torch_and_its_workers_finish(tmp_path):
             "print(json.dumps({'torch': torch, 'n': len(ws), 'codes': [w.wait(120) for w in ws], "
             "'args': ws[0].args if ws else None}))")
     clean = {k: v for k, v in os.environ.items() if not k.startswith("TTS_")}
-    run = subprocess.run([sys.executable, "-c", code], env={**clean, "TTS_CACHE_DIR": str(cache)},
+    run = subprocess.run([sys.executable, "-c", code], env={**clean, "TTS_CACHE_DIR": str(cache), "TTS_QUANT": "int8"},
                          capture_output=True, text=True, timeout=180, cwd=ROOT)
     assert run.returncode == 0, run.stderr
     got = json.loads(run.stdout.strip().splitlines()[-1])
     assert got["torch"] is False and got["n"] >= 1 and set(got["codes"]) == {0}, (got, run.stderr[-2000:])
     assert got["args"][1:3] == ["-m", "ttsengine.engine.device.compile.early_kernels"]
+    assert got["args"][-1] == "int8" and got["args"][-3:-1] == ["0", str(got["n"])]  # K N QUANT: TTS_QUANT's
     # switched off, on the CPU, or without a cache directory: nothing spawned
     for env in ({"TTS_CACHE_DIR": str(cache), "TTS_FEATURES": "-early_kernels"},
                 {"TTS_CACHE_DIR": str(cache), "TTS_DEVICE": "cpu"}, {}):
@@ -111,8 +124,17 @@ def test_the_spawn_runs_before_torch_and_its_workers_finish(tmp_path):
         assert run.returncode == 0 and json.loads(run.stdout.strip().splitlines()[-1])["n"] == 0, (env, run.stderr)
 
 
-@pytest.mark.parametrize("argv", [[], ["1"], ["2", "2"], ["x", "3"], ["-1", "3"]])
+@pytest.mark.parametrize("argv", [[], ["1"], ["0", "1"], ["2", "2", "bf16"], ["x", "3", "bf16"], ["-1", "3", "bf16"],
+                                  ["0", "1", "bf16", "extra"]])
 def test_a_bad_worker_command_line_says_so_in_one_line(argv):
     run = subprocess.run([sys.executable, "-m", "ttsengine.engine.device.compile.early_kernels", *argv],
                          capture_output=True, text=True, timeout=60, cwd=ROOT)
     assert run.returncode == 2 and run.stderr.count("\n") == 1 and "usage:" in run.stderr, run.stderr
+
+
+def test_a_worker_with_nothing_to_build_exits_quietly(tmp_path):
+    """Here the installed Triton is not the recording's (or the entries are all built): exit 0, no output."""
+    run = subprocess.run([sys.executable, "-m", "ttsengine.engine.device.compile.early_kernels", "0", "1", "bf16"],
+                         capture_output=True, text=True, timeout=60, cwd=ROOT,
+                         env={**os.environ, "TRITON_CACHE_DIR": str(tmp_path / "triton")})
+    assert run.returncode == 0 and run.stdout == "" and run.stderr == "", run.stderr

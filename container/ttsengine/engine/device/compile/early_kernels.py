@@ -4,16 +4,16 @@
 On an empty cache the engine's and the codec's threads compiled ~30 of our Triton kernels one at a time on the way
 to the first audio (most of such a start's time: docs/speed.md has stop 66's census and the A/B). Which
 ones is known before the start: kernel_manifest.py lists each one's specialization (signature, constant arguments,
-attributes, options, target) as Triton serialized it on a GPU (scripts/device/record_kernels.py). build_ahead()
+attributes, options, target) as Triton serialized it on a GPU (scripts/device/triton_census.py --record). build_ahead()
 runs first thing in a start, before torch is imported: when the cache holds no Triton kernel and no blob, it spawns a
-few processes (`python -m ttsengine.engine.device.compile.early_kernels K N`: the K-th of N shares) that compile
-those entries into the cache's Triton directory while the start imports and loads; the threads then find them
-there. The workers see no GPU (a CUDA context each would take memory the engine sizes its KV cache from): they
-compile for the target the entry names.
+few processes (`python -m ttsengine.engine.device.compile.early_kernels K N QUANT`: the K-th of N shares of the
+entries a start with that quantization uses) that compile them into the cache's Triton directory while the start
+imports and loads; the threads then find them there. The workers see no GPU (a CUDA context each would take memory
+the engine sizes its KV cache from): they compile for the target the manifest names.
 
 An entry that no longer matches (a kernel's code or arguments changed since the recording, another GPU, another
 Triton version) only costs a worker's time: the kernel compiles at its first use as it always did. Stdlib only down
-to spawn(); the workers import Triton and the kernels' modules.
+to build_ahead(); the workers import Triton and the kernels' modules.
 """
 
 from __future__ import annotations
@@ -74,12 +74,21 @@ def cpus(quota_file: Path = CGROUP_CPU) -> int:
     return n
 
 
-def entries(version: str | None) -> tuple[dict, ...]:
-    """The manifest's entries when it was recorded with Triton `version` (another version's specializations differ),
-    in the order the recording start compiled them; none otherwise."""
+def base_quant(quant: str) -> str:
+    """TTS_QUANT's value as the manifest tags entries: 'none' is bf16."""
+    return "bf16" if quant == "none" else quant
+
+
+def entries(version: str | None, quant: str = "bf16") -> tuple[dict, ...]:
+    """The manifest's entries a start with `quant` uses, when it was recorded with Triton `version` (another
+    version's specializations differ), in the order the recording compiled them; none otherwise. Each entry names the
+    quantization of the recording that first compiled it: a bf16 recording's are every start's (an int8 start uses
+    most of them too), the others only their own quantization's."""
     from . import kernel_manifest as manifest
 
-    return manifest.ENTRIES if version and manifest.TRITON == version else ()
+    if not version or manifest.TRITON != version:
+        return ()
+    return tuple(e for e in manifest.ENTRIES if e["quant"] in ("bf16", base_quant(quant)))
 
 
 def source_fingerprint(module: str) -> str:
@@ -108,7 +117,7 @@ def cache_lacks_kernels(cache_dir: Path) -> bool:
     return not any((cache_dir / TRITON_DIR).glob("*/__grp__*.json"))
 
 
-def processes(cpu_count: int, version: str | None, arch: int | None) -> int:
+def processes(cpu_count: int, version: str | None, arch: int | None, quant: str = "bf16") -> int:
     """How many workers a start on a GPU whose cache lacks our kernels spawns: none without entries for this Triton,
     or when the GPU is not the one they were recorded for (they would compile kernels nobody loads); else one per two
     CPUs (the start's own threads need the rest), at most MAX_PROCESSES and one per entry."""
@@ -116,21 +125,21 @@ def processes(cpu_count: int, version: str | None, arch: int | None) -> int:
 
     if arch is None or arch != manifest.TARGET.get("arch"):
         return 0
-    return min(MAX_PROCESSES, max(1, cpu_count // 2), len(entries(version)))
+    return min(MAX_PROCESSES, max(1, cpu_count // 2), len(entries(version, quant)))
 
 
-def build_ahead(cache_dir: Path | None, env: dict[str, str]) -> list[subprocess.Popen]:
+def build_ahead(cache_dir: Path | None, quant: str, env: dict[str, str]) -> list[subprocess.Popen]:
     """Spawns the workers where a GPU start's cache lacks our kernels and processes() says so -> them (reaped by a
     daemon thread; those still running when this process exits are ended). env: the environment they inherit. The
     cheap checks first: a start without a GPU or with a filled cache pays a file test."""
     if cache_dir is None or not NVIDIA_DRIVER.exists() or not cache_lacks_kernels(cache_dir):
         return []
-    n = processes(cpus(), triton_version(), gpu_arch())
+    n = processes(cpus(), triton_version(), gpu_arch(), quant)
     worker_env = {**env, "TRITON_CACHE_DIR": str(cache_dir / TRITON_DIR), "CUDA_VISIBLE_DEVICES": ""}
     workers: list[subprocess.Popen] = []
     try:
         for k in range(n):
-            workers.append(subprocess.Popen([sys.executable, "-m", __name__, str(k), str(n)], env=worker_env,
+            workers.append(subprocess.Popen([sys.executable, "-m", __name__, str(k), str(n), quant], env=worker_env,
                                             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL))
     finally:  # a failed spawn: the ones started are still reaped and ended
         if workers:
@@ -214,9 +223,9 @@ def compile_entry(entry: dict) -> None:
     triton.compile(source, target=GPUTarget(**manifest.TARGET), options=options)
 
 
-def run_share(k: int, n: int) -> tuple[int, list[str]]:
+def run_share(k: int, n: int, quant: str) -> tuple[int, list[str]]:
     """Compiles every n-th entry from the k-th -> (how many were tried, one line per failure)."""
-    share = entries(triton_version())[k::n]
+    share = entries(triton_version(), quant)[k::n]
     failures = []
     for entry in share:
         try:
@@ -230,13 +239,13 @@ def main(argv: list[str]) -> int:
     if hasattr(signal, "alarm"):
         signal.alarm(WORKER_LIMIT_S)  # SIGALRM ends the worker: a start waits for none of them
     try:
-        k, n = (int(a) for a in argv)
-        if not 0 <= k < n:
+        k, n, quant = int(argv[0]), int(argv[1]), argv[2]
+        if not 0 <= k < n or len(argv) != 3:
             raise ValueError
-    except ValueError:
-        print("usage: python -m ttsengine.engine.device.compile.early_kernels K N (0 <= K < N)", file=sys.stderr)
+    except (ValueError, IndexError):
+        print("usage: python -m ttsengine.engine.device.compile.early_kernels K N QUANT (0 <= K < N)", file=sys.stderr)
         return 2
-    tried, failures = run_share(k, n)
+    tried, failures = run_share(k, n, quant)
     if failures:  # one line: the start goes on, those kernels compile at first use
         print(f"early_kernels: {len(failures)} of {tried} kernels not built ahead (first: {failures[0]})",
               file=sys.stderr)
