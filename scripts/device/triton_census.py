@@ -27,7 +27,7 @@ from pathlib import Path
 LOADED_S = 0.05  # a call this short found its kernel in Triton's cache directory (a compile takes ~0.2 s and more)
 T0 = time.perf_counter()
 calls: list[dict] = []
-recorded: list[dict] = []  # {"kernel": "module:qualname", "triton": version, "specialization": dict}
+recorded: list[dict] = []  # manifest entries: kernel, source, quant, signature, constants, attrs, options
 
 
 def name_of(src) -> str:
@@ -96,6 +96,7 @@ def write_manifest(path: str) -> None:
 
             old = [{**e, "options": {**scope["OPTIONS"], **e["options"]}} for e in scope["ENTRIES"]
                    if e.get("source") == source_fingerprint(e["kernel"].partition(":")[0])]
+
     def same(e: dict) -> str:  # one specialization, whichever run recorded it first (that run's quant stays)
         return json.dumps({k: v for k, v in e.items() if k != "quant"}, sort_keys=True)
 

@@ -29,12 +29,11 @@ from . import report as report_page
 from .load import runpod_door, scrape
 from .load.client import CLIENTS, run_share
 from .load.doors import DOORS
-from .load.schedule import poisson_rate, shares
+from .load.schedule import START_S, poisson_rate, shares
 from .load.summary import Level, summarise
 
 TEXT = "The quick brown fox jumps over the lazy dog while the bright sun shines warmly on the quiet green meadow."
 FORMATS = ("pcm", "wav", "mp3", "opus", "flac")
-START_S = 3.0  # client processes start together this long after a level is handed out (spawn and imports)
 
 
 def run_level(url: str, concurrency: int, requests: int, body: dict, headers: dict, timeout: float,

@@ -24,6 +24,7 @@ from multiprocessing import get_context
 from pathlib import Path
 
 from . import report as report_page
+from .load.schedule import START_S
 
 TEXTS = ("Hello there, this is a short one.",
          "The quick brown fox jumps over the lazy dog while the bright sun shines on the meadow.",
@@ -201,9 +202,6 @@ async def make_voice(client, url: str, headers: dict, seconds: float) -> str:
     return voice
 
 
-START_S = 3.0  # with --processes: the client processes begin together this long after they are handed out
-
-
 def http_client(args, connections: int):
     import httpx
 
@@ -250,7 +248,10 @@ async def soak(args) -> dict:
                                if args.voice_seconds > 0 else None)
         t_start = time.monotonic() + (START_S if n > 1 else 0.0)
         end = t_start + args.minutes * 60
-        cpu0 = time.process_time()
+        async def in_this_loop() -> tuple[list[Outcome], float]:  # client_process's result, without a process
+            cpu0 = time.process_time()
+            outcomes = await clients(args, url, shares[0], voice, headers, t_start, end)
+            return outcomes, time.process_time() - cpu0
 
         async def sampler() -> None:
             await asyncio.sleep(max(0.0, t_start - time.monotonic()))
@@ -262,7 +263,7 @@ async def soak(args) -> dict:
                 await asyncio.sleep(min(args.interval, max(0.1, end - time.monotonic())))
 
         if n == 1:
-            parts = [clients(args, url, shares[0], voice, headers, t_start, end)]
+            parts = [in_this_loop()]
         else:
             loop = asyncio.get_running_loop()
             pool = ProcessPoolExecutor(n, mp_context=get_context("spawn"))
@@ -274,11 +275,8 @@ async def soak(args) -> dict:
             if n > 1:
                 pool.shutdown(cancel_futures=True)
         wall = time.monotonic() - t_start
-    if n == 1:
-        outcomes, cpu = done[1], [time.process_time() - cpu0]
-    else:
-        outcomes = [o for part, _ in done[1:] for o in part]
-        cpu = [c for _, c in done[1:]]
+    outcomes = [o for part, _ in done[1:] for o in part]
+    cpu = [c for _, c in done[1:]]
     outcomes.sort(key=lambda o: o.t)
     minutes = summarize(outcomes, samples, args.interval, wall)
     counts = {k: sum(o.kind == k for o in outcomes) for k in KINDS}

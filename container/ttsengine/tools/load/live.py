@@ -26,6 +26,7 @@ import msgpack
 
 from . import scrape
 from .playback import stalls
+from .schedule import START_S
 from .summary import pct
 
 TEXT = ("Thanks for calling, I can help you with that right away. Your order left our warehouse this morning and "
@@ -33,7 +34,6 @@ TEXT = ("Thanks for calling, I can help you with that right away. Your order lef
         "the delivery address if you are not at home. Is there anything else I can do for you today?")
 _TOKEN = re.compile(r"\s*[\w'’-]+|\s*[^\w\s]")  # a word with its leading space, or one punctuation mark
 _SENTENCE_DONE = re.compile(r"[.!?;]\s")  # the server cuts a segment at a sentence end followed by white space
-START_S = 3.0  # client processes open their first sessions this long after the run is handed out (spawn, imports)
 
 
 def tokens(text: str) -> list[str]:

@@ -7,6 +7,8 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
+START_S = 3.0  # client processes begin together this long after their shares are handed out (spawn and imports)
+
 
 @dataclass(frozen=True)
 class Share:

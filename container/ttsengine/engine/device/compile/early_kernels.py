@@ -31,7 +31,10 @@ import sys
 import threading
 from pathlib import Path
 
-TRITON_DIR = "triton"  # the kernel cache's Triton subdirectory (kernel_cache.py points TRITON_CACHE_DIR at it)
+# the kernel cache's layout (kernel_cache.py uses these; here, where no torch is imported):
+TRITON_DIR = "triton"  # its Triton subdirectory (TRITON_CACHE_DIR)
+GROUP_FILES = "*/__grp__*.json"  # under TRITON_DIR: one group file per compiled kernel, listing its files
+BLOB = "artifacts-{key}.bin"  # the portable blob, per cache key
 MAX_PROCESSES = 8  # workers at most: ~30 kernels, the slowest ~1.5 s; more would only add imports
 WORKER_LIMIT_S = 300  # a worker ends itself after this long (a hung compile must not outlive the start by much)
 NVIDIA_DRIVER = Path("/proc/driver/nvidia/version")  # present where an NVIDIA GPU's driver is loaded
@@ -112,9 +115,9 @@ def source_fingerprint(module: str) -> str:
 def cache_lacks_kernels(cache_dir: Path) -> bool:
     """Nothing in the cache would give the start our kernels: no Triton kernel compiled there yet (each leaves a
     `__grp__*.json` in its folder) and no blob to unpack them from."""
-    if any(cache_dir.glob("artifacts-*.bin")):
+    if any(cache_dir.glob(BLOB.format(key="*"))):
         return False
-    return not any((cache_dir / TRITON_DIR).glob("*/__grp__*.json"))
+    return not any((cache_dir / TRITON_DIR).glob(GROUP_FILES))
 
 
 def processes(cpu_count: int, version: str | None, arch: int | None, quant: str = "bf16") -> int:
@@ -128,11 +131,11 @@ def processes(cpu_count: int, version: str | None, arch: int | None, quant: str 
     return min(MAX_PROCESSES, max(1, cpu_count // 2), len(entries(version, quant)))
 
 
-def build_ahead(cache_dir: Path | None, quant: str, env: dict[str, str]) -> list[subprocess.Popen]:
+def build_ahead(cache_dir: Path, quant: str, env: dict[str, str]) -> list[subprocess.Popen]:
     """Spawns the workers where a GPU start's cache lacks our kernels and processes() says so -> them (reaped by a
     daemon thread; those still running when this process exits are ended). env: the environment they inherit. The
     cheap checks first: a start without a GPU or with a filled cache pays a file test."""
-    if cache_dir is None or not NVIDIA_DRIVER.exists() or not cache_lacks_kernels(cache_dir):
+    if not NVIDIA_DRIVER.exists() or not cache_lacks_kernels(cache_dir):
         return []
     n = processes(cpus(), triton_version(), gpu_arch(), quant)
     worker_env = {**env, "TRITON_CACHE_DIR": str(cache_dir / TRITON_DIR), "CUDA_VISIBLE_DEVICES": ""}
@@ -161,7 +164,7 @@ def kernel(path: str):
     """'module:qualname' -> the JITFunction. 'module:factory.<locals>.name': one that a zero-argument (cached) factory
     makes: the factory is called, and its kernel of that name taken from what it returns."""
     module, _, qualname = path.partition(":")
-    obj = importlib.import_module(module)
+    obj = module_obj = importlib.import_module(module)
     outer, made_by, inner = qualname.partition(".<locals>.")
     for part in outer.split("."):
         obj = getattr(obj, part)
@@ -173,7 +176,6 @@ def kernel(path: str):
     if hasattr(_jit(obj), "cache_key"):
         return _jit(obj)
     # a module-level function that one of the module's cached factories jits (small_linear's kernels)
-    module_obj = importlib.import_module(module)
     for factory in vars(module_obj).values():
         if callable(factory) and hasattr(factory, "cache_info") and not inspect.signature(factory).parameters:
             found = [k for k in _made(factory) if getattr(k, "fn", None) is obj]

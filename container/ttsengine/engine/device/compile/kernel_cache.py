@@ -29,6 +29,7 @@ from pathlib import Path
 import torch
 
 from .... import compat
+from .early_kernels import BLOB, GROUP_FILES, TRITON_DIR
 
 log = logging.getLogger(__name__)
 FORMAT = 2  # bump when what the engine compiles changes shape, or the blob's layout
@@ -72,7 +73,7 @@ class KernelCache:
 
     @property
     def blob_path(self) -> Path:
-        return self.directory / f"artifacts-{self.key}.bin"
+        return self.directory / BLOB.format(key=self.key)
 
     def setup(self) -> str:
         """Points the caches at the directory and loads what fits; -> status. Call before compiling. Inductor's
@@ -85,7 +86,7 @@ class KernelCache:
             return self.status
         self.directory.mkdir(parents=True, exist_ok=True)
         os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(self.directory / "inductor")
-        os.environ["TRITON_CACHE_DIR"] = str(self.directory / "triton")
+        os.environ["TRITON_CACHE_DIR"] = str(self.directory / TRITON_DIR)
         os.environ["TORCHINDUCTOR_FX_GRAPH_CACHE"] = "1"  # off by default before torch 2.5
         meta_path = self.directory / "cache-meta.json"
         meta = _read_json(meta_path)
@@ -102,7 +103,7 @@ class KernelCache:
                 self.status = "miss"
         else:
             self.status = "dir" if meta else "miss"
-        relinked = relink_triton_groups(self.directory / "triton")
+        relinked = relink_triton_groups(self.directory / TRITON_DIR)
         log.info("kernel cache %s: %s (key %s)%s", self.directory, self.status, self.key,
                  f"; {relinked} Triton kernel(s) made elsewhere relinked here" if relinked else "")
         return self.status
@@ -121,7 +122,7 @@ class KernelCache:
         self.save_metadata()
         compat.compiler()  # what setup deferred (the blob's artifacts) loaded before torch gathers what it has
         artifacts = compat.save_cache_artifacts()
-        dirs = ("triton", self.precompiled_dir.name) + (() if artifacts is not None else ("inductor",))
+        dirs = (TRITON_DIR, self.precompiled_dir.name) + (() if artifacts is not None else ("inductor",))
         buf = io.BytesIO()
         with zipfile.ZipFile(buf, "w", zipfile.ZIP_DEFLATED) as z:
             if artifacts is not None:
@@ -182,7 +183,7 @@ def relink_triton_groups(triton_dir: Path) -> int:
     of a start). Points each missing path at the same file beside its group file, where a moved cache has
     it -> groups rewritten. A listed file that is missing there too is left: Triton compiles that kernel again."""
     fixed = 0
-    for group in triton_dir.glob("*/__grp__*.json") if triton_dir.is_dir() else ():
+    for group in triton_dir.glob(GROUP_FILES) if triton_dir.is_dir() else ():
         try:
             data = json.loads(group.read_text())
             children = data["child_paths"]
