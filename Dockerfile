@@ -45,13 +45,15 @@ RUN if [ -f /tmp/docker/extra-ca.crt ]; then export PIP_CERT=/tmp/docker/extra-c
     && python3 -m pip install --no-cache-dir -c /tmp/torch-pin.txt -r /tmp/docker/requirements.lock \
     && python3 -c "import torch, sys; sys.exit(0 if 'torch==' + torch.__version__ == open('/tmp/torch-pin.txt').read().strip() else 'torch changed')"
 COPY --from=wheel /wheels/ /tmp/wheels/
-# bytecode for every installed module: with PYTHONDONTWRITEBYTECODE a module without its .pyc is compiled
-# again at every start (torch._dynamo/_inductor's ~1,400 modules cost ~5 s of a warm start on the H100
-# machine). compileall's exit status is ignored: a package's non-Python-3 data file only lacks a .pyc.
+# bytecode for every installed module and the standard library (a base image may ship it without): with
+# PYTHONDONTWRITEBYTECODE a module without its .pyc is compiled again at every start (torch._dynamo/_inductor's ~1,400
+# modules cost ~5 s of a warm start on the H100 machine; asyncio, unittest, email... ~0.4 s on the H200 one; a
+# module that has its .pyc costs nothing here). compileall's exit status is ignored: a package's non-Python-3
+# data file only lacks a .pyc.
 RUN python3 -m pip install --no-cache-dir --no-deps /tmp/wheels/*.whl \
     && rm -rf /tmp/wheels /tmp/docker /tmp/torch-pin.txt \
     && { python3 -m compileall -q -j 0 "$(python3 -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')" \
-         >/dev/null || true; } \
+         "$(python3 -c 'import sysconfig; print(sysconfig.get_paths()["stdlib"])')" >/dev/null || true; } \
     && mkdir -p /opt/ml/model /data /cache
 # TTS_MODEL_SOURCE=tiny: the tiny random test model (1.7 MB), to try the server without the gated weights
 COPY tests/assets/golden/checkpoint/ /opt/tts/tiny-model/

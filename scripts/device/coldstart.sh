@@ -4,8 +4,10 @@
 # bf16, codec.pth 1.87 GB fp32, written once by --write-checkpoint's writer), for
 #   empty   an empty cache directory (kernel cache and codec cache both empty: compile + codec conversion)
 #   dir     the cache directory the first `empty` run left (kernels and the bf16 codec entry found)
-#   blob    only the kernel-cache blob copied into an empty directory (SageMaker's model.tar.gz path;
-#           the codec cache is not in the blob, so the codec is converted again)
+#   blob    only the kernel-cache blob copied into an empty directory (the codec cache is not in the blob, so the
+#           codec is converted again)
+#   package the blob and the codec cache's entry copied into an empty directory: what SageMaker's model.tar.gz
+#           unpacks into kernel-cache/ when packaged with --cache-blob and --codec-cache (docs/deploy-sagemaker.md)
 # each with TTS_QUANT=bf16 and int8, RUNS runs each, in rounds (every case once, then again), so the deadline
 # cuts the last rounds, never a whole case. Before every run the weight files and the cache directory are
 # evicted from the page cache (posix_fadvise DONTNEED, EVICT=0 keeps them): the disk read is measured.
@@ -36,10 +38,12 @@ left() { echo $(( END - $(date +%s) )); }
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 python3 -c 'import torch, sys; print("torch", torch.__version__, "| python", sys.version.split()[0])'
 df -h "$WORK" | tail -1
-# the image compiles every module's bytecode at build time; a bare machine would compile torch's at every start
+# the image compiles every module's bytecode at build time, the standard library's too; a bare machine would compile
+# torch's at every start (and, with the prefix, the standard library's: stop 67's py-spy found ~0.4 s of it)
 export PYTHONPYCACHEPREFIX=${PYTHONPYCACHEPREFIX:-/tmp/pyc}
 [ "${COMPILEALL:-1}" = 0 ] || python3 -m compileall -q -j 0 \
-  "$(python3 -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')" container > /dev/null 2>&1
+  "$(python3 -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')" \
+  "$(python3 -c 'import sysconfig; print(sysconfig.get_paths()["stdlib"])')" container > /dev/null 2>&1
 
 if [ ! -f "$CK/codec.pth" ]; then  # the writer renames a complete directory into place: present = complete
   rm -rf "$CK"
@@ -69,9 +73,10 @@ run_case() {  # run_case QUANT CASE ROUND [FEATURES]
     dir)
       [ -d "$kc" ] || { echo "skipped $q $c $r: no cache directory yet"; return; }
       dir=$kc ;;
-    blob)
+    blob|package)
       compgen -G "$kc/artifacts-*.bin" > /dev/null || { echo "skipped $q $c $r: no blob"; return; }
-      dir="$WORK/kc-$q-blob"; rm -rf "$dir"; mkdir -p "$dir"; cp "$kc"/artifacts-*.bin "$dir"/ ;;
+      dir="$WORK/kc-$q-$c"; rm -rf "$dir"; mkdir -p "$dir"; cp "$kc"/artifacts-*.bin "$dir"/
+      if [ "$c" = package ]; then mkdir -p "$dir/weights"; cp "$kc"/weights/codec-*.pt "$dir/weights/"; fi ;;
   esac
   est=${LAST[$q-$tag]:-$([ "$c" = empty ] && echo 75 || echo 30)}
   if [ "$(left)" -lt $(( est + 10 )) ]; then
@@ -112,7 +117,8 @@ for path in sorted(glob.glob(os.path.join(sys.argv[1], "coldstart-*-*-*.log"))):
     lines = [line for line in open(path, errors="replace") if line.startswith("{")]
     if lines:
         rows.setdefault((q, c), []).append(json.loads(lines[-1]))
-names = {"empty": "empty cache", "dir": "warm cache directory", "blob": "blob into an empty directory"}
+names = {"empty": "empty cache", "dir": "warm cache directory", "blob": "blob into an empty directory",
+         "package": "blob + codec entry (SageMaker package)"}
 print("| case | quant | runs | start -> first audio, median (all) | imports s | load s (files/compiler/model/codec) | warm-up s |"
       " codec cache | kernel cache |")
 print("|---|---|---|---|---|---|---|---|---|")

@@ -37,6 +37,7 @@ def before(p: Platform) -> set[str]:
     on |= {F.RESAMPLE_THREAD}  # since stop 64, everywhere
     on |= {F.LAZY_COMPILER}  # since stop 65, everywhere
     on |= {F.EARLY_KERNELS}  # since stop 66, everywhere (it acts only where a GPU's driver is loaded)
+    on |= {F.EARLY_JIT}  # since stop 67, everywhere (it acts only on a CUDA device with Triton)
     on |= {F.CUDA_GRAPHS, F.PREFILL_GRAPHS, F.CUDNN_TUNING, F.CODEC_CHANNELS_LAST} if graphs else set()
     on |= {F.COMPILE} if compiled else set()
     on |= {F.PRECOMPILE} if compiled and p.precompile else set()
@@ -70,7 +71,7 @@ def test_cpu_defaults_are_the_engines_without_a_gpu():
                                               F.CODEC_PINNED_COPY, F.CODEC_CACHE, F.EARLY_READAHEAD,
                                               F.PLAIN_WEBSOCKET, F.DIRECT_ADMIT, F.PREFILL_FIT, F.OWN_GPU_VIEW,
                                               F.SHORT_SWITCH, F.RESAMPLE_THREAD,
-                                              F.LAZY_COMPILER, F.EARLY_KERNELS}
+                                              F.LAZY_COMPILER, F.EARLY_KERNELS, F.EARLY_JIT}
 
 
 @pytest.mark.parametrize("name", [f.name for f in FEATURES])

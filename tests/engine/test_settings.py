@@ -68,7 +68,8 @@ def test_cpu_defaults_are_what_they_were_before_the_registry(ckpt):
                           F.OWN_GPU_VIEW, F.SHORT_SWITCH,  # since stop 62
                           F.RESAMPLE_THREAD,  # since stop 64
                           F.LAZY_COMPILER,  # since stop 65
-                          F.EARLY_KERNELS}  # since stop 66
+                          F.EARLY_KERNELS,  # since stop 66
+                          F.EARLY_JIT}  # since stop 67
 
 
 def test_named_kernels_reach_the_runner_and_those_that_cannot_run_warn(ckpt, caplog):

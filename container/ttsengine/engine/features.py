@@ -44,6 +44,7 @@ SLACK_PREFILL = "slack_prefill"
 EARLY_READAHEAD = "early_readahead"
 LAZY_COMPILER = "lazy_compiler"
 EARLY_KERNELS = "early_kernels"
+EARLY_JIT = "early_jit"
 PLAIN_WEBSOCKET = "plain_websocket"
 DIRECT_ADMIT = "direct_admit"
 PREFILL_FIT = "prefill_fit"
@@ -172,6 +173,11 @@ FEATURES = (
     Feature(EARLY_KERNELS, ENGINE, "a start whose kernel cache lacks our Triton kernels compiles them in background "
             "processes from the recorded manifest while it imports and loads", "each compiled at its first use, one "
             "at a time", "engine/device/compile/early_kernels.py, serving/prefetch.py"),
+    # early_jit: stop 67's py-spy of a warm start: the first Triton launches on the engine's and the codec's threads
+    # spent ~0.3 s in Triton's compiler key (a sha256 of its ~500 MB library) and parsing our kernels' sources
+    Feature(EARLY_JIT, ENGINE, "a GPU start computes Triton's compiler key and our kernels' keys in a thread while "
+            "it loads the weights", "computed at the first launches, on the engine's and the codec's threads",
+            "engine/device/compile/early_kernels.py `key_kernels_ahead`, engine/loader.py"),
     Feature(LAZY_COMPILER, ENGINE, "torch's compiler (torch._dynamo, ~1 s of imports) is imported at the first "
             "compile, not on a start's path to its first audio (eager calls skip our custom ops' wrappers)",
             "imported in the weight load (its 'compiler' phase)", "model/loading/checkpoint.py, compat.py"),

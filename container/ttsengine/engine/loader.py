@@ -14,7 +14,8 @@ from ..model.loading import codec_cache
 from ..model.loading.checkpoint import Checkpoint, load_checkpoint
 from ..model.loading.replicate import copy_to
 from ..model.quant import quantize
-from .features import CODEC_CACHE, LAZY_COMPILER, switched_off
+from .device.compile.early_kernels import key_kernels_ahead
+from .features import CODEC_CACHE, EARLY_JIT, LAZY_COMPILER, switched_off
 
 log = logging.getLogger(__name__)
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
@@ -54,6 +55,8 @@ def load(config: EngineConfig, random_weights: str | None = None, quantize: bool
     dtype = resolve_dtype(config.dtype, device, torch.bfloat16)
     codec_dtype = resolve_dtype(config.codec_dtype, codec_device, torch.bfloat16)
     start = time.perf_counter()
+    if device.type == "cuda" and not switched_off(config.features, EARLY_JIT):
+        key_kernels_ahead(config.quant)  # beside the read and the upload; Device waits for it before its warm-up
     if random_weights:
         from ..model.loading.synthetic import random_checkpoint
 

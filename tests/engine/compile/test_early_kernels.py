@@ -138,3 +138,41 @@ def test_a_worker_with_nothing_to_build_exits_quietly(tmp_path):
                          capture_output=True, text=True, timeout=60, cwd=ROOT,
                          env={**os.environ, "TRITON_CACHE_DIR": str(tmp_path / "triton")})
     assert run.returncode == 0 and run.stdout == "" and run.stderr == "", run.stderr
+
+
+def test_a_worker_yields_the_cpu_to_the_start():
+    """A worker lowers its own priority by WORKER_NICENESS (capped at the lowest, 19) before it compiles anything: the
+    start's threads beside it come first."""
+    code = ("import os; from ttsengine.engine.device.compile import early_kernels as ek; before = os.nice(0); "
+            "ek.lower_priority(); print(before, os.nice(0))")
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=ROOT)
+    before, after = map(int, run.stdout.split())
+    assert after == min(19, before + early_kernels.WORKER_NICENESS), run.stderr
+
+
+KEYED = """
+import sys
+from triton.runtime.cache import triton_key
+from ttsengine.engine.device.compile import early_kernels, kernel_manifest
+thread = early_kernels.key_kernels_ahead(sys.argv[1])
+assert thread is not None and thread.daemon
+early_kernels.wait_for_keys(300)
+assert not thread.is_alive() and not early_kernels._KEYING
+assert triton_key.cache_info().currsize == 1  # Triton's compiler key made, kept where Triton looks for it
+mine = {e["kernel"] for e in kernel_manifest.ENTRIES if e["quant"] in ("bf16", sys.argv[1])}
+unkeyed = sorted(p for p in mine if early_kernels.kernel(p).hash is None)
+assert not unkeyed, unkeyed
+print(len(mine), "kernels keyed")
+"""
+
+
+@pytest.mark.skipif(triton_major() < 3, reason="the kernels' factories need Triton 3")
+@pytest.mark.parametrize("quant", ["bf16", "int8"])
+def test_the_early_jit_thread_keys_triton_and_every_kernel_of_its_quantization(quant):
+    """Feature early_jit's thread, in a fresh interpreter without the tests' TRITON_INTERPRET: afterwards Triton's
+    compiler key is cached and every manifest kernel a start of that quantization launches holds its key (the objects
+    the engine launches: the factories are cached), so the first launches compute neither."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    run = subprocess.run([sys.executable, "-c", KEYED, quant], env=env, capture_output=True, text=True, timeout=300,
+                         cwd=ROOT)
+    assert run.returncode == 0 and "kernels keyed" in run.stdout, run.stderr[-3000:]

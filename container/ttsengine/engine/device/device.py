@@ -19,6 +19,7 @@ import torch
 from ...config import EngineConfig
 from .. import features
 from ..control.step_plan import Move, StepPlan
+from .compile.early_kernels import wait_for_keys
 from .compile.kernel_cache import KernelCache
 from .cuda_graphs import GraphSet
 from .in_flight import InFlight
@@ -157,6 +158,7 @@ class Device:
                 f"precompiled {units_text(self.precompiled())}")
 
     def _warm_up(self) -> None:
+        wait_for_keys()  # feature early_jit: the first launches below then find Triton's keys made
         if self.graphs is None and not self.runner.compiled:
             return  # eager: nothing to prepare
         try:

@@ -19,6 +19,7 @@ to build_ahead(); the workers import Triton and the kernels' modules.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import hashlib
 import importlib
 import importlib.util
@@ -37,6 +38,7 @@ GROUP_FILES = "*/__grp__*.json"  # under TRITON_DIR: one group file per compiled
 BLOB = "artifacts-{key}.bin"  # the portable blob, per cache key
 MAX_PROCESSES = 8  # workers at most: ~30 kernels, the slowest ~1.5 s; more would only add imports
 WORKER_LIMIT_S = 300  # a worker ends itself after this long (a hung compile must not outlive the start by much)
+WORKER_NICENESS = 10  # added to a worker's: the start's own threads (the load's CPU conversions) come first
 NVIDIA_DRIVER = Path("/proc/driver/nvidia/version")  # present where an NVIDIA GPU's driver is loaded
 CGROUP_CPU = Path("/sys/fs/cgroup/cpu.max")  # a container's CPU quota (cgroup v2): "QUOTA PERIOD" or "max PERIOD"
 KERNELS = "ttsengine.model.kernels"  # the package whose modules hold our Triton kernels and their JIT helpers
@@ -152,6 +154,46 @@ def build_ahead(cache_dir: Path, quant: str, env: dict[str, str]) -> list[subpro
     return workers
 
 
+# ---- in the start's own process, beside the weight load (feature early_jit; imports Triton) ---------------------
+_KEYING: list[threading.Thread] = []  # the keying thread of this process, while it runs
+
+
+def key_kernels_ahead(quant: str) -> threading.Thread | None:
+    """Starts a daemon thread doing, while the start reads and uploads its weights (the main thread then waits on the
+    disk and on copies, without the GIL), what the first launch of our Triton kernels would do on the engine's and the
+    codec's threads before it could look in the kernel cache: Triton's compiler key (a sha256 of its ~500 MB library
+    and its sources, ~0.3 s on the first launch of a process: stop 67's py-spy of a warm start) and each kernel's own
+    key (its source parsed for the JIT functions and globals it uses). Both are cached where Triton keeps them, so the
+    first launches only look them up. Our kernels are the manifest's, whatever Triton recorded it (their keys depend
+    on their source, not on the GPU or the version). -> the thread; None where Triton is not installed."""
+    from . import kernel_manifest as manifest
+
+    if triton_version() is None:
+        return None
+    paths = list(dict.fromkeys(e["kernel"] for e in manifest.ENTRIES if e["quant"] in ("bf16", base_quant(quant))))
+    thread = threading.Thread(target=_key_kernels, args=(paths,), name="tts-early-jit", daemon=True)
+    _KEYING.append(thread)
+    thread.start()
+    return thread
+
+
+def wait_for_keys(timeout: float = 10.0) -> None:
+    """Until the keying thread (if any) is done: the first launch should not compute the same keys beside it."""
+    while _KEYING:
+        _KEYING.pop().join(timeout)
+
+
+def _key_kernels(paths: list[str]) -> None:
+    # another Triton's layout, a stale entry: the first launch computes that key, as without this thread
+    with contextlib.suppress(Exception):
+        from triton.runtime.cache import triton_key
+
+        triton_key()
+    for path in paths:
+        with contextlib.suppress(Exception):
+            _ = kernel(path).cache_key  # a property: computed once, kept on the JIT function
+
+
 # ---- in a worker (imports Triton) -------------------------------------------------------------------------------
 def _jit(obj):
     """The JITFunction inside autotuner or heuristics wrappers."""
@@ -237,9 +279,19 @@ def run_share(k: int, n: int, quant: str) -> tuple[int, list[str]]:
     return len(share), failures
 
 
+def lower_priority() -> None:
+    """This worker yields the CPU to the start beside it (background work; where lowering is refused it runs at the
+    start's priority, as before). Stop 66's workers slowed the load's codec conversion from 1.0 to 3.5-4.2 s; stop
+    67's, lowered, still left it at 3.4-3.9 s: not the CPU's share, then (docs/speed.md)."""
+    if hasattr(os, "nice"):
+        with contextlib.suppress(OSError):
+            os.nice(WORKER_NICENESS)
+
+
 def main(argv: list[str]) -> int:
     if hasattr(signal, "alarm"):
         signal.alarm(WORKER_LIMIT_S)  # SIGALRM ends the worker: a start waits for none of them
+    lower_priority()
     try:
         k, n, quant = int(argv[0]), int(argv[1]), argv[2]
         if not 0 <= k < n or len(argv) != 3:
