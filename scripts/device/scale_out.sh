@@ -20,6 +20,7 @@
 #   machine (env: CASES="dir blob volume empty",
 #   BURSTS="64 256", FRAMES=192, MAX=256, RATE=24, LOAD_S=90 (A's load per case, s: it should outlast B's start and
 #   bursts, ~90 s from a warm directory, longer from empty), PROCS=4, FRESH=1, CKPT, WORK). Two cases fit a call.
+#   TRACE=1: B's prefill budget traced (scripts/device/budget_trace) and printed per half second after its bursts.
 set -uo pipefail
 . scripts/device/lib.sh
 device_setup "${WORK:-/tmp/scale-out}" 6000
@@ -43,6 +44,7 @@ serve() {  # serve NAME PORT DEVICE CACHE_DIR: a server in the background, ready
   env ${SHARE:+TTS_GPU_MEMORY_UTILIZATION=$SHARE} TTS_MODEL_DIR="$CKPT" TTS_CACHE_DIR="$cache" \
     TTS_DATA_DIR="$W/data-$name" TTS_PORT="$port" TTS_DEVICES="$device" TTS_MAX_BATCH="$MAX" \
     TTS_LOG_LEVEL="${LOG:-WARNING}" TTS_FEATURES="${FEATS:-auto}" \
+    ${TRACE:+PYTHONPATH=$PWD/scripts/device/budget_trace:$PYTHONPATH BUDGET_TRACE=$W/budget-$name} \
     python3 -m handlers http > "$W/server-$name.log" 2>&1 &
   SPID=$!
   python3 scripts/device/wait_ready.py "$port" "$SPID" 400 kernel_cache max_streams > "$W/ready-$name.txt" 2>&1 \
@@ -103,6 +105,9 @@ for entry in $CASES; do  # STATE or STATE:FEATURE (B with TTS_FEATURES=+FEATURE)
     for n in $BURSTS; do lt "b-$label-first-$n" "$B_PORT" --concurrency "$n" --requests "$n"; done
     for n in $BURSTS; do lt "b-$label-warm-$n" "$B_PORT" --concurrency "$n" --requests "$n"; done
     stop "$SPID" "b-$label"
+    if [ -n "${TRACE:-}" ]; then  # the prefill budget in B's engine process, per half second, bursts included
+      for f in "$W/budget-b-$label".*; do echo "## B's prefill budget ($f)"; python3 scripts/device/budget_table.py "$f"; done
+    fi
     ROWS+=("$label:$READY")
   fi
   wait "$LOAD_PID"
