@@ -7,7 +7,8 @@ import statistics
 import sys
 from collections import defaultdict
 
-rows = [json.loads(line) for line in open(sys.argv[1])]
+with open(sys.argv[1]) as f:
+    rows = [json.loads(line) for line in f]
 step = float(sys.argv[2]) if len(sys.argv) > 2 else 0.5
 t0 = rows[0][0] if rows else 0.0
 bins: dict = defaultdict(lambda: {"budgets": [], "prefilled": 0, "seconds": [], "buckets": set(), "cost": None})

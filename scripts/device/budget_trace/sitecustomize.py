@@ -7,6 +7,7 @@ Nothing in the package changes; without BUDGET_TRACE this does nothing. Read by 
 Usage: PYTHONPATH=scripts/device/budget_trace:$PYTHONPATH BUDGET_TRACE=/tmp/budget python3 -m handlers http"""
 
 import atexit
+import contextlib
 import functools
 import json
 import os
@@ -63,7 +64,5 @@ def _install(path: str) -> None:
 
 
 if _PATH:
-    try:
+    with contextlib.suppress(ImportError):  # a process without the package on its path (a tool, pip): no trace
         _install(_PATH)
-    except ImportError:  # a process without the package on its path (a tool, pip): nothing to trace
-        pass
