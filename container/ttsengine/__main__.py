@@ -188,8 +188,21 @@ def build_parser() -> argparse.ArgumentParser:
 TOOLS = {"bench": "bench", "warm": "warm", "loadtest": "loadtest", "livetest": "load.live", "soak": "soak",
          "parity": "parity", "info": "info", "plan": "plan"}  # name -> its module under tools/
 ENGINE_TOOLS = ("bench", "warm")  # log the engine's start (cache status, warm-up); loadtest is a quiet HTTP client
-READ_AHEAD_TOOLS = ("warm",)  # start reading $TTS_MODEL_DIR's weights and building kernels before their imports
+READ_AHEAD_TOOLS = ("warm",)  # start reading the model's weights and building kernels before their imports
 # (serving/prefetch.py)
+
+
+def _dirs_given(argv: list[str]) -> tuple[str | None, str | None]:
+    """(--model, --cache-dir) as a tool's command line gives them (its own parser reports anything wrong later): what
+    a start reads and builds ahead, before its imports, besides the environment's."""
+    ap = argparse.ArgumentParser(add_help=False, allow_abbrev=False, exit_on_error=False)
+    ap.add_argument("--model")
+    ap.add_argument("--cache-dir")
+    try:
+        known, _ = ap.parse_known_args(argv)
+    except (argparse.ArgumentError, SystemExit):  # e.g. a flag without its value: the tool's parser says so
+        return None, None
+    return known.model, known.cache_dir
 
 
 def _log_to_stderr() -> None:
@@ -202,10 +215,12 @@ def main(argv: list[str] | None = None) -> int:
         import importlib
 
         if argv[0] in READ_AHEAD_TOOLS:
+            from .config import with_dirs
             from .serving.prefetch import build_kernels_ahead, read_weights_ahead
 
-            read_weights_ahead()
-            build_kernels_ahead()
+            env = with_dirs(*_dirs_given(argv[1:]))
+            read_weights_ahead(env)
+            build_kernels_ahead(env)
         tool = importlib.import_module(f".tools.{TOOLS[argv[0]]}", __package__)
         try:
             if argv[0] in ENGINE_TOOLS:

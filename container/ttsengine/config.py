@@ -407,6 +407,17 @@ def environment() -> dict[str, str]:
     return dict(os.environ)
 
 
+def with_dirs(model_dir: str | None, cache_dir: str | None) -> dict[str, str]:
+    """This process's environment with TTS_MODEL_DIR and TTS_CACHE_DIR set to the directories given on a command line
+    (None: as they are), for what a start begins before it parses its arguments (serving/prefetch.py): `warm
+    --model DIR --cache-dir DIR` reads ahead and builds kernels ahead as the variables would have it."""
+    env = dict(os.environ)
+    for name, value in (("TTS_MODEL_DIR", model_dir), ("TTS_CACHE_DIR", cache_dir)):
+        if value:
+            env[name] = value
+    return env
+
+
 def with_visible_gpus(gpus: str) -> dict[str, str]:
     """This process's environment with CUDA_VISIBLE_DEVICES=`gpus`: what an engine process is started with (feature
     own_gpu_view; serving/engine_process/remote_fleet.py)."""

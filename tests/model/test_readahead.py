@@ -58,3 +58,29 @@ def test_read_ahead_before_torch_is_imported(tmp_path):
     assert _ahead({"TTS_MODEL_DIR": str(tmp_path), "TTS_FEATURES": "-early_readahead"})["threads"] is None
     assert _ahead({"TTS_MODEL_DIR": str(tmp_path), "TTS_MAX_BATCH": "lots"})["threads"] is None  # reported later
     assert _ahead({"TTS_MODEL_DIR": str(tmp_path / "nowhere")})["threads"] is None
+
+
+def test_warm_reads_ahead_from_its_command_lines_directories(tmp_path):
+    """`warm --model DIR --cache-dir DIR` without TTS_MODEL_DIR / TTS_CACHE_DIR: what a start begins before its imports
+    (the weights read, our kernels built) follows the command line's directories, as the variables would have it; a
+    flag without its value leaves the environment's (warm's own parser reports it)."""
+    from ttsengine.__main__ import _dirs_given
+    from ttsengine.config import read_ahead_paths, with_dirs
+
+    (tmp_path / "model.pth").write_bytes(os.urandom(1 << 16))
+    (tmp_path / "codec.pth").write_bytes(os.urandom(1 << 16))
+    argv = ["--until-first-audio", "--model", str(tmp_path), "--cache-dir", str(tmp_path / "kc"), "--no-blob"]
+    assert _dirs_given(argv) == (str(tmp_path), str(tmp_path / "kc"))
+    assert _dirs_given(["--random-weights", "s1-mini", "--cache-dir=/c"]) == (None, "/c")
+    assert _dirs_given(["--model"]) == (None, None)
+    assert _dirs_given(["--mod", "x"]) == (None, None)  # no abbreviations: warm's parser decides what --mod is
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("TTS_")}
+    env = {**clean, **with_dirs(*_dirs_given(argv))}
+    assert read_ahead_paths(env) == (tmp_path, tmp_path / "kc")
+    code = ("import json, sys; from ttsengine.__main__ import _dirs_given; from ttsengine.config import with_dirs; "
+            "from ttsengine import read_weights_ahead; r = read_weights_ahead(with_dirs(*_dirs_given(sys.argv[1:]))); "
+            "r and r.join(30); print(json.dumps([t.name for t in r.threads] if r else None))")
+    run = subprocess.run([sys.executable, "-c", code, *argv], env=clean, capture_output=True, text=True, timeout=120,
+                         cwd=ROOT)
+    assert run.returncode == 0, run.stderr
+    assert json.loads(run.stdout.strip().splitlines()[-1]) == ["readahead-model.pth", "readahead-codec.pth"]
