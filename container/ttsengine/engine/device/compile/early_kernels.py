@@ -191,7 +191,11 @@ def _key_kernels(paths: list[str]) -> None:
         triton_key()
     for path in paths:
         with contextlib.suppress(Exception):
-            _ = kernel(path).cache_key  # a property: computed once, kept on the JIT function
+            jit = kernel(path)
+            # a property, computed once and kept on the JIT function; a Triton without its lock (older releases) shows a
+            # placeholder key while computing one, which a launch beside would take: those are left to the launch
+            if hasattr(jit, "_hash_lock"):
+                _ = jit.cache_key
 
 
 # ---- in a worker (imports Triton) -------------------------------------------------------------------------------
