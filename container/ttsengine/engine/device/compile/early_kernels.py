@@ -14,6 +14,10 @@ the engine sizes its KV cache from): they compile for the target the manifest na
 An entry that no longer matches (a kernel's code or arguments changed since the recording, another GPU, another
 Triton version) only costs a worker's time: the kernel compiles at its first use as it always did. Stdlib only down
 to build_ahead(); the workers import Triton and the kernels' modules.
+
+The manifest's kernel names serve every GPU start too, whatever its cache holds (feature early_jit): before a first
+launch can look in the cache Triton computes its own compiler key and the kernel's key; key_kernels_ahead() does
+that on a thread while the weights load, and the warm-up waits for it (wait_for_keys).
 """
 
 from __future__ import annotations
