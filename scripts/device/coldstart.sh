@@ -75,6 +75,8 @@ run_case() {  # run_case QUANT CASE ROUND [FEATURES]
       dir=$kc ;;
     blob|package)
       compgen -G "$kc/artifacts-*.bin" > /dev/null || { echo "skipped $q $c $r: no blob"; return; }
+      [ "$c" = blob ] || compgen -G "$kc/weights/codec-*.pt" > /dev/null \
+        || { echo "skipped $q $c $r: no codec entry"; return; }
       dir="$WORK/kc-$q-$c"; rm -rf "$dir"; mkdir -p "$dir"; cp "$kc"/artifacts-*.bin "$dir"/
       if [ "$c" = package ]; then mkdir -p "$dir/weights"; cp "$kc"/weights/codec-*.pt "$dir/weights/"; fi ;;
   esac

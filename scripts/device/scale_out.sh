@@ -20,7 +20,7 @@
 #   machine (env: CASES="dir blob volume empty",
 #   BURSTS="64 256", FRAMES=192, MAX=256, RATE=24, LOAD_S=90 (A's load per case, s: it should outlast B's start and
 #   bursts, ~90 s from a warm directory, longer from empty), PROCS=4, FRESH=1, CKPT, WORK). Two cases fit a call.
-#   TRACE=1: B's prefill budget traced (scripts/device/budget_trace) and printed per half second after its bursts.
+#   TRACE=1 (any value): B's prefill budget traced (scripts/device/budget_trace) and printed per half second after its bursts.
 set -uo pipefail
 . scripts/device/lib.sh
 device_setup "${WORK:-/tmp/scale-out}" 6000
@@ -106,7 +106,10 @@ for entry in $CASES; do  # STATE or STATE:FEATURE (B with TTS_FEATURES=+FEATURE)
     for n in $BURSTS; do lt "b-$label-warm-$n" "$B_PORT" --concurrency "$n" --requests "$n"; done
     stop "$SPID" "b-$label"
     if [ -n "${TRACE:-}" ]; then  # the prefill budget in B's engine process, per half second, bursts included
-      for f in "$W/budget-b-$label".*; do echo "## B's prefill budget ($f)"; python3 scripts/device/budget_table.py "$f"; done
+      for f in "$W/budget-b-$label".*; do
+        [ -f "$f" ] || { echo "## no budget trace of B"; continue; }
+        echo "## B's prefill budget ($f)"; python3 scripts/device/budget_table.py "$f"
+      done
     fi
     ROWS+=("$label:$READY")
   fi

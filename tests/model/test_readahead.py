@@ -75,7 +75,8 @@ def test_warm_reads_ahead_from_its_command_lines_directories(tmp_path):
     assert _dirs_given(["--model"]) == (None, None)
     assert _dirs_given(["--mod", "x"]) == (None, None)  # no abbreviations: warm's parser decides what --mod is
     clean = {k: v for k, v in os.environ.items() if not k.startswith("TTS_")}
-    env = {**clean, **with_dirs(*_dirs_given(argv))}
+    given = with_dirs(*_dirs_given(argv))
+    env = {**clean, "TTS_MODEL_DIR": given["TTS_MODEL_DIR"], "TTS_CACHE_DIR": given["TTS_CACHE_DIR"]}
     assert read_ahead_paths(env) == (tmp_path, tmp_path / "kc")
     code = ("import json, sys; from ttsengine.__main__ import _dirs_given; from ttsengine.config import with_dirs; "
             "from ttsengine import read_weights_ahead; r = read_weights_ahead(with_dirs(*_dirs_given(sys.argv[1:]))); "

@@ -47,6 +47,12 @@ def apply_quantization(ckpt: Checkpoint, mode: str, int8_kernel: str = "auto") -
     return done
 
 
+def keys_ahead(device: torch.device, config: EngineConfig) -> bool:
+    """Whether a load on `device` keys our Triton kernels in a thread beside it (feature early_jit): on CUDA only,
+    where they launch."""
+    return device.type == "cuda" and not switched_off(config.features, EARLY_JIT)
+
+
 def load(config: EngineConfig, random_weights: str | None = None, quantize: bool = True) -> Checkpoint:
     """The configured model dir, or (bench, warm) random weights with the real shapes of `random_weights`
     (e.g. "s1-mini"), on the configured devices, dtypes and quantization (quantize=False: left for the caller)."""
@@ -55,7 +61,7 @@ def load(config: EngineConfig, random_weights: str | None = None, quantize: bool
     dtype = resolve_dtype(config.dtype, device, torch.bfloat16)
     codec_dtype = resolve_dtype(config.codec_dtype, codec_device, torch.bfloat16)
     start = time.perf_counter()
-    if device.type == "cuda" and not switched_off(config.features, EARLY_JIT):
+    if keys_ahead(device, config):
         key_kernels_ahead(config.quant)  # beside the read and the upload; Device waits for it before its warm-up
     if random_weights:
         from ..model.loading.synthetic import random_checkpoint

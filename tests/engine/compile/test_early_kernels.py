@@ -141,10 +141,10 @@ def test_a_worker_with_nothing_to_build_exits_quietly(tmp_path):
 
 
 def test_a_worker_yields_the_cpu_to_the_start():
-    """A worker lowers its own priority by WORKER_NICENESS (capped at the lowest, 19) before it compiles anything: the
-    start's threads beside it come first."""
-    code = ("import os; from ttsengine.engine.device.compile import early_kernels as ek; before = os.nice(0); "
-            "ek.lower_priority(); print(before, os.nice(0))")
+    """A worker (its main(), here with nothing to build) lowers its own priority by WORKER_NICENESS (capped at the
+    lowest, 19): the start's threads beside it come first."""
+    code = ("import os, signal; from ttsengine.engine.device.compile import early_kernels as ek; before = os.nice(0); "
+            "assert ek.main(['0', '1', 'bf16']) == 0; signal.alarm(0); print(before, os.nice(0))")
     run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=ROOT)
     before, after = map(int, run.stdout.split())
     assert after == min(19, before + early_kernels.WORKER_NICENESS), run.stderr
@@ -176,3 +176,32 @@ def test_the_early_jit_thread_keys_triton_and_every_kernel_of_its_quantization(q
     run = subprocess.run([sys.executable, "-c", KEYED, quant], env=env, capture_output=True, text=True, timeout=300,
                          cwd=ROOT)
     assert run.returncode == 0 and "kernels keyed" in run.stdout, run.stderr[-3000:]
+
+
+def test_only_a_cuda_load_keys_kernels_and_the_switch_turns_it_off():
+    import torch
+
+    from ttsengine import EngineConfig
+    from ttsengine.engine.loader import keys_ahead
+
+    assert keys_ahead(torch.device("cuda"), EngineConfig())
+    assert keys_ahead(torch.device("cuda:1"), EngineConfig(features="all"))
+    assert not keys_ahead(torch.device("cuda"), EngineConfig(features="-early_jit"))
+    assert not keys_ahead(torch.device("cpu"), EngineConfig())
+
+
+def test_waiting_for_the_keys_takes_the_thread_once():
+    """Two engines' warm-ups in one process: the first takes and joins the thread, the second finds none."""
+    import threading
+
+    done = threading.Event()
+    thread = threading.Thread(target=done.wait, args=(5,), daemon=True)
+    thread.start()
+    early_kernels._KEYING.append(thread)
+    waiters = [threading.Thread(target=early_kernels.wait_for_keys, args=(0.2,)) for _ in range(2)]
+    for w in waiters:
+        w.start()
+    for w in waiters:
+        w.join(5)
+    assert not early_kernels._KEYING and not any(w.is_alive() for w in waiters)
+    done.set()

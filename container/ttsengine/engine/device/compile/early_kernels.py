@@ -174,31 +174,41 @@ def key_kernels_ahead(quant: str) -> threading.Thread | None:
 
     if triton_version() is None:
         return None
-    paths = list(dict.fromkeys(e["kernel"] for e in manifest.ENTRIES if e["quant"] in ("bf16", base_quant(quant))))
-    thread = threading.Thread(target=_key_kernels, args=(paths,), name="tts-early-jit", daemon=True)
+    paths = dict.fromkeys(e["kernel"] for e in manifest.ENTRIES if e["quant"] in ("bf16", base_quant(quant)))
+    # the JIT functions are found here, on the caller's thread: some come from factories that rebind their module's
+    # names at their first call (small_linear), which the engine's threads make too; two first calls at once break them
+    jits = []
+    for path in paths:
+        with contextlib.suppress(Exception):  # a stale entry: its first launch keys it, as without this thread
+            jits.append(kernel(path))
+    thread = threading.Thread(target=_key_kernels, args=(jits,), name="tts-early-jit", daemon=True)
     _KEYING.append(thread)
     thread.start()
     return thread
 
 
 def wait_for_keys(timeout: float = 10.0) -> None:
-    """Until the keying thread (if any) is done: the first launch should not compute the same keys beside it."""
-    while _KEYING:
-        _KEYING.pop().join(timeout)
+    """Until the keying thread (if any) is done: the first launch should not compute the same keys beside it (after
+    `timeout` it goes on: the keys it finds made are made, the rest its launches make, as without the thread)."""
+    while True:
+        try:
+            thread = _KEYING.pop()
+        except IndexError:  # none left (another engine's warm-up may have taken it)
+            return
+        thread.join(timeout)
 
 
-def _key_kernels(paths: list[str]) -> None:
-    # another Triton's layout, a stale entry: the first launch computes that key, as without this thread
-    with contextlib.suppress(Exception):
+def _key_kernels(jits: list) -> None:
+    """Triton's compiler key (a functools cache) and each kernel's key (computed under the JIT function's own lock)."""
+    with contextlib.suppress(Exception):  # another Triton's layout: the first launch computes it, as without
         from triton.runtime.cache import triton_key
 
         triton_key()
-    for path in paths:
-        with contextlib.suppress(Exception):
-            jit = kernel(path)
-            # a property, computed once and kept on the JIT function; a Triton without its lock (older releases) shows a
-            # placeholder key while computing one, which a launch beside would take: those are left to the launch
-            if hasattr(jit, "_hash_lock"):
+    for jit in jits:
+        # a property, computed once and kept on the JIT function; a Triton without its lock (older releases) shows a
+        # placeholder key while computing one, which a launch beside would take: those are left to the launch
+        if hasattr(jit, "_hash_lock"):
+            with contextlib.suppress(Exception):
                 _ = jit.cache_key
 
 
