@@ -177,7 +177,7 @@ FEATURES = (
     # spent ~0.3 s in Triton's compiler key (a sha256 of its ~500 MB library) and parsing our kernels' sources
     Feature(EARLY_JIT, ENGINE, "a GPU start computes Triton's compiler key and our kernels' keys in a thread while "
             "it loads the weights", "computed at the first launches, on the engine's and the codec's threads",
-            "engine/device/compile/early_kernels.py `key_kernels_ahead`, engine/loader.py"),
+            "engine/device/compile/early_jit.py, engine/loader.py"),
     Feature(LAZY_COMPILER, ENGINE, "torch's compiler (torch._dynamo, ~1 s of imports) is imported at the first "
             "compile, not on a start's path to its first audio (eager calls skip our custom ops' wrappers)",
             "imported in the weight load (its 'compiler' phase)", "model/loading/checkpoint.py, compat.py"),

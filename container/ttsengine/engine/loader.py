@@ -14,7 +14,7 @@ from ..model.loading import codec_cache
 from ..model.loading.checkpoint import Checkpoint, load_checkpoint
 from ..model.loading.replicate import copy_to
 from ..model.quant import quantize
-from .device.compile.early_kernels import key_kernels_ahead
+from .device.compile.early_jit import key_kernels_ahead
 from .features import CODEC_CACHE, EARLY_JIT, LAZY_COMPILER, switched_off
 
 log = logging.getLogger(__name__)

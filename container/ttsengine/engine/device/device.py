@@ -19,7 +19,7 @@ import torch
 from ...config import EngineConfig
 from .. import features
 from ..control.step_plan import Move, StepPlan
-from .compile.early_kernels import wait_for_keys
+from .compile.early_jit import wait_for_keys
 from .compile.kernel_cache import KernelCache
 from .cuda_graphs import GraphSet
 from .in_flight import InFlight

@@ -14,10 +14,7 @@ the engine sizes its KV cache from): they compile for the target the manifest na
 An entry that no longer matches (a kernel's code or arguments changed since the recording, another GPU, another
 Triton version) only costs a worker's time: the kernel compiles at its first use as it always did. Stdlib only down
 to build_ahead(); the workers import Triton and the kernels' modules.
-
-The manifest's kernel names serve every GPU start too, whatever its cache holds (feature early_jit): before a first
-launch can look in the cache Triton computes its own compiler key and the kernel's key; key_kernels_ahead() does
-that on a thread while the weights load, and the warm-up waits for it (wait_for_keys).
+The manifest's kernel names serve every GPU start too (early_jit.py).
 """
 
 from __future__ import annotations
@@ -156,60 +153,6 @@ def build_ahead(cache_dir: Path, quant: str, env: dict[str, str]) -> list[subpro
                              daemon=True).start()
             atexit.register(lambda: [w.terminate() for w in workers if w.poll() is None])
     return workers
-
-
-# ---- in the start's own process, beside the weight load (feature early_jit; imports Triton) ---------------------
-_KEYING: list[threading.Thread] = []  # the keying thread of this process, while it runs
-
-
-def key_kernels_ahead(quant: str) -> threading.Thread | None:
-    """Starts a daemon thread doing, while the start reads and uploads its weights (the main thread then waits on the
-    disk and on copies, without the GIL), what the first launch of our Triton kernels would do on the engine's and the
-    codec's threads before it could look in the kernel cache: Triton's compiler key (a sha256 of its ~500 MB library
-    and its sources, ~0.3 s on the first launch of a process: stop 67's py-spy of a warm start) and each kernel's own
-    key (its source parsed for the JIT functions and globals it uses). Both are cached where Triton keeps them, so the
-    first launches only look them up. Our kernels are the manifest's, whatever Triton recorded it (their keys depend
-    on their source, not on the GPU or the version). -> the thread; None where Triton is not installed."""
-    from . import kernel_manifest as manifest
-
-    if triton_version() is None:
-        return None
-    paths = dict.fromkeys(e["kernel"] for e in manifest.ENTRIES if e["quant"] in ("bf16", base_quant(quant)))
-    # the JIT functions are found here, on the caller's thread: some come from factories that rebind their module's
-    # names at their first call (small_linear), which the engine's threads make too; two first calls at once break them
-    jits = []
-    for path in paths:
-        with contextlib.suppress(Exception):  # a stale entry: its first launch keys it, as without this thread
-            jits.append(kernel(path))
-    thread = threading.Thread(target=_key_kernels, args=(jits,), name="tts-early-jit", daemon=True)
-    _KEYING.append(thread)
-    thread.start()
-    return thread
-
-
-def wait_for_keys(timeout: float = 10.0) -> None:
-    """Until the keying thread (if any) is done: the first launch should not compute the same keys beside it (after
-    `timeout` it goes on: the keys it finds made are made, the rest its launches make, as without the thread)."""
-    while True:
-        try:
-            thread = _KEYING.pop()
-        except IndexError:  # none left (another engine's warm-up may have taken it)
-            return
-        thread.join(timeout)
-
-
-def _key_kernels(jits: list) -> None:
-    """Triton's compiler key (a functools cache) and each kernel's key (computed under the JIT function's own lock)."""
-    with contextlib.suppress(Exception):  # another Triton's layout: the first launch computes it, as without
-        from triton.runtime.cache import triton_key
-
-        triton_key()
-    for jit in jits:
-        # a property, computed once and kept on the JIT function; a Triton without its lock (older releases) shows a
-        # placeholder key while computing one, which a launch beside would take: those are left to the launch
-        if hasattr(jit, "_hash_lock"):
-            with contextlib.suppress(Exception):
-                _ = jit.cache_key
 
 
 # ---- in a worker (imports Triton) -------------------------------------------------------------------------------
