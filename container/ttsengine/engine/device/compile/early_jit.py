@@ -12,7 +12,7 @@ from __future__ import annotations
 import contextlib
 import threading
 
-from .early_kernels import base_quant, kernel, triton_version
+from .early_kernels import kernel, quant_entries, triton_version
 
 _KEYING: list[threading.Thread] = []  # the keying thread of this process, while it runs
 
@@ -21,11 +21,9 @@ def key_kernels_ahead(quant: str) -> threading.Thread | None:
     """Starts the daemon thread that makes Triton's compiler key and the keys of the manifest's kernels a start of
     `quant` launches (their keys depend on their source, not on the GPU or the Triton that recorded the manifest) ->
     the thread; None where Triton is not installed."""
-    from . import kernel_manifest as manifest
-
     if triton_version() is None:
         return None
-    paths = dict.fromkeys(e["kernel"] for e in manifest.ENTRIES if e["quant"] in ("bf16", base_quant(quant)))
+    paths = dict.fromkeys(e["kernel"] for e in quant_entries(quant))
     # the JIT functions are found here, on the caller's thread: some come from factories that rebind their module's
     # names at their first call (small_linear), which the engine's threads make too; two first calls at once break them
     jits = []

@@ -85,16 +85,23 @@ def base_quant(quant: str) -> str:
     return "bf16" if quant == "none" else quant
 
 
+def quant_entries(quant: str) -> tuple[dict, ...]:
+    """The manifest's entries a start with `quant` uses, whichever Triton recorded them, in the order the recording
+    compiled them. Each entry names the quantization of the recording that first compiled it: a bf16 recording's are
+    every start's (an int8 start uses most of them too), the others only their own quantization's."""
+    from . import kernel_manifest as manifest
+
+    return tuple(e for e in manifest.ENTRIES if e["quant"] in ("bf16", base_quant(quant)))
+
+
 def entries(version: str | None, quant: str = "bf16") -> tuple[dict, ...]:
-    """The manifest's entries a start with `quant` uses, when it was recorded with Triton `version` (another
-    version's specializations differ), in the order the recording compiled them; none otherwise. Each entry names the
-    quantization of the recording that first compiled it: a bf16 recording's are every start's (an int8 start uses
-    most of them too), the others only their own quantization's."""
+    """quant_entries(quant) when the manifest was recorded with Triton `version` (another version's specializations
+    differ); none otherwise."""
     from . import kernel_manifest as manifest
 
     if not version or manifest.TRITON != version:
         return ()
-    return tuple(e for e in manifest.ENTRIES if e["quant"] in ("bf16", base_quant(quant)))
+    return quant_entries(quant)
 
 
 def source_fingerprint(module: str) -> str:
