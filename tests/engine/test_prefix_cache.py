@@ -40,22 +40,34 @@ def engine(**kw) -> Engine:
 
 
 class Recorder:
-    """Every generated frame of every text chunk of a stream, as the engine hands them to its tasks."""
+    """Every generated frame of every text chunk of a stream, as the engine hands them to its tasks. The spy is in
+    place only inside `with` (or one `run`): streams are keyed by id(), and an id is reused once its stream is
+    freed, so a spy left behind would file a later run's frames under an earlier stream (CI once saw two lists for
+    one request)."""
 
     def __init__(self, eng: Engine):
+        self.eng = eng
         self.frames: dict[int, list[np.ndarray]] = {}
-        original = eng._close
+
+    def __enter__(self) -> Recorder:
+        original = self.original = self.eng._close
 
         def spy(task, reason):
             self.frames.setdefault(id(task.stream), []).append(np.stack(task.frames) if task.frames else None)
             original(task, reason)
 
-        eng._close = spy
+        self.eng._close = spy
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.eng._close = self.original
 
     def run(self, eng: Engine, reqs: list[SynthesisRequest]) -> list:
-        streams = [eng.submit(r) for r in reqs]
-        results = [s.result() for s in streams]
-        return [(self.frames[id(s)], r) for s, r in zip(streams, results)]
+        assert eng is self.eng
+        with self:
+            streams = [eng.submit(r) for r in reqs]
+            results = [s.result() for s in streams]
+            return [(self.frames.pop(id(s)), r) for s, r in zip(streams, results)]
 
 
 def same_tokens(a: list, b: list) -> None:
@@ -219,11 +231,11 @@ def test_a_burst_on_a_voice_not_cached_yet_prefills_its_prefix_once(plain):
             for i in range(4)]
     cached = Engine.load(EngineConfig(model_dir=MODEL_DIR, device="cpu", max_batch=8), start=False)
     try:
-        recorder = Recorder(cached)
-        streams = [cached.submit(r) for r in reqs]
-        cached.start()
-        results = [st.result() for st in streams]
-        got = [(recorder.frames[id(st)], r) for st, r in zip(streams, results)]
+        with Recorder(cached) as recorder:
+            streams = [cached.submit(r) for r in reqs]
+            cached.start()
+            results = [st.result() for st in streams]
+            got = [(recorder.frames.pop(id(st)), r) for st, r in zip(streams, results)]
         stats = cached.stats()
         assert (stats.prefix_misses, stats.prefix_hits) == (1, 3)
         assert stats.prefix_tokens_saved == 3 * (prefix_len(cached, ref[0].text, codes) // 64) * 64
