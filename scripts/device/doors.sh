@@ -16,6 +16,8 @@
 # Usage: scripts/device/doors.sh   (env: DOORS="http serve runpod", LEVELS=64,256, MAX=256, FRAMES=192, PROCS=4,
 #   FORMAT=pcm (loadtest --format: one or several, comma-separated), CKPT, CACHE; the servers take any TTS_*
 #   exported. Needs runpod's wheels for the runpod door: .whl/rp/)
+# On a CPU, the tiny checkpoint (stop 69's door A/B): PATH=<the CI venv>/bin:$PATH TTS_DEVICE=cpu MAX=8 FRAMES=24
+#   CKPT=$PWD/tests/assets/golden/checkpoint LEVELS=4,4,4 PROCS=1 DOORS="http runpod:-runpod_pickup runpod"
 set -uo pipefail
 . scripts/device/lib.sh
 device_setup "${WORK:-/tmp/doors}" 8000
@@ -27,7 +29,7 @@ if ! python3 -c "import runpod" 2>/dev/null && [ -d .whl/rp ]; then  # the devic
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site-rp .whl/rp/*.whl \
     >/dev/null 2>&1; export PYTHONPATH=$PYTHONPATH:/tmp/site-rp
 fi
-nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+if command -v nvidia-smi >/dev/null; then nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader; fi
 python3 -c "import torch; print('torch', torch.__version__)"
 random_checkpoint "$CKPT" "$W/write.log" || exit 1
 common=(TTS_MODEL_DIR="$CKPT" TTS_CACHE_DIR="$CACHE" TTS_DATA_DIR=/tmp/tts-data TTS_LOG_LEVEL=WARNING

@@ -5,9 +5,11 @@ runpod (`python -m handlers runpod` taking jobs from the job queue loadtest host
 from __future__ import annotations
 
 import json
+import select
 import socket
 import subprocess
 import sys
+import time
 
 import pytest
 from conftest import ROOT, free_port
@@ -96,6 +98,32 @@ def test_runpod_door_refuses_bad_addresses_several_processes_and_says_when_no_wo
         busy = f"http://127.0.0.1:{taken.getsockname()[1]}"
         run = loadtest(busy, tmp_path / "d", "--door", "runpod", "--timeout", "1", timeout=60)
     assert run.returncode == 2 and f"cannot host the RunPod job queue at {busy}" in run.stderr, run.stderr
+
+
+def test_the_job_queue_takes_a_burst_of_connections_before_it_accepts_any():
+    # a worker's posts under load open many connections at once: the kernel must hold them all in the listen backlog
+    # (socketserver's default of 5 dropped the rest, retried after 1-3 s: the runpod door's first-audio tail)
+    queue = JobQueue()  # not started: nothing accepts, so only the backlog holds the connections
+    host, port = queue.server.server_address[:2]
+    socks = []
+    try:
+        for _ in range(100):  # under 128, the kernel's cap (net.core.somaxconn) before Linux 5.4
+            s = socket.socket()
+            s.setblocking(False)
+            s.connect_ex((host, port))
+            socks.append(s)
+        _, writable, _ = select.select([], socks, [], 2.0)
+        for _ in range(20):  # the rest of the handshakes, if select returned early
+            if len(writable) == len(socks):
+                break
+            time.sleep(0.05)
+            _, writable, _ = select.select([], socks, [], 0)
+        connected = [s for s in writable if s.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR) == 0]
+        assert len(connected) == len(socks)
+    finally:
+        for s in socks:
+            s.close()
+        queue.server.server_close()
 
 
 def test_a_late_post_after_the_client_gave_up_is_answered_and_kept_by_the_queue():
