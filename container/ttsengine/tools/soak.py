@@ -25,6 +25,7 @@ from pathlib import Path
 
 from . import report as report_page
 from .load.schedule import START_S
+from .load.summary import pct
 
 TEXTS = ("Hello there, this is a short one.",
          "The quick brown fox jumps over the lazy dog while the bright sun shines on the meadow.",
@@ -301,13 +302,6 @@ def summarize(outcomes: list[Outcome], samples: list, interval: float, wall: flo
                            sum(o.audio_s for o in these) / span if span > 0 else 0.0,
                            pct(firsts, 50), pct(firsts, 95), rss, gpu, active))
     return rows
-
-
-def pct(xs: list[float], p: float) -> float:
-    if not xs:
-        return float("nan")
-    xs = sorted(xs)
-    return xs[min(len(xs) - 1, int(round(p / 100 * (len(xs) - 1))))]
 
 
 def main(argv: list[str] | None = None) -> int:
