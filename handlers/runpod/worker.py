@@ -11,10 +11,12 @@ import sys
 from pathlib import Path
 
 from ttsengine import DownloadConfig, EngineConfig, RunPodConfig, TTSError, from_env
+from ttsengine.serving import switches
 from ttsengine.serving.service import Service, engine_loader, setup_logging
 
 from .drain import Drain
 from .handler import JobHandler
+from .pickup import installed
 
 log = logging.getLogger("handlers.runpod")
 VOLUME = Path("/runpod-volume")  # where RunPod mounts an endpoint's network volume
@@ -38,7 +40,8 @@ def build(cfg: RunPodConfig, engine_config: EngineConfig, download: DownloadConf
     progress = None
     if cfg.progress_updates:
         from runpod.serverless import progress_update as progress
-    return JobHandler(service, service.voices, cfg, progress, Drain(service, cfg.drain_seconds))
+    return JobHandler(service, service.voices, cfg, progress, Drain(service, cfg.drain_seconds),
+                      coalesce=switches.runpod_coalesce(engine_config.features))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -69,8 +72,10 @@ def main(argv: list[str] | None = None) -> int:
     sys.argv = [sys.argv[0], *argv]  # RunPod parses its flags (--rp_serve_api, ...) from sys.argv
     try:
         # the aggregate is all jobs' or none's: the SDK decides once for the one generator that serves every job
-        runpod.serverless.start({"handler": handler.run, "return_aggregate_stream": cfg.aggregate_stream,
-                                 "concurrency_modifier": handler.concurrency})
+        with installed(switches.runpod_pickup(engine_config.features)) as prompt:
+            log.info("job pickup: %s", "as soon as fetched (runpod_pickup)" if prompt else "the SDK's own loop")
+            runpod.serverless.start({"handler": handler.run, "return_aggregate_stream": cfg.aggregate_stream,
+                                     "concurrency_modifier": handler.concurrency})
     finally:
         handler.engine.close()
     return 0

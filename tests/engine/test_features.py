@@ -38,6 +38,8 @@ def before(p: Platform) -> set[str]:
     on |= {F.LAZY_COMPILER}  # since stop 65, everywhere
     on |= {F.EARLY_KERNELS}  # since stop 66, everywhere (it acts only where a GPU's driver is loaded)
     on |= {F.EARLY_JIT}  # since stop 67, everywhere (it acts only on a CUDA device with Triton)
+    on |= {F.GC_FREEZE, F.RUNPOD_COALESCE}  # since stop 68, everywhere
+    on |= {F.RUNPOD_PICKUP}  # since stop 69, everywhere (a RunPod worker on runpod 1.12 only)
     on |= {F.CUDA_GRAPHS, F.PREFILL_GRAPHS, F.CUDNN_TUNING, F.CODEC_CHANNELS_LAST} if graphs else set()
     on |= {F.COMPILE} if compiled else set()
     on |= {F.PRECOMPILE} if compiled and p.precompile else set()
@@ -71,7 +73,8 @@ def test_cpu_defaults_are_the_engines_without_a_gpu():
                                               F.CODEC_PINNED_COPY, F.CODEC_CACHE, F.EARLY_READAHEAD,
                                               F.PLAIN_WEBSOCKET, F.DIRECT_ADMIT, F.PREFILL_FIT, F.OWN_GPU_VIEW,
                                               F.SHORT_SWITCH, F.RESAMPLE_THREAD,
-                                              F.LAZY_COMPILER, F.EARLY_KERNELS, F.EARLY_JIT}
+                                              F.LAZY_COMPILER, F.EARLY_KERNELS, F.EARLY_JIT, F.GC_FREEZE,
+                                              F.RUNPOD_COALESCE, F.RUNPOD_PICKUP}
 
 
 @pytest.mark.parametrize("name", [f.name for f in FEATURES])

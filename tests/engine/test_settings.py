@@ -69,7 +69,9 @@ def test_cpu_defaults_are_what_they_were_before_the_registry(ckpt):
                           F.RESAMPLE_THREAD,  # since stop 64
                           F.LAZY_COMPILER,  # since stop 65
                           F.EARLY_KERNELS,  # since stop 66
-                          F.EARLY_JIT}  # since stop 67
+                          F.EARLY_JIT,  # since stop 67
+                          F.GC_FREEZE, F.RUNPOD_COALESCE,  # since stop 68
+                          F.RUNPOD_PICKUP}  # since stop 69
 
 
 def test_named_kernels_reach_the_runner_and_those_that_cannot_run_warn(ckpt, caplog):

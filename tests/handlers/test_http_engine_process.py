@@ -124,6 +124,21 @@ def test_the_runpod_worker_streams_a_live_job(tmp_path, engine):
                                                                                      RunPodConfig(data_dir=tmp_path)))
 
 
+def test_both_processes_freeze_their_heaps_before_ready_and_serve_on(tmp_path):
+    # feature gc_freeze: the engine process once its start-up captures are in (a settled /ready waits for it), the
+    # front once its engine process has loaded; the objects go back at exit (no leak report from native libraries)
+    proc, url = start_server(tmp_path, TTS_LOG_LEVEL="INFO")
+    try:
+        wait_ready(url, proc)
+        log = test_http.server_log(proc)
+        assert "froze the heap (gc_freeze) on cpu" in log and "froze the front's heap (gc_freeze)" in log
+        r = httpx.post(url + "/v1/audio/speech", timeout=120, json={"input": "Hello there.", "response_format": "pcm"})
+        assert r.status_code == 200 and len(r.content) > 1000
+    finally:
+        stop(proc)
+    assert "leaked" not in test_http.server_log(proc) and "Traceback" not in test_http.server_log(proc)
+
+
 def test_a_broken_model_dir_reports_on_ready_and_health(tmp_path):
     test_http.test_broken_model_dir_reports_on_ready_and_health(tmp_path)
 

@@ -79,6 +79,42 @@ def test_pcm_stream_is_24k_like_openai(handler):
     assert sum(len(base64.b64decode(i["audio"])) for i in items[:-1]) == items[-1]["bytes"]
 
 
+def test_a_streamed_job_behind_its_consumer_sends_what_was_made_since_in_one_item(engine, tmp_path):
+    # feature runpod_coalesce: the SDK posts item by item; while it was busy with the first one the engine made the
+    # rest, which goes out as one item. The same job with the switch off: an item per chunk, the same bytes
+    body = {"input": "Coalesced while the post was out.", "seed": 4, "response_format": "pcm", "max_new_tokens": 64,
+            "stream": True}
+
+    async def behind(handler):
+        gen = handler.run({"id": "c", "input": body})
+        first = await gen.__anext__()
+        for _ in range(200):  # the consumer busy until the engine has made the whole job
+            await asyncio.sleep(0.05)
+            if not engine.stats().running:
+                break
+        await asyncio.sleep(1.0)  # its last chunks through the codec and the resampler
+        return [first, *[item async for item in gen]]
+
+    items = {on: asyncio.run(behind(rp.JobHandler(engine, None, RunPodConfig(data_dir=tmp_path), coalesce=on)))
+             for on in (True, False)}
+    pieces = {on: [base64.b64decode(i["audio"]) for i in got[:-1]] for on, got in items.items()}
+    assert pieces[True][0] == pieces[False][0]  # the first chunk alone, as without
+    assert len(pieces[False]) >= 6 and len(pieces[True]) <= 3  # the rest together (a late last chunk apart)
+    assert b"".join(pieces[True]) == b"".join(pieces[False])
+    done = items[True][-1]
+    assert done["done"] and done["pieces"] == len(pieces[True]) and done["bytes"] == sum(map(len, pieces[True]))
+
+
+def test_an_items_repr_names_its_audio_length_and_its_json_is_the_dicts():
+    # RunPod's SDK formats every item into debug f-strings: an audio item's repr must not copy its base64
+    item = rp.Item({"index": 0, "audio": "QUJD" * 5000, "format": "pcm"})
+    assert repr(item) == "{'index': 0, 'audio': <20000 characters>, 'format': 'pcm'}"
+    error = rp.Item(rp.error_item(ValueError("x" * 100)))
+    assert repr(error) == repr(dict(error))  # an error's text stays whole in the SDK's lines
+    assert f"{ {'output': item} }" == "{'output': " + repr(item) + "}"
+    assert json.loads(json.dumps(item)) == dict(item)
+
+
 @pytest.mark.parametrize("job_input, words", [
     ("just a string", "input must be an object"),
     ({}, "needs `text`"),
@@ -228,6 +264,7 @@ def test_worker_loop_streams_batches_reports_progress_and_drains(tmp_path):
         assert "inflight" not in queue.done
         assert stop_worker(proc) == 0
         assert queue.done["inflight"]["output"][-1]["done"] is True, queue.done["inflight"]
+        assert "job pickup: as soon as fetched (runpod_pickup)" in (tmp_path / "worker.log").read_text()
     finally:
         stop_worker(proc)
         queue.stop()
@@ -236,11 +273,12 @@ def test_worker_loop_streams_batches_reports_progress_and_drains(tmp_path):
 
 def test_aggregate_stream_off_leaves_every_jobs_items_out_of_its_result(tmp_path):
     """RUNPOD_AGGREGATE_STREAM=off: /stream gets every item; no job's result repeats them (the worker serialises each
-    job's audio once instead of twice), a whole-file job's included: its one item is on /stream only."""
+    job's audio once instead of twice), a whole-file job's included: its one item is on /stream only. This worker runs
+    the SDK's own job loop (TTS_FEATURES=-runpod_pickup), the other tests' worker ours."""
     queue = JobQueue().start()
     queue.submit("stream", {"input": "Streamed once.", "seed": 1, "response_format": "pcm", "stream": True})
     queue.submit("whole", {"input": "A whole file.", "seed": 2, "response_format": "wav"})
-    proc = start_worker(tmp_path, {**queue.env(), "RUNPOD_AGGREGATE_STREAM": "off"})
+    proc = start_worker(tmp_path, {**queue.env(), "RUNPOD_AGGREGATE_STREAM": "off", "TTS_FEATURES": "-runpod_pickup"})
     try:
         queue.wait_done(["stream", "whole"], timeout=120)
         *pieces, done = queue.streamed["stream"]
@@ -250,6 +288,7 @@ def test_aggregate_stream_off_leaves_every_jobs_items_out_of_its_result(tmp_path
         assert wav[:4] == b"RIFF" and whole["bytes"] == len(wav)
         for job in ("stream", "whole"):
             assert queue.done[job].get("output") in (None, []), queue.done[job]
+        assert "job pickup: the SDK's own loop" in (tmp_path / "worker.log").read_text()
     finally:
         stop_worker(proc)
         queue.stop()

@@ -25,6 +25,7 @@ from ..synthesis.request import SynthesisRequest
 from ..synthesis.stream import Stream
 from . import features as feature_names
 from .audio_feed import AudioFeed, CodecRounds, Task, chunk_sizes
+from .control import heap
 from .control.faults import FaultCounter, simulated
 from .control.goodput import Goodput
 from .control.prefill_budget import PrefillBudget, listener_slack
@@ -92,6 +93,10 @@ class Engine:
         self.warmup_seconds: float | None = None
         self._failed: BaseException | None = None  # what warm-up raised, re-raised by start()
         self._in_flight: InFlight | None = None  # the launched step not read yet (feature overlap_step)
+        # feature gc_freeze: the heap's freeze (control/heap.py) is the last start-up work, in the loop's first idle
+        # turn once the lazy captures are in (like them: a request in flight then would be frozen with its cycles and
+        # never collected); counted as a graph pending, so a settled /ready waits for it too
+        self._heap_left = feature_names.GC_FREEZE in s.features
 
     @property
     def runner(self) -> Runner | None:
@@ -140,6 +145,8 @@ class Engine:
         if self._thread is not None:
             self._thread.join(timeout=30)
         self.vocoder.close()
+        if feature_names.GC_FREEZE in self.settings.features and not self._heap_left:  # this engine froze the heap,
+            heap.thaw()  # its own cycles with the rest: the collector may take them again
 
     # ---- requests -----------------------------------------------------------------------------
     def submit(self, request: SynthesisRequest | Plan, *, ignore_stop: bool = False,
@@ -203,7 +210,7 @@ class Engine:
             state=self.state, error=self.error, quantization=self.ckpt.quantization,
             kernel_cache=self.kernel_cache.status, precompiled=self.precompiled, compiled=self.compiled,
             cuda_graphs=self.device.graphs is not None, max_streams=self.max_streams, kv_positions=self.kv_positions,
-            graphs_pending=self.device.graphs_left() if self.device.graphs is not None else 0,
+            graphs_pending=self._graphs_left() + self._heap_left,
             memory_preset=self.settings.preset, references_encoded=self.planner.voice_encoder.encoded)
 
     @property
@@ -241,12 +248,16 @@ class Engine:
                         if quiet < IDLE_BEFORE_CAPTURE:
                             self.intake.cv.wait(timeout=IDLE_BEFORE_CAPTURE - quiet)
                     idle = self.intake.idle()
-                    if idle and not self.device.graphs_pending():
+                    heap = idle and self._heap_left and not self._graphs_left()
+                    if idle and not self.device.graphs_pending() and not heap:
                         self.intake.cv.wait(timeout=1.0)
                         continue
                     if self.intake.stopping:
                         break
                 try:
+                    if heap:
+                        self._freeze_heap()
+                        continue
                     if idle:  # every slot is free: capture one more bucket's graphs (lazy start-up)
                         self.device.capture_next()
                         continue
@@ -282,8 +293,24 @@ class Engine:
             stream.finish(error)
 
     def settle(self, timeout: float = 120.0) -> bool:
-        """Waits until the graphs left for later (lazy start-up) are captured; -> whether they all are."""
-        return self.device.settle(timeout)
+        """Waits until the graphs left for later (lazy start-up) are captured and the heap is frozen (feature
+        gc_freeze); -> whether they all are."""
+        end = time.monotonic() + timeout
+        if not self.device.settle(timeout):
+            return False
+        while self._heap_left and self.state == "ready" and time.monotonic() < end:
+            time.sleep(0.02)
+        return not self._heap_left or self.state != "ready"
+
+    def _graphs_left(self) -> int:
+        """Graphs still to capture, the capture gate aside (none without CUDA graphs, or on a scripted device)."""
+        return self.device.graphs_left() if self.device.graphs is not None else 0
+
+    def _freeze_heap(self) -> None:
+        seconds, frozen = heap.freeze()
+        log.info("froze the heap (gc_freeze) on %s: %d objects out of the collector's full passes, %.2f s",
+                 self.device.device, frozen, seconds)
+        self._heap_left = False  # last: settle() and a settled /ready see it done once it is
 
     def _iteration(self) -> None:
         self._intake()

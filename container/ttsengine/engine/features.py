@@ -52,6 +52,9 @@ PLAN_THREAD = "plan_thread"
 SHORT_SWITCH = "short_switch"
 OWN_GPU_VIEW = "own_gpu_view"
 RESAMPLE_THREAD = "resample_thread"
+GC_FREEZE = "gc_freeze"
+RUNPOD_COALESCE = "runpod_coalesce"
+RUNPOD_PICKUP = "runpod_pickup"
 # the codec (engine/device/vocoder.py, engine/audio_feed.py, model/codec_cache.py)
 CODEC_COMPILE = "codec_compile"
 SNAKE_KERNEL = "snake_kernel"
@@ -217,6 +220,27 @@ FEATURES = (
     # event loop's busy samples in soxr's resampling (44.1 to 24 kHz, pcm's default rate; soxr releases the GIL);
     # with the threads the loop's lag and the first audio's tail at 256 streams came down through HTTP on a GPU
     # (docs/performance.md, "The HTTP path (issue 43)")
+    # gc_freeze: stop 68's trace of a new server's first bursts (scripts/device/budget_trace) put a 0.18-0.21 s full
+    # collection in the engine process in the first 256-burst after /ready, none in the same burst once warm, and
+    # 0.1-0.14 s ones in the front's bursts
+    Feature(GC_FREEZE, ENGINE, "once an engine's start-up captures are in (and once a front has its engine "
+            "processes), the objects alive are frozen out of the garbage collector's full passes",
+            "every full pass scans the process's start-up objects (0.1-0.2 s holding the GIL)",
+            "engine/control/heap.py, engine/engine.py `_run`, serving/service.py `load`"),
+    # runpod_coalesce: RunPod's SDK posts a streamed job's items one at a time, each formatted and serialised on the
+    # worker's event loop: its own job code on a CPU (scripts/runpod_item_cost.py, 64 jobs) sent 776-829 audio-s/s in
+    # 18 kB items (one 8-frame pcm chunk), 1,317-1,463 in 71 kB ones (stop 68)
+    Feature(RUNPOD_COALESCE, ENGINE, "a RunPod worker's streamed job sends all the audio made since its last item "
+            "as one item (the first chunk alone): fewer, larger posts when the worker falls behind",
+            "one item per audio chunk", "serving/coalesce.py, handlers/runpod/handler.py `_streamed`"),
+    # runpod_pickup: the SDK's job loop looks at its queue of fetched jobs only when a running job ends or 0.1 s
+    # passed, and a full worker's fetcher sleeps 1 s: the SDK against loadtest's job queue with an instant handler
+    # (scripts/runpod_pickup.py) started jobs on a busy worker 50 ms after they were taken on average, and a full
+    # worker's jobs got their first item ~0.7 s after they were submitted (stop 69)
+    Feature(RUNPOD_PICKUP, ENGINE, "a RunPod worker starts a job the moment the SDK has fetched it, and a full "
+            "worker fetches the moment a job ends (runpod 1.12's job loop, replaced while the worker runs)",
+            "the SDK's own loop: fetched jobs start at its 0.1 s tick while others run, a full worker looks for "
+            "jobs once a second", "handlers/runpod/pickup.py"),
     Feature(RESAMPLE_THREAD, ENGINE, "pcm and wav streams whose rate changes are resampled and converted on a "
             "resampler thread (soxr runs without the GIL), not on the event loop", "on the event loop, inline",
             "audio/stream_encoder.py `StreamEncoder`"),

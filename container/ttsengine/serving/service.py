@@ -19,6 +19,7 @@ from pathlib import Path
 
 from ..config import DownloadConfig, EngineConfig
 from ..engine import features as feature_names
+from ..engine.control import heap
 from ..engine.fleet import Fleet
 from ..engine.stats import FleetStats
 from ..errors import Abandoned, EngineDown, ShuttingDown, engine_failed
@@ -87,6 +88,8 @@ class Service:
         resample_thread: this process's deliveries, delivery.use_resample_thread)."""
         self._load, self.voices_dir = load, voices_dir
         self.direct_admit = not feature_names.switched_off(features, feature_names.DIRECT_ADMIT)
+        self.gc_freeze = not feature_names.switched_off(features, feature_names.GC_FREEZE)
+        self._froze = False  # this front froze the heap: close() hands the objects back
         use_resample_thread(not feature_names.switched_off(features, feature_names.RESAMPLE_THREAD))
         self.fleet: Fleet | None = None
         self.voices: VoiceStore | None = None
@@ -125,6 +128,13 @@ class Service:
             if fleet is not None:
                 fleet.close()  # its loop threads would outlive the failure
             raise
+        if self.gc_freeze and getattr(fleet, "engines_elsewhere", False):  # feature gc_freeze: an engine in this
+            # process freezes the heap itself once its captures are in (engine.py); engines in processes of their own
+            # leave this front's heap (the web framework's, torch's) to it, now that its start-up is over
+            seconds, frozen = heap.freeze()
+            self._froze = True
+            log.info("froze the front's heap (gc_freeze): %d objects out of the collector's full passes, %.2f s",
+                     frozen, seconds)
         processes = getattr(fleet, "processes", 1)  # ProcessFleet: engine processes behind this front
         if processes > 1:  # a planning thread here only waits for its process to plan: as many per process as one has
             self.planning.close()  # nothing is in it: requests are refused until self.fleet is set
@@ -266,6 +276,8 @@ class Service:
             self.planning.close()
             if self.fleet is not None:
                 self.fleet.close()
+            if self._froze:
+                heap.thaw()
 
 
 class Planning:

@@ -30,6 +30,8 @@ log = logging.getLogger(__name__)
 
 
 class ProcessFleet:
+    engines_elsewhere = True  # the engines live in processes of their own (Service: this front freezes its heap)
+
     def __init__(self, configs: list[EngineConfig], random_weights: str | None = None):
         self.configs, self.random_weights = configs, random_weights
         self.members: list[RemoteFleet | None] = [None] * len(configs)  # None: loading, or failed to load

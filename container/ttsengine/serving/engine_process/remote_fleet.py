@@ -58,6 +58,8 @@ class RemotePlan:
 
 
 class RemoteFleet:
+    engines_elsewhere = True  # the engines live in processes of their own (Service: this front freezes its heap)
+
     def __init__(self, process: subprocess.Popen, conn: Connection, facts: dict, names: dict[str, str] | None = None):
         """names: the engine process's device names -> the front's (feature own_gpu_view), for its stats."""
         self.process, self.conn, self.facts = process, conn, facts
