@@ -14,8 +14,9 @@
 # bursts again ("once warm", the issue's baseline). Before the cases, `ttsengine warm` fills the cache directory and
 # writes the blob (skipped if an earlier call on this machine left them: FRESH=0).
 # A case may name a feature B runs with: CASES="dir dir:codec_own_convs" (TTS_FEATURES=+codec_own_convs; the second
-# such case finds its Triton kernels in the cache the first compiled). B logs at INFO: after its ready line, where
-# its start went (first engine ready, each kind's graph captures). Prints one table last.
+# such case finds its Triton kernels in the cache the first compiled), or one it runs without: "dir:-gc_freeze"; a
+# case named again is measured again (CASES="dir dir:-gc_freeze dir dir:-gc_freeze": A/B twice). B logs at INFO:
+# after its ready line, where its start went (first engine ready, each kind's graph captures). Prints one table last.
 # Usage: CASES="dir blob" scripts/device/scale_out.sh, then FRESH=0 CASES="volume empty" LOAD_S=150 on the same
 #   machine (env: CASES="dir blob volume empty",
 #   BURSTS="64 256", FRAMES=192, MAX=256, RATE=24, LOAD_S=90 (A's load per case, s: it should outlast B's start and
@@ -86,9 +87,15 @@ stop() { kill -TERM "$1"; wait "$1"; echo "server exit $?: $(grep -c Traceback "
 serve a "$A_PORT" "$A_DEV" "$CACHE" || exit 1
 A_PID=$SPID
 ROWS=()
-for entry in $CASES; do  # STATE or STATE:FEATURE (B with TTS_FEATURES=+FEATURE)
+declare -A SEEN=()
+for entry in $CASES; do  # STATE or STATE:FEATURE (B with TTS_FEATURES=+FEATURE) or STATE:-FEATURE (that one off)
   case=${entry%%:*} feats=auto label=${entry%%:*}
-  if [[ $entry == *:* ]]; then feats=+${entry#*:} label=$case-${entry#*:}; fi
+  if [[ $entry == *:* ]]; then
+    feats=${entry#*:}; [[ $feats == [-+]* ]] || feats=+$feats
+    label=$case$feats
+  fi
+  SEEN[$label]=$(( ${SEEN[$label]:-0} + 1 ))
+  (( SEEN[$label] > 1 )) && label=$label.${SEEN[$label]}  # a case repeated (A/B pairs): its own files and row
   dir=$W/cache-$label; rm -rf "$dir"
   case $case in
     dir) dir=$CACHE ;;

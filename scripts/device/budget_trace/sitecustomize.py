@@ -2,13 +2,17 @@
 server included), for issue 44's burst at /ready: a directory on PYTHONPATH makes Python import this at start-up.
 With BUDGET_TRACE=FILE set, PrefillBudget.tokens and .observe are wrapped; each call appends a JSON line to FILE.pid
 (written in batches, and at exit): ["t", time.monotonic()], ["tokens", bucket, slack, budget] or
-["observe", bucket, prefilled, seconds, the bucket's step time, seconds per position, the fitted cost].
+["observe", bucket, prefilled, seconds, the bucket's step time, seconds per position, the fitted cost], and
+["gc", generation, seconds, objects collected] for each of the garbage collector's passes of generation 2 or of 2 ms
+and more (a full pass over a heap of torch's objects holds the GIL every thread of the process needs). The front
+process of a server writes its own FILE.pid too (its collections only).
 Nothing in the package changes; without BUDGET_TRACE this does nothing. Read by scripts/device/budget_table.py.
 Usage: PYTHONPATH=scripts/device/budget_trace:$PYTHONPATH BUDGET_TRACE=/tmp/budget python3 -m handlers http"""
 
 import atexit
 import contextlib
 import functools
+import gc
 import json
 import os
 import threading
@@ -58,7 +62,18 @@ def _install(path: str) -> None:
             time.sleep(1.0)
             flush()
 
+    began = [0.0]
+
+    def collection(phase: str, info: dict) -> None:  # gc.callbacks: in the thread that triggered the pass
+        if phase == "start":
+            began[0] = time.perf_counter()
+            return
+        took = time.perf_counter() - began[0]
+        if info["generation"] == 2 or took >= 0.002:
+            record(["gc", info["generation"], round(took, 5), info["collected"]])
+
     budget.tokens, budget.observe = traced_tokens, traced_observe
+    gc.callbacks.append(collection)
     atexit.register(flush)
     threading.Thread(target=every_second, daemon=True, name="budget-trace").start()
 
