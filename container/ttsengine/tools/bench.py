@@ -35,6 +35,7 @@ from .audio_check import MIN_SNR_DB, compare, sampled
 from .bench_fleet import IN_PROCESS_ONLY, BenchFleet, cuda_count
 from .checkpoint_flag import add_write_checkpoint, write_if_asked
 from .load.schedule import poisson_rate
+from .load.summary import pct
 from .timeline import Timeline, timeline
 
 FRAME_RATE = 44100 / 2048  # frames per second of audio
@@ -111,11 +112,6 @@ class NvmlSampler(threading.Thread):
         return mean(self.util), mean(self.power)
 
 
-def _pct(xs: list[float], p: float) -> float:
-    xs = sorted(xs)
-    return xs[min(len(xs) - 1, int(round(p / 100 * (len(xs) - 1))))]
-
-
 @dataclass(frozen=True)
 class Load:
     """How a level's requests are made and sent."""
@@ -181,8 +177,8 @@ def run_level(fleet: BenchFleet, concurrency: int, load: Load, progress) -> Leve
         concurrency=concurrency, frames_per_stream=load.frames - 1, wall_s=wall, aggregate_fps=sum(kept) / wall,
         stream_fps_min=min(fps), stream_fps_p50=statistics.median(fps),
         rtf_max=max(sp / (k / FRAME_RATE) for k, sp in zip(kept, spans)), realtime_x_min=min(fps) / FRAME_RATE,
-        ttfa_p50_ms=_pct(ttfa, 50), ttfa_p95_ms=_pct(ttfa, 95),
-        stall_p95_ms=_pct(stalls, 95), stall_max_ms=max(stalls),
+        ttfa_p50_ms=pct(ttfa, 50), ttfa_p95_ms=pct(ttfa, 95),
+        stall_p95_ms=pct(stalls, 95), stall_max_ms=max(stalls),
         vram_baseline_gb=base / 1e9,
         vram_peak_gb=None if peak is None else peak / 1e9,
         vram_used_peak_gb=None if sampler.used_peak is None else sampler.used_peak / 1e9,
