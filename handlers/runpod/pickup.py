@@ -11,7 +11,8 @@ with an instant handler: submitted -> first item p50 ~700 ms on a full worker).
 
 Ours: `run_jobs` waits for a job to end *or* for the queue to hand one over, whichever comes first; `get_jobs` on a
 full worker waits for its occupancy to drop, a job ending or a fetched one leaving the queue (at most the SDK's
-second). Everything else stays the SDK's: its job fetch and
+second). And a job taken by a fetch that was under way when the shutdown signal came runs before the loop ends (the
+SDK's loop could end first: the job stayed taken and never ran). Everything else stays the SDK's: its job fetch and
 `handle_job` (which takes a job out of the queue's and the progress counts), the stop channel, the concurrency
 modifier, the back-off after a 429, the drain on shutdown. The subclass is put in place of the SDK's class only while
 `runpod.serverless.start` runs, and only for the SDK versions it was written against (PROMPT_SDKS); with any other
@@ -61,6 +62,9 @@ def prompt_scaler(base: type) -> type:
             # set when the occupancy drops: a running job ended, or a fetched job left the SDK's queue (it counted
             # twice until then); an asyncio.Event binds to the loop that first waits on it (Python 3.10+)
             self.freed = asyncio.Event()
+            # a job fetch is under way: a shutdown signal while RunPod's answer is on its way must not end the job
+            # loop before the jobs it brings are queued (the SDK's loop ends, they stay taken and never run)
+            self.fetching = False
 
         async def get_jobs(self, session) -> None:
             """The SDK's fetcher, but a full worker waits for its occupancy to drop (at most FULL_WAIT_S) instead of
@@ -73,6 +77,7 @@ def prompt_scaler(base: type) -> type:
                     with contextlib.suppress(asyncio.TimeoutError):
                         await asyncio.wait_for(self.freed.wait(), FULL_WAIT_S)
                     continue
+                self.fetching = True
                 try:
                     jobs = await asyncio.wait_for(self.jobs_fetcher(session, wanted), timeout=self.jobs_fetcher_timeout)
                     for job in jobs or ():
@@ -87,6 +92,8 @@ def prompt_scaler(base: type) -> type:
                 except Exception as e:  # the SDK logs and goes on too: a fetch that failed is retried
                     log.error("fetching RunPod jobs failed: %s: %s", type(e).__name__, e)
                     await asyncio.sleep(0)
+                finally:
+                    self.fetching = False  # after its jobs are queued: the job loop sees one or the other
 
         async def run_jobs(self, session) -> None:
             tasks: set[asyncio.Task] = set()
@@ -102,7 +109,9 @@ def prompt_scaler(base: type) -> type:
                 self.freed.set()
 
             try:
-                while self.is_alive() or not self.jobs_queue.empty() or (getter is not None and getter.done()):
+                # after a shutdown signal: until the fetch under way has ended (its jobs run, in the drain's window)
+                while (self.is_alive() or self.fetching or not self.jobs_queue.empty()
+                       or (getter is not None and getter.done())):
                     if getter is not None and (getter.done() or source is not self.jobs_queue):
                         # a job handed over, or set_scale replaced the queue (the pending get would never end)
                         if not getter.done():

@@ -238,9 +238,10 @@ FEATURES = (
     # (scripts/runpod_pickup.py) started jobs on a busy worker 50 ms after they were taken on average, and a full
     # worker's jobs got their first item ~0.7 s after they were submitted (stop 69)
     Feature(RUNPOD_PICKUP, ENGINE, "a RunPod worker starts a job the moment the SDK has fetched it, and a full "
-            "worker fetches the moment a job ends (runpod 1.12's job loop, replaced while the worker runs)",
+            "worker fetches the moment a job ends; a job taken as the shutdown signal comes still runs (runpod "
+            "1.12's job loop, replaced while the worker runs)",
             "the SDK's own loop: fetched jobs start at its 0.1 s tick while others run, a full worker looks for "
-            "jobs once a second", "handlers/runpod/pickup.py"),
+            "jobs once a second, a job taken as the shutdown signal comes may never run", "handlers/runpod/pickup.py"),
     Feature(RESAMPLE_THREAD, ENGINE, "pcm and wav streams whose rate changes are resampled and converted on a "
             "resampler thread (soxr runs without the GIL), not on the event loop", "on the event loop, inline",
             "audio/stream_encoder.py `StreamEncoder`"),
