@@ -241,14 +241,15 @@ class Engine:
         with torch.inference_mode():
             while True:
                 with self.intake.cv:
-                    if self.intake.idle() and self.device.graphs_pending():
+                    if self.intake.idle() and (self.device.graphs_pending() or self._heap_due()):
                         # a request arriving now goes first; but only just after work: back to back, the lazy
-                        # captures' waits added 0.25 s to each of ~70 graphs before a settled /ready (stop 55)
+                        # captures' waits added 0.25 s to each of ~70 graphs before a settled /ready (stop 55); the
+                        # freeze too (a server under traffic before it settled: not in a gap between two requests)
                         quiet = time.perf_counter() - busy_at
                         if quiet < IDLE_BEFORE_CAPTURE:
                             self.intake.cv.wait(timeout=IDLE_BEFORE_CAPTURE - quiet)
                     idle = self.intake.idle()
-                    heap = idle and self._heap_left and not self._graphs_left()
+                    heap = idle and self._heap_due()
                     if idle and not self.device.graphs_pending() and not heap:
                         self.intake.cv.wait(timeout=1.0)
                         continue
@@ -298,9 +299,15 @@ class Engine:
         end = time.monotonic() + timeout
         if not self.device.settle(timeout):
             return False
-        while self._heap_left and self.state == "ready" and time.monotonic() < end:
+        # the freeze waits for every graph; with the capture gate closed (graphs left, none pending) settled is what
+        # the device says, as without the feature
+        while self._heap_due() and self.state == "ready" and time.monotonic() < end:
             time.sleep(0.02)
-        return not self._heap_left or self.state != "ready"
+        return not self._heap_due() or self.state != "ready"
+
+    def _heap_due(self) -> bool:
+        """Feature gc_freeze: the freeze is still to do, and every graph left for later is captured."""
+        return self._heap_left and not self._graphs_left()
 
     def _graphs_left(self) -> int:
         """Graphs still to capture, the capture gate aside (none without CUDA graphs, or on a scripted device)."""

@@ -72,7 +72,7 @@ class EngineStats:
     compiled: bool = False
     cuda_graphs: bool = False
     max_streams: int = _gauge()  # stream slots; a fleet's: its ready engines' (sum())
-    graphs_pending: int = _gauge()  # CUDA graphs left for later (lazy start-up), captured while the engine is idle
+    graphs_pending: int = _gauge()  # start-up steps left for an idle engine: CUDA graphs to capture, gc_freeze's freeze
     kv_positions: int = _gauge()
     memory_preset: Preset | None = None
 

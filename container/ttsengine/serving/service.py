@@ -185,7 +185,8 @@ class Service:
         start, said = time.monotonic(), None
         while pending := self.warming(when, max_wait):
             if pending != said:
-                log.info("%d CUDA graph(s) left to capture before taking work (TTS_READY_WHEN=settled, at most "
+                log.info("%d start-up step(s) left (CUDA graphs to capture, the heap's freeze) before taking work "
+                         "(TTS_READY_WHEN=settled, at most "
                          "TTS_READY_MAX_WAIT=%gs)", pending, max_wait)
                 said = pending
             time.sleep(poll)

@@ -7,7 +7,10 @@ when the loop, the planners and the codec thread all need the GIL (docs/performa
 `freeze` collects what is garbage now, then moves every object still alive into the collector's permanent
 generation: later full passes scan only what came after. Objects frozen are still freed by reference counting; a
 cycle among them that dies later waits for `thaw` (an engine that froze calls it when it closes: tests and tools make
-and close many) or the process's end. So a freeze happens only in an idle engine turn, with no request in flight.
+and close many) or the process's end. A thaw is the whole process's: an engine closing beside others that stay hands
+their objects back too (a Fleet closes its engines together; tests close many beside a long-lived one: with a count
+of holders instead, every closed engine's cycles would stay frozen for the session). So a freeze happens only in an
+idle engine turn, after a quiet spell, with no request in flight.
 At exit the objects are handed back, so the interpreter's last collection and the native libraries' leak checks see
 them (nanobind, Triton's bindings, reports frozen objects as leaked).
 """
