@@ -135,8 +135,9 @@ class JobHandler:
         return self.cfg.concurrency or self.engine.max_streams
 
     async def run(self, job: dict):
-        # closed with this generator (RunPod's SDK stops after an error item, or cancels the job): its cleanup, the
-        # stream's slot freed, runs now, not when the interpreter finalises an abandoned generator
+        # closed with this generator: a job cancelled while it waits for audio gets the cancel inside it, and the
+        # cleanup (the stream's slot freed) runs on the way out; one the SDK drops at a yield (a cancel that landed in
+        # its own post) is closed by asyncio's finaliser once unreferenced, and this close reaches the stream too
         async with contextlib.aclosing(self._items(job)) as items:
             async for item in items:
                 yield Item(item)
@@ -200,12 +201,14 @@ class JobHandler:
         fmt, index, total = speech.format, 0, 0
         rate = output_rate(fmt, stream.sample_rate, speech.sample_rate)
         chunks = audio_bytes(stream, speech)
-        async for data in coalesced(chunks, PIECE_BYTES) if self.coalesce else chunks:
-            for at in range(0, len(data), PIECE_BYTES):
-                piece = data[at:at + PIECE_BYTES]
-                total += len(piece)
-                yield audio_record(index, piece, fmt, rate)
-                index += 1
+        # closed with this generator: coalesced's reading task stops with the job, not when it is collected
+        async with contextlib.aclosing(coalesced(chunks, PIECE_BYTES) if self.coalesce else chunks) as pieces:
+            async for data in pieces:
+                for at in range(0, len(data), PIECE_BYTES):
+                    piece = data[at:at + PIECE_BYTES]
+                    total += len(piece)
+                    yield audio_record(index, piece, fmt, rate)
+                    index += 1
         if b64_size(total) > self.cfg.max_inline_bytes:
             # every piece went out on /stream; /runsync's aggregate of them may exceed RunPod's limit
             log.warning("streamed %d bytes: over the inline limit for clients that read the aggregate", total)

@@ -2,8 +2,9 @@
 reaches a busy worker starts while the other runs, neither waiting for a job to end nor for a timer (the loop's
 liveness tick is set to a minute here); a worker that fetched a batch fetches again once it started them; a full
 worker fetches its next job when one ends (its look-again wait a minute too); several jobs at once; the SDK's class
-is back after the block; a job whose take answer arrives after the shutdown signal still runs; the off switch and an SDK version it was not written for leave the SDK's loop alone. The
-worker process's own loop with the feature on and off: tests/handlers/test_runpod.py."""
+is back after the block; a job whose take answer arrives after the shutdown signal still runs; the off switch and an
+SDK version it was not written for leave the SDK's loop alone. The worker process's own loop with the feature on and
+off: tests/handlers/test_runpod.py."""
 
 from __future__ import annotations
 
@@ -103,7 +104,7 @@ SHUTDOWN = textwrap.dedent("""
     def on_take(kind, body):  # on the queue's thread, before the take call is answered
         if kind == "job-take":
             loop["it"].call_soon_threadsafe(scaler.kill_worker)  # what the SDK's SIGTERM handler does
-            time.sleep(0.5)  # the answer arrives after the signal
+            time.sleep(1.5)  # the answer arrives well after the signal (the SDK's loop ends on its 0.1 s tick)
             queue.unlisten("last")  # its posts go to the queue's records
 
     queue.listen("last", on_take)

@@ -95,6 +95,25 @@ def test_an_error_comes_after_the_bytes_made_before_it():
     assert b"".join(asyncio.run(go())) == b"x" * 5 + b"y" * 5
 
 
+def test_a_reading_cancelled_from_elsewhere_ends_with_an_error_the_job_can_report():
+    # the source's own await cancelled (a resampler's future at shutdown): the consumer gets the bytes before it, then
+    # a TTSError (an error item for the job), not a bare RuntimeError the SDK would send with its traceback
+    from ttsengine.errors import TTSError
+
+    async def cut():
+        yield b"a" * 10
+        raise asyncio.CancelledError
+
+    async def go():
+        got = []
+        with pytest.raises(TTSError, match="the audio stopped before its end"):
+            async for p in coalesced(cut(), limit=100):
+                got.append(p)
+        return got
+
+    assert asyncio.run(go()) == [b"a" * 10]
+
+
 def test_a_consumer_that_leaves_closes_the_source():
     async def go():
         src = Source([b"a"] * 5)

@@ -16,6 +16,8 @@ import asyncio
 import contextlib
 from collections.abc import AsyncGenerator, AsyncIterator
 
+from .. import errors
+
 HIGH_WATER = 2  # pieces of audio read ahead at most before the reading waits for the consumer (backpressure)
 
 
@@ -59,8 +61,9 @@ async def coalesced(source: AsyncGenerator[bytes, None], limit: int) -> AsyncIte
             del buffer[:limit]
             room.set()
             yield piece
-        if not ended:  # the reading itself was cancelled from elsewhere: no end of the audio to report
-            raise RuntimeError("the audio stopped before its end")
+        if not ended:  # the reading itself was cancelled from elsewhere (a resampler's future at shutdown): the
+            # job ends with an error item that says so, not a stack trace
+            raise errors.CancelledError("the audio stopped before its end")
         if ended[0] is not None:
             raise ended[0]
     finally:
