@@ -572,9 +572,9 @@ STRICT_FIELDS = Var("TTS_STRICT_FIELDS", "strict_fields", toggle(auto=False),
                     "X-Ignored-Fields; RunPod: ignored_fields in the output)")
 READY_WHEN = Var("TTS_READY_WHEN", "ready_when", choice("settled", "serving"),
                  "when /ready (and SageMaker's /ping) says 200, and a RunPod worker or SageMaker's model_fn starts "
-                 "taking work: settled (default) once the engines have captured every CUDA graph left for later, so a "
-                 "burst sent then is served at full speed | serving: as soon as an engine serves (sooner, but the "
-                 "first burst pays the captures)")
+                 "taking work: settled (default) once the engines have captured every CUDA graph left for later and "
+                 "frozen their start-up heap (gc_freeze), so a burst sent then is served at full speed | serving: as "
+                 "soon as an engine serves (sooner, but the first burst pays the captures)")
 READY_MAX_WAIT = Var("TTS_READY_MAX_WAIT", "ready_max_wait", positive_number(),
                      "seconds settled may hold /ready (RunPod: the first job) back after the first engine serves; then "
                      "200 with graphs_pending > 0, the rest captured at first use (default 120)")
