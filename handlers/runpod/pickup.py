@@ -87,9 +87,8 @@ def prompt_scaler(base: type) -> type:
                     await asyncio.sleep(TOO_MANY_S)  # as the SDK: RunPod asked the worker to back off
                 except asyncio.TimeoutError:
                     pass  # an empty long poll: ask again
-                except (asyncio.CancelledError, KeyboardInterrupt):
-                    raise
-                except Exception as e:  # the SDK logs and goes on too: a fetch that failed is retried
+                except Exception as e:  # the SDK logs and goes on too: a fetch that failed is retried (a cancel or
+                    # Ctrl-C is a BaseException: it passes)
                     log.error("fetching RunPod jobs failed: %s: %s", type(e).__name__, e)
                     await asyncio.sleep(0)
                 finally:

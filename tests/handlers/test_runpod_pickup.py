@@ -20,8 +20,9 @@ pytest.importorskip("runpod")
 
 from handlers.runpod import pickup  # noqa: E402
 
-# run in a process of its own: the SDK reads its queue's addresses from the environment when first imported
-SCENARIO = textwrap.dedent("""
+# each scenario runs in a process of its own: the SDK reads its queue's addresses from the environment when first
+# imported
+START = textwrap.dedent("""
     import asyncio, json, os, sys, threading, time
     from ttsengine.tools.load.job_queue import JobQueue
     queue = JobQueue().start()
@@ -29,6 +30,8 @@ SCENARIO = textwrap.dedent("""
     os.environ["RUNPOD_DEBUG_LEVEL"] = "ERROR"
     from runpod.serverless.modules import rp_scale
     from handlers.runpod import pickup
+""")
+SCENARIO = START + textwrap.dedent("""
     pickup.LIVENESS_S = 60.0  # a job must start because it was queued, not because the loop looked again
     pickup.FULL_WAIT_S = 60.0  # ... and a full worker fetch because a job ended, not because it looked again
     slots, holders = int(sys.argv[1]), int(sys.argv[2])
@@ -80,15 +83,7 @@ SCENARIO = textwrap.dedent("""
 """)
 
 # a shutdown signal while a job fetch is answered: RunPod has handed the job to this worker, the answer is on its way
-SHUTDOWN = textwrap.dedent("""
-    import asyncio, json, os, sys, threading, time
-    from ttsengine.tools.load.job_queue import JobQueue
-    queue = JobQueue().start()
-    os.environ.update(queue.env())
-    os.environ["RUNPOD_DEBUG_LEVEL"] = "ERROR"
-    from runpod.serverless.modules import rp_scale
-    from handlers.runpod import pickup
-
+SHUTDOWN = START + textwrap.dedent("""
     async def handler(job):
         yield {"job": job["id"]}
 
@@ -119,9 +114,9 @@ SHUTDOWN = textwrap.dedent("""
 """)
 
 
-def run_scenario(slots: int, holders: int = 1, script: str = SCENARIO) -> dict:
-    out = subprocess.run([sys.executable, "-c", script, str(slots), str(holders)], capture_output=True, text=True,
-                         timeout=120, cwd=ROOT,
+def run_scenario(script: str, *args: object) -> dict:
+    out = subprocess.run([sys.executable, "-c", script, *map(str, args)], capture_output=True, text=True, timeout=120,
+                         cwd=ROOT,
                          env={"PYTHONPATH": f"{ROOT / 'container'}:{ROOT}", "PATH": "/usr/bin:/bin"})
     assert out.returncode == 0, out.stderr[-3000:]
     return json.loads(out.stdout.strip().splitlines()[-1])
@@ -129,7 +124,7 @@ def run_scenario(slots: int, holders: int = 1, script: str = SCENARIO) -> dict:
 
 @pytest.mark.skipif(pickup.sdk_fits() is not None, reason=f"{pickup.sdk_fits()}")
 def test_a_job_reaching_a_busy_worker_starts_while_the_other_runs_without_a_timer():
-    got = run_scenario(8)
+    got = run_scenario(SCENARIO, 8, 1)
     assert got["ours"] and got["class"] == "PromptJobScaler" and got["restored"] == "JobScaler"
     assert got["holders"] == [[{"saw_late": True}]]  # the late job started while the holder still ran
     assert got["late_after_s"] < 10  # with the loop's own look-again tick at 60 s
@@ -140,7 +135,7 @@ def test_a_job_reaching_a_busy_worker_starts_while_the_other_runs_without_a_time
 def test_a_worker_that_fetched_a_batch_fetches_again_once_it_started_them():
     # 4 slots, 2 jobs fetched in one batch: until they leave the SDK's queue each counts twice (queued and in
     # progress), so the fetcher saw the worker full; starting them must wake it, or the late job waits for a job's end
-    got = run_scenario(4, holders=2)
+    got = run_scenario(SCENARIO, 4, 2)  # slots, holders
     assert got["ours"] and got["holders"] == [[{"saw_late": True}], [{"saw_late": True}]]
     assert got["late_after_s"] < 10
 
@@ -149,7 +144,7 @@ def test_a_worker_that_fetched_a_batch_fetches_again_once_it_started_them():
 def test_a_full_worker_fetches_the_next_job_when_one_ends_without_a_timer():
     # one slot: the late job waits in the queue while the holder runs, and is fetched the moment the holder ends
     # (the fetcher's look-again wait is a minute here; the SDK's own fetcher sleeps a second when full)
-    got = run_scenario(1)
+    got = run_scenario(SCENARIO, 1, 1)
     assert got["ours"] and got["holders"] == [[{"saw_late": False}]]  # never two at once
     assert got["late_after_s"] < 10  # when the holder ended, long before the minute
     assert got["burst_done"] == [f"burst-{i}" for i in range(6)]
@@ -161,7 +156,7 @@ def test_a_job_taken_as_the_shutdown_signal_comes_runs_before_the_worker_exits(l
     # RunPod counts a taken job as this worker's: one whose take answer arrives after SIGTERM must run (in the drain's
     # window) and be reported, not be dropped with the job loop. The SDK's own loop (runpod 1.12) ends on its 0.1 s
     # tick and drops it: the scenario reproduces the race, and ours closes it
-    got = run_scenario("ours" if loop == "ours" else "sdk", script=SHUTDOWN)
+    got = run_scenario(SHUTDOWN, loop)
     assert got["ended"] and got["ours"] == (loop == "ours")  # the worker exits either way
     if loop == "ours":
         assert got["done"] is not None and got["done"]["output"] == [{"job": "last"}], got
