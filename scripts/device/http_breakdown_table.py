@@ -40,6 +40,8 @@ for name, report in runs:
         if lv.get("stall_at"):
             print(f"  {name} {lv['format']} {lv['concurrency']}: first stall at piece (index: streams) "
                   f"{lv['stall_at']}")
+        if lv.get("pieces_p50") == lv.get("pieces_p50"):  # not nan (a report from before the field: absent)
+            print(f"  {name} {lv['format']} {lv['concurrency']}: audio pieces per stream p50 {lv['pieces_p50']:.0f}")
         if lv["errors"]:
             print(f"  {name} {lv['format']} {lv['concurrency']}, an error: {(lv['error_sample'] or '')[:160]}")
 print()

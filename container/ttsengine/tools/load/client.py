@@ -72,6 +72,7 @@ def finished(r: dict, fmt: str) -> dict:
         seconds = audio_seconds(r["bytes"], fmt, r["rate"])
         total = sum(n for _, n in r["pieces"]) or 1
         rec["audio_s"] = seconds
+        rec["pieces"] = len(r["pieces"])
         pieces = [(t, seconds * n / total) for t, n in r["pieces"]]
         rec["stalls"], rec["stall_s"] = stalls(pieces)
         rec["stall_at"] = first_stall(pieces)  # which piece: the second (1) points at the first chunk's audio

@@ -37,6 +37,9 @@ class Level:
     server: dict = field(default_factory=dict)  # scrape.breakdown
     error_sample: str | None = None
     stall_at: dict = field(default_factory=dict)  # the piece each stalled stream first waited for -> streams
+    # audio pieces per stream as the client got them (a socket read, an SSE event, a RunPod job item): a transport
+    # that falls behind and sends what piled up at once (RunPod's coalesced items) shows fewer than the engine's chunks
+    pieces_p50: float = float("nan")
     rtf_max: float = float("nan")  # the slowest stream's (request time / audio time): 1 / rtf_max is its x real time
 
 
@@ -68,4 +71,5 @@ def summarise(parts: list[dict], fmt: str, concurrency: int, arrivals: str, char
         send_lag_p95_ms=pct(lags, 95) if lags else None,
         late_start_ms=1000 * max(p["late_start_s"] for p in parts), error_sample=errors[0] if errors else None,
         rtf_max=max(rtf, default=float("nan")),
-        stall_at=dict(sorted(Counter(r["stall_at"] for r in ok if r.get("stall_at") is not None).items())))
+        stall_at=dict(sorted(Counter(r["stall_at"] for r in ok if r.get("stall_at") is not None).items())),
+        pieces_p50=pct([r["pieces"] for r in ok if "pieces" in r], 50))
