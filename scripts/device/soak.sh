@@ -18,12 +18,13 @@ TTS_MODEL_DIR=$CKPT TTS_CACHE_DIR=$CACHE TTS_DATA_DIR=/tmp/tts-data TTS_PORT=$PO
   python3 -m handlers http > "$OUT/server.log" 2>&1 &
 PID=$!
 python3 scripts/device/wait_ready.py "$PORT" "$PID" 400 kernel_cache max_streams memory_preset || { tail -30 "$OUT/server.log"; kill $PID; exit 1; }
+rc=0  # the script's exit: the first soak that failed (its status), else 0
 for formats in ${FORMAT_SETS:-pcm,wav,mp3,opus,flac}; do  # one soak per set, against the same server
   echo "## formats $formats"
   python3 -m ttsengine soak "http://127.0.0.1:$PORT" --clients "${CLIENTS:-256}" --processes "${PROCS:-4}" --minutes "${MINUTES:-8}" \
     --interval "${INTERVAL:-60}" --formats "$formats" --server-pid $PID --out "$OUT/soak-${formats//,/-}" \
     2> "$OUT/soak.err"
-  echo "soak exit $?"
+  s=$?; echo "soak exit $s"; [ "$rc" = 0 ] && rc=$s
 done
 t=$(date +%s)
 kill -TERM $PID
@@ -31,3 +32,4 @@ wait $PID
 echo "server exit $? after $(( $(date +%s) - t )) s of drain"
 echo "server log: $(grep -c Traceback "$OUT/server.log") tracebacks, $(grep -c ' ERROR ' "$OUT/server.log") errors"
 grep -E " ERROR |Traceback" "$OUT/server.log" | head -10
+exit "$rc"  # not grep's: it answers 1 when the log is clean (long_soak.sh read that as the soak failing)
