@@ -320,9 +320,9 @@ def test_each_dataclass_is_described_by_its_table():
     names = [v.name for table in TABLES for v in table]
     shared = {n for n in names if names.count(n) > 1}
     # one Var in two tables each: stored voices, the SIGTERM drain, how requests are read and when work is taken
-    # (settled), for the servers and RunPod
+    # (settled), the chunk trace, for the servers and RunPod
     assert shared == {"TTS_DATA_DIR", "TTS_DRAIN_SECONDS", "TTS_VOICE_ALIASES", "TTS_STRICT_FIELDS",
-                      "TTS_READY_WHEN", "TTS_READY_MAX_WAIT"}
+                      "TTS_READY_WHEN", "TTS_READY_MAX_WAIT", "TTS_TRACE_CHUNKS"}
     for name in shared:
         assert len({id(v) for table in TABLES for v in table if v.name == name}) == 1
 

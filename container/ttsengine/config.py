@@ -570,6 +570,10 @@ VOICE_ALIASES = Var("TTS_VOICE_ALIASES", "voice_aliases", Kind(_pairs, "NAME=VOI
 STRICT_FIELDS = Var("TTS_STRICT_FIELDS", "strict_fields", toggle(auto=False),
                     "on: an unknown request field is a 400 | auto (= off): it is ignored and named (HTTP and serve: "
                     "X-Ignored-Fields; RunPod: ignored_fields in the output)")
+TRACE_CHUNKS = Var("TTS_TRACE_CHUNKS", "trace_chunks", toggle(auto=False),
+                   "on: each audio piece's time from the engine to the client, per stage: the HTTP adapters in "
+                   "/metrics (and the CPU per thread), the RunPod worker one log line per streamed job (default off)",
+                   dev=True)
 READY_WHEN = Var("TTS_READY_WHEN", "ready_when", choice("settled", "serving"),
                  "when /ready (and SageMaker's /ping) says 200, and a RunPod worker or SageMaker's model_fn starts "
                  "taking work: settled (default) once the engines have captured every CUDA graph left for later and "
@@ -637,9 +641,7 @@ SERVER_VARS = (
         "cancelled and the socket closed (1008; default 8388608)"),
     READY_WHEN,
     READY_MAX_WAIT,
-    Var("TTS_TRACE_CHUNKS", "trace_chunks", toggle(auto=False),
-        "on: /metrics adds each audio piece's time from the engine to the socket and the CPU per thread (default off)",
-        dev=True),
+    TRACE_CHUNKS,
 )
 
 
@@ -682,6 +684,7 @@ class RunPodConfig:
     ready_when: str = "settled"  # as ServerConfig's: the worker takes jobs once the lazy graphs are captured
     ready_max_wait: float = 120.0
     aggregate_stream: bool = True  # a job's items also go back as one list at its end (/runsync, /status)
+    trace_chunks: bool = False  # TTS_TRACE_CHUNKS: one log line per streamed job, where its chunks' time went
 
     @staticmethod
     def from_env(env: Mapping[str, str] | None = None, defaults: Mapping[str, object] | None = None) -> RunPodConfig:
@@ -706,6 +709,7 @@ RUNPOD_VARS = (
     STRICT_FIELDS,
     READY_WHEN,
     READY_MAX_WAIT,
+    TRACE_CHUNKS,
     Var("RUNPOD_WEBHOOK_POST_OUTPUT", "progress_updates", PRESENT,
         "set by RunPod's job queue (not its local test API): progress updates have somewhere to go"),
 )

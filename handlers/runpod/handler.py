@@ -37,7 +37,9 @@ from ttsengine import (
     output_rate,
     whole,
 )
+from ttsengine.serving import chunk_trace
 from ttsengine.serving.coalesce import coalesced
+from ttsengine.serving.delivery import Tally
 from ttsengine.serving.failure import failure
 from ttsengine.serving.protocol import SpeechJob, job_from_body
 from ttsengine.serving.service import Service
@@ -156,7 +158,8 @@ class JobHandler:
             return
         watcher = asyncio.create_task(self._report_progress(job, stream)) if self.progress else None
         try:
-            items = self._streamed(stream, speech) if opts.stream else self._whole(job, stream, speech, opts)
+            items = (self._streamed(stream, speech, job.get("id")) if opts.stream
+                     else self._whole(job, stream, speech, opts))
             async for item in items:
                 yield item
         except TTSError as e:
@@ -197,18 +200,25 @@ class JobHandler:
                     raise
                 await asyncio.sleep(CAPACITY_RETRY_S)
 
-    async def _streamed(self, stream, speech: SpeechJob):
+    async def _streamed(self, stream, speech: SpeechJob, job_id=None):
         fmt, index, total = speech.format, 0, 0
         rate = output_rate(fmt, stream.sample_rate, speech.sample_rate)
-        chunks = audio_bytes(stream, speech)
+        tally = Tally()  # its marks: each chunk's times when TTS_TRACE_CHUNKS is on (None when off)
+        posts: list[tuple[float, float]] = []  # tracing: (handed to the SDK, the SDK asked for the next) per item
+        chunks = audio_bytes(stream, speech, tally)
         # closed with this generator: coalesced's reading task stops with the job, not when it is collected
         async with contextlib.aclosing(coalesced(chunks, PIECE_BYTES) if self.coalesce else chunks) as pieces:
             async for data in pieces:
                 for at in range(0, len(data), PIECE_BYTES):
                     piece = data[at:at + PIECE_BYTES]
                     total += len(piece)
+                    handed = time.perf_counter()
                     yield audio_record(index, piece, fmt, rate)
+                    if tally.marks is not None:
+                        posts.append((handed, time.perf_counter()))
                     index += 1
+        if tally.marks is not None:
+            log.info("trace job %s: %s", job_id, chunk_trace.job_summary(list(tally.marks), posts))
         if b64_size(total) > self.cfg.max_inline_bytes:
             # every piece went out on /stream; /runsync's aggregate of them may exceed RunPod's limit
             log.warning("streamed %d bytes: over the inline limit for clients that read the aggregate", total)

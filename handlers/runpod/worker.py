@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 from ttsengine import DownloadConfig, EngineConfig, RunPodConfig, TTSError, from_env
-from ttsengine.serving import switches
+from ttsengine.serving import chunk_trace, switches
 from ttsengine.serving.service import Service, engine_loader, setup_logging
 
 from .drain import Drain
@@ -56,6 +56,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"handlers runpod: {e}", file=sys.stderr)
         return 2
     setup_logging(engine_config.log_level)
+    chunk_trace.enable(cfg.trace_chunks)  # a streamed job's chunks timed: one log line each (handler.py)
     try:
         import runpod
     except ImportError:

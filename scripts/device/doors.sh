@@ -15,7 +15,8 @@
 # leaves are printed.
 # Usage: scripts/device/doors.sh   (env: DOORS="http serve runpod", LEVELS=64,256, MAX=256, FRAMES=192, PROCS=4,
 #   FORMAT=pcm (loadtest --format: one or several, comma-separated), CKPT, CACHE; the servers take any TTS_*
-#   exported. Needs runpod's wheels for the runpod door: .whl/rp/)
+#   exported. Needs runpod's wheels for the runpod door: .whl/rp/). TTS_TRACE_CHUNKS=on: the HTTP doors' breakdown
+#   from /metrics, and the RunPod worker's per-job trace lines (logged at INFO then) summed up after the tables)
 # On a CPU, the tiny checkpoint (stop 69's door A/B): PATH=<the CI venv>/bin:$PATH TTS_DEVICE=cpu MAX=8 FRAMES=24
 #   CKPT=$PWD/tests/assets/golden/checkpoint LEVELS=4,4,4 PROCS=1 DOORS="http runpod:-runpod_pickup runpod"
 set -uo pipefail
@@ -32,7 +33,8 @@ fi
 if command -v nvidia-smi >/dev/null; then nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader; fi
 python3 -c "import torch; print('torch', torch.__version__)"
 random_checkpoint "$CKPT" "$W/write.log" || exit 1
-common=(TTS_MODEL_DIR="$CKPT" TTS_CACHE_DIR="$CACHE" TTS_DATA_DIR=/tmp/tts-data TTS_LOG_LEVEL=WARNING
+LOGLEVEL=WARNING; [ "${TTS_TRACE_CHUNKS:-off}" = on ] && LOGLEVEL=INFO  # a traced RunPod worker logs at INFO
+common=(TTS_MODEL_DIR="$CKPT" TTS_CACHE_DIR="$CACHE" TTS_DATA_DIR=/tmp/tts-data TTS_LOG_LEVEL=$LOGLEVEL
         TTS_MAX_BATCH="$MAX" TTS_FEATURES=auto)
 lt() {  # lt DOOR PROCS: a warm-up level, then the measured ones, into $W/$name (one loadtest: runpod's queue lives in it)
   local t0; t0=$(date +%s)

@@ -4,6 +4,7 @@ http_breakdown_table.py WORKDIR RUN... (RUN: a loadtest --out folder name under 
 WORKDIR/bench*/bench.json: WORKDIR/bench the defaults, WORKDIR/bench-NAME a variant, shown as NAME)."""
 
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -65,3 +66,17 @@ for name, report in runs:
             continue
         print(f"  {name} {lv['format']} {lv['concurrency']} ({lv['wall_s']:.1f} s): "
               + ", ".join(f"{k} {v:.1f}" for k, v in cpu.items()))
+# a traced RunPod worker (TTS_TRACE_CHUNKS=on: no /metrics there) logs one line per streamed job (handlers/runpod):
+# the median over its jobs, all levels together (the warm-up's too), of each figure the line gives
+for name, _ in runs:
+    log = work / f"server-{name}.log"
+    lines = [ln for ln in log.read_text(errors="replace").splitlines() if "trace job " in ln] if log.exists() else []
+    if not lines:
+        continue
+    cols = [[float(x) for x in re.findall(r"(\d+(?:\.\d+)?)", ln.split(": ", 2)[-1])] for ln in lines]
+    cols = [c for c in cols if len(c) == 10]  # chunks, pieces, every, wake mean/max, encode mean/max, post, trail
+    med = [sorted(c[i] for c in cols)[len(cols) // 2] for i in range(10)] if cols else []
+    if med:
+        print(f"  {name} traced jobs ({len(cols)}), medians: chunks {med[0]:.0f}, pieces {med[1]:.0f}, arriving every "
+              f"{med[2]:.1f} ms, wake {med[3]:.1f} / {med[4]:.1f} ms, encode {med[5]:.1f} / {med[6]:.1f} ms, post "
+              f"{med[7]:.1f} / {med[8]:.1f} ms, trail {med[9]:.1f} ms")

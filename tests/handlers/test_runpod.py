@@ -6,7 +6,9 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
+import logging
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -19,6 +21,7 @@ from conftest import MODEL_DIR, ROOT, complete_model, free_port, s3_client
 from fake_runpod import JobQueue
 
 from ttsengine import RunPodConfig, SynthesisRequest, encode_audio
+from ttsengine.serving import chunk_trace
 
 pytest.importorskip("runpod", reason="runpod is a dev dependency")
 from handlers.runpod import handler as rp  # noqa: E402
@@ -77,6 +80,25 @@ def test_pcm_stream_is_24k_like_openai(handler):
     items = run_job(handler, {"input": "Raw.", "response_format": "pcm", "stream": True, "max_new_tokens": 16})
     assert items[0]["sample_rate"] == 24000 and items[0]["content_type"] == "audio/pcm"
     assert sum(len(base64.b64decode(i["audio"])) for i in items[:-1]) == items[-1]["bytes"]
+
+
+def test_traced_streamed_job_logs_where_its_chunks_time_went(handler, monkeypatch, caplog):
+    """TTS_TRACE_CHUNKS=on: the worker has no /metrics, so each streamed job ends with one log line of its chunks'
+    stages (the engine's pace as the front saw it, wake, encode, the SDK's post, the trail)."""
+    monkeypatch.setattr(chunk_trace, "_enabled", True)  # what worker.main's chunk_trace.enable(cfg.trace_chunks) sets
+    caplog.set_level(logging.INFO, logger="handlers.runpod")
+    items = run_job(handler, {"input": "Traced.", "response_format": "pcm", "stream": True, "max_new_tokens": 16},
+                    job_id="traced")
+    (line,) = [r.getMessage() for r in caplog.records if r.getMessage().startswith("trace job traced:")]
+    got = re.fullmatch(r"trace job traced: chunks (\d+), pieces (\d+), arriving every [\d.]+ ms, "
+                       r"wake [\d.]+ / [\d.]+ ms, encode [\d.]+ / [\d.]+ ms, post [\d.]+ / [\d.]+ ms, trail [\d.]+ ms",
+                       line)
+    assert got, line
+    assert int(got[2]) == len(items) - 1 and 1 <= int(got[1]), line  # every audio item posted and timed
+    monkeypatch.setattr(chunk_trace, "_enabled", False)
+    caplog.clear()
+    run_job(handler, {"input": "Traced.", "response_format": "pcm", "stream": True, "max_new_tokens": 16})
+    assert not [r for r in caplog.records if "trace job" in r.getMessage()]  # off (the default): no line
 
 
 def test_a_streamed_job_behind_its_consumer_sends_what_was_made_since_in_one_item(engine, tmp_path):

@@ -46,3 +46,21 @@ def mark(marks: deque | None, emitted: float | None, picked: float) -> None:
 def stages(emitted: float, picked: float, encoded: float, sent: float) -> tuple[float, float, float, float]:
     """Seconds per stage, in STAGES' order."""
     return picked - emitted, encoded - picked, sent - encoded, sent - emitted
+
+
+def job_summary(marks: list[tuple[float, float, float]], posts: list[tuple[float, float]]) -> str:
+    """One streamed job's trace in a line (the RunPod worker logs it; it has no /metrics): marks are its chunks'
+    (emitted, picked, encoded), posts its items' (handed to the SDK, the SDK asked for the next: its post answered).
+    'arriving every' is the mean gap between the chunks' arrivals in this process (the engine's pace as the front sees
+    it); the stages' mean / max; 'trail' how long after its chunk arrived the job's last audio was posted."""
+    if not marks or not posts:
+        return f"chunks {len(marks)}, pieces {len(posts)}: nothing to time"
+
+    def ms(xs: list[float]) -> str:
+        return f"{1000 * sum(xs) / len(xs):.1f} / {1000 * max(xs):.1f} ms"
+
+    arrivals = [m[0] for m in marks]
+    every = (arrivals[-1] - arrivals[0]) / (len(arrivals) - 1) if len(arrivals) > 1 else 0.0
+    return (f"chunks {len(marks)}, pieces {len(posts)}, arriving every {1000 * every:.1f} ms, "
+            f"wake {ms([p - e for e, p, _ in marks])}, encode {ms([c - p for _, p, c in marks])}, "
+            f"post {ms([b - a for a, b in posts])}, trail {1000 * (posts[-1][1] - marks[-1][0]):.1f} ms")
