@@ -42,7 +42,8 @@ for name, report in runs:
             print(f"  {name} {lv['format']} {lv['concurrency']}: first stall at piece (index: streams) "
                   f"{lv['stall_at']}")
         if lv.get("pieces_p50") == lv.get("pieces_p50"):  # not nan (a report from before the field: absent)
-            print(f"  {name} {lv['format']} {lv['concurrency']}: audio pieces per stream p50 {lv['pieces_p50']:.0f}")
+            print(f"  {name} {lv['format']} {lv['concurrency']}: audio pieces per stream p50 {lv['pieces_p50']:.0f}, "
+                  f"its end after its last audio p95 {lv.get('end_after_audio_p95_ms', float('nan')):.0f} ms")
         if lv["errors"]:
             print(f"  {name} {lv['format']} {lv['concurrency']}, an error: {(lv['error_sample'] or '')[:160]}")
 print()

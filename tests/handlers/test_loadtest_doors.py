@@ -79,6 +79,7 @@ def test_every_door_delivers_the_same_audio_for_the_same_requests(tmp_path, serv
         assert lv["door"] == door and lv["errors"] == 0 and lv["requests"] == 3, lv
         assert 0 < lv["ttfb_p50_ms"] <= lv["first_audio_p50_ms"] and lv["stall_s"] >= 0, lv
         assert lv["pieces_p50"] >= 1, lv  # every stream brought its audio in at least one piece, counted
+        assert lv["end_after_audio_p95_ms"] >= 0, lv  # a request ends after its last audio, never before
     seconds = {door: lv["audio_s_per_s"] * lv["wall_s"] for door, lv in got.items()}  # all requests' audio
     assert seconds["serve"] == pytest.approx(seconds["http"], rel=1e-9) and seconds["http"] > 0
     assert seconds["runpod"] == pytest.approx(seconds["http"], rel=1e-9)

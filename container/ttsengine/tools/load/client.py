@@ -73,6 +73,7 @@ def finished(r: dict, fmt: str) -> dict:
         total = sum(n for _, n in r["pieces"]) or 1
         rec["audio_s"] = seconds
         rec["pieces"] = len(r["pieces"])
+        rec["last"] = r["pieces"][-1][0] if r["pieces"] else None  # the last audio's arrival (end: the request's)
         pieces = [(t, seconds * n / total) for t, n in r["pieces"]]
         rec["stalls"], rec["stall_s"] = stalls(pieces)
         rec["stall_at"] = first_stall(pieces)  # which piece: the second (1) points at the first chunk's audio

@@ -40,6 +40,8 @@ class Level:
     # audio pieces per stream as the client got them (a socket read, an SSE event, a RunPod job item): a transport
     # that falls behind and sends what piled up at once (RunPod's coalesced items) shows fewer than the engine's chunks
     pieces_p50: float = float("nan")
+    # from the last audio to the request's end (the body's close, RunPod's done post with its aggregate of the items)
+    end_after_audio_p95_ms: float = float("nan")
     rtf_max: float = float("nan")  # the slowest stream's (request time / audio time): 1 / rtf_max is its x real time
 
 
@@ -72,4 +74,6 @@ def summarise(parts: list[dict], fmt: str, concurrency: int, arrivals: str, char
         late_start_ms=1000 * max(p["late_start_s"] for p in parts), error_sample=errors[0] if errors else None,
         rtf_max=max(rtf, default=float("nan")),
         stall_at=dict(sorted(Counter(r["stall_at"] for r in ok if r.get("stall_at") is not None).items())),
-        pieces_p50=pct([r["pieces"] for r in ok if "pieces" in r], 50))
+        pieces_p50=pct([r["pieces"] for r in ok if "pieces" in r], 50),
+        end_after_audio_p95_ms=pct([1000 * (r["end"] - r["last"]) for r in ok
+                                    if r.get("last") is not None and r["end"] is not None], 95))
