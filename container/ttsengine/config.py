@@ -685,10 +685,16 @@ class RunPodConfig:
     ready_max_wait: float = 120.0
     aggregate_stream: bool = True  # a job's items also go back as one list at its end (/runsync, /status)
     trace_chunks: bool = False  # TTS_TRACE_CHUNKS: one log line per streamed job, where its chunks' time went
+    # RunPod's SDK logs three DEBUG lines per streamed item by default: the worker sets INFO unless one of these is set
+    sdk_log_level: str | None = None  # RUNPOD_LOG_LEVEL
+    sdk_debug_level: str | None = None  # RUNPOD_DEBUG_LEVEL, the SDK's older name (RUNPOD_LOG_LEVEL wins)
 
     @staticmethod
     def from_env(env: Mapping[str, str] | None = None, defaults: Mapping[str, object] | None = None) -> RunPodConfig:
         return read(RunPodConfig, RUNPOD_VARS, env, defaults)
+
+
+SDK_LOG_LEVEL = choice("NOTSET", "TRACE", "DEBUG", "INFO", "WARN", "ERROR", case=str.upper)  # runpod's rp_logger
 
 
 RUNPOD_VARS = (
@@ -710,6 +716,11 @@ RUNPOD_VARS = (
     READY_WHEN,
     READY_MAX_WAIT,
     TRACE_CHUNKS,
+    Var("RUNPOD_LOG_LEVEL", "sdk_log_level", SDK_LOG_LEVEL,
+        "the RunPod SDK's log level (default here INFO; the SDK's own default, DEBUG, logs three lines per streamed "
+        "item)"),
+    Var("RUNPOD_DEBUG_LEVEL", "sdk_debug_level", SDK_LOG_LEVEL,
+        "the SDK's older name for RUNPOD_LOG_LEVEL, read when that is unset"),
     Var("RUNPOD_WEBHOOK_POST_OUTPUT", "progress_updates", PRESENT,
         "set by RunPod's job queue (not its local test API): progress updates have somewhere to go"),
 )

@@ -63,6 +63,11 @@ def main(argv: list[str] | None = None) -> int:
         print("handlers runpod: the runpod package is missing (pip install 'fish-tts-server[runpod]')",
               file=sys.stderr)
         return 2
+    from runpod.serverless.modules.rp_logger import RunPodLogger
+
+    # the SDK's default, DEBUG, prints three lines per streamed item (hundreds a second under load, 7% of the
+    # worker's main thread at 256 jobs): INFO unless the endpoint asks for a level
+    RunPodLogger().set_level(cfg.sdk_log_level or cfg.sdk_debug_level or "INFO")
     try:
         handler = build(cfg, engine_config, download)
     except TTSError as e:

@@ -287,7 +287,10 @@ def test_worker_loop_streams_batches_reports_progress_and_drains(tmp_path):
         assert "inflight" not in queue.done
         assert stop_worker(proc) == 0
         assert queue.done["inflight"]["output"][-1]["done"] is True, queue.done["inflight"]
-        assert "job pickup: as soon as fetched (runpod_pickup)" in (tmp_path / "worker.log").read_text()
+        worker_log = (tmp_path / "worker.log").read_text()
+        assert "job pickup: as soon as fetched (runpod_pickup)" in worker_log
+        # the SDK at INFO (RUNPOD_LOG_LEVEL unset): its three DEBUG lines per streamed item are not printed
+        assert "Log level set to INFO" in worker_log and "Intermediate results sent." not in worker_log
     finally:
         stop_worker(proc)
         queue.stop()
@@ -301,7 +304,8 @@ def test_aggregate_stream_off_leaves_every_jobs_items_out_of_its_result(tmp_path
     queue = JobQueue().start()
     queue.submit("stream", {"input": "Streamed once.", "seed": 1, "response_format": "pcm", "stream": True})
     queue.submit("whole", {"input": "A whole file.", "seed": 2, "response_format": "wav"})
-    proc = start_worker(tmp_path, {**queue.env(), "RUNPOD_AGGREGATE_STREAM": "off", "TTS_FEATURES": "-runpod_pickup"})
+    proc = start_worker(tmp_path, {**queue.env(), "RUNPOD_AGGREGATE_STREAM": "off", "TTS_FEATURES": "-runpod_pickup",
+                                   "RUNPOD_DEBUG_LEVEL": "DEBUG"})  # the SDK's older name, asked for: its level
     try:
         queue.wait_done(["stream", "whole"], timeout=120)
         *pieces, done = queue.streamed["stream"]
@@ -311,7 +315,9 @@ def test_aggregate_stream_off_leaves_every_jobs_items_out_of_its_result(tmp_path
         assert wav[:4] == b"RIFF" and whole["bytes"] == len(wav)
         for job in ("stream", "whole"):
             assert queue.done[job].get("output") in (None, []), queue.done[job]
-        assert "job pickup: the SDK's own loop" in (tmp_path / "worker.log").read_text()
+        worker_log = (tmp_path / "worker.log").read_text()
+        assert "job pickup: the SDK's own loop" in worker_log
+        assert "Log level set to DEBUG" in worker_log and "Intermediate results sent." in worker_log
     finally:
         stop_worker(proc)
         queue.stop()
