@@ -285,7 +285,7 @@ def test_fast_stack_equals_the_reference(eager_engine):
         r = eng.runner
         assert r.stack_rows == 2 and "fast_stack" in r.fused_in_use
         assert r.step_ops(2).frame.fast_stack is not None and r.step_ops(4).frame.fast_stack is None
-        serve_all(eng, eager_engine, [SynthesisRequest(text=f"Stack {i}.", seed=90 + i, max_new_tokens=4 + 3 * i)
+        serve_all(eng, eager_engine, [SynthesisRequest(text=f"Stack {i}.", seed=90 + i, max_new_tokens=2 + 2 * i)
                                       for i in range(3)])
     finally:
         eng.close()
@@ -305,7 +305,7 @@ def test_layer_gemv_rows_bound_the_steps_that_run_it(eager_engine):
         r = eng.runner
         assert r.gemv_rows == 2 and "layer_gemv" in r.fused_in_use
         assert r.step_ops(2).slow_layer is r._gemv_layer and r.step_ops(3) is r.ops
-        serve_all(eng, eager_engine, [SynthesisRequest(text=f"Rows {i}.", seed=70 + i, max_new_tokens=3 + 3 * i)
+        serve_all(eng, eager_engine, [SynthesisRequest(text=f"Rows {i}.", seed=70 + i, max_new_tokens=2 + 2 * i)
                                       for i in range(3)])
     finally:
         eng.close()
@@ -360,7 +360,7 @@ def test_layer_gemv_equals_the_reference(eager_engine):
                                    features="fast_attention,layer_gemv"))
     try:
         assert eng.runner.gemv_rows == 16 and eng.runner.step_ops(4).slow_layer is not eng.runner.ops.slow_layer
-        serve_all(eng, eager_engine, [SynthesisRequest(text=f"Gemv {i}.", seed=80 + i, max_new_tokens=4 + 3 * i)
+        serve_all(eng, eager_engine, [SynthesisRequest(text=f"Gemv {i}.", seed=80 + i, max_new_tokens=2 + 2 * i)
                                       for i in range(3)])
     finally:
         eng.close()
