@@ -33,7 +33,7 @@ fi
 if command -v nvidia-smi >/dev/null; then nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader; fi
 python3 -c "import torch; print('torch', torch.__version__)"
 random_checkpoint "$CKPT" "$W/write.log" || exit 1
-LOGLEVEL=WARNING; [ "${TTS_TRACE_CHUNKS:-off}" = on ] && LOGLEVEL=INFO  # a traced RunPod worker logs at INFO
+LOGLEVEL=WARNING; [ "${TTS_TRACE_CHUNKS:-off}" = on ] && LOGLEVEL=INFO  # tracing: the RunPod worker's lines are INFO
 common=(TTS_MODEL_DIR="$CKPT" TTS_CACHE_DIR="$CACHE" TTS_DATA_DIR=/tmp/tts-data TTS_LOG_LEVEL=$LOGLEVEL
         TTS_MAX_BATCH="$MAX" TTS_FEATURES=auto)
 lt() {  # lt DOOR PROCS: a warm-up level, then the measured ones, into $W/$name (one loadtest: runpod's queue lives in it)
