@@ -41,9 +41,10 @@ for name, report in runs:
         if lv.get("stall_at"):
             print(f"  {name} {lv['format']} {lv['concurrency']}: first stall at piece (index: streams) "
                   f"{lv['stall_at']}")
-        if lv.get("pieces_p50") == lv.get("pieces_p50"):  # not nan (a report from before the field: absent)
-            print(f"  {name} {lv['format']} {lv['concurrency']}: audio pieces per stream p50 {lv['pieces_p50']:.0f}, "
-                  f"its end after its last audio p95 {lv.get('end_after_audio_p95_ms', float('nan')):.0f} ms")
+        pieces = lv.get("pieces_p50", float("nan"))  # absent in a report from before the field
+        if pieces == pieces:  # not nan
+            print(f"  {name} {lv['format']} {lv['concurrency']}: audio pieces per stream p50 {pieces:.0f}, "
+                  f"its end after its last audio p95 {lv['end_after_audio_p95_ms']:.0f} ms")
         if lv["errors"]:
             print(f"  {name} {lv['format']} {lv['concurrency']}, an error: {(lv['error_sample'] or '')[:160]}")
 print()

@@ -74,6 +74,5 @@ def summarise(parts: list[dict], fmt: str, concurrency: int, arrivals: str, char
         late_start_ms=1000 * max(p["late_start_s"] for p in parts), error_sample=errors[0] if errors else None,
         rtf_max=max(rtf, default=float("nan")),
         stall_at=dict(sorted(Counter(r["stall_at"] for r in ok if r.get("stall_at") is not None).items())),
-        pieces_p50=pct([r["pieces"] for r in ok if "pieces" in r], 50),
-        end_after_audio_p95_ms=pct([1000 * (r["end"] - r["last"]) for r in ok
-                                    if r.get("last") is not None and r["end"] is not None], 95))
+        pieces_p50=pct([r["pieces"] for r in ok], 50),
+        end_after_audio_p95_ms=pct([1000 * (r["end"] - r["last"]) for r in ok if r["last"] is not None], 95))
