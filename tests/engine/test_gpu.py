@@ -35,8 +35,11 @@ REQUESTS = [
 def tokens(engine_cfg: EngineConfig, stats: dict | None = None, waves: tuple = (REQUESTS,)) -> list:
     """Every generated frame of every text chunk of every request, recorded through the engine's tasks; the
     requests of a wave are submitted at once, a wave after the previous one ended. `stats` gets the engine's
-    stats() (as a dict), the prefill graph keys it captured and the fused kernels it ran ("fused")."""
-    eng = Engine.load(engine_cfg)
+    stats() (as a dict), the prefill graph keys it captured and the fused kernels it ran ("fused"). The first wave is
+    queued before the engine's loop starts, so its first step holds every request of it in both runs compared: submitted
+    to a running loop, which request steps alone first is a race, and int8's kernels are row-count dependent (issue 46:
+    int8_step_diff.py found the eager run stepping request 0 alone where the graphed one stepped all four)."""
+    eng = Engine.load(engine_cfg, start=False)
     seen: dict[int, list] = {}
     original = eng._close
 
@@ -47,8 +50,10 @@ def tokens(engine_cfg: EngineConfig, stats: dict | None = None, waves: tuple = (
     eng._close = spy
     try:
         streams = []
-        for wave in waves:
+        for n, wave in enumerate(waves):
             submitted = [eng.submit(r) for r in wave]
+            if n == 0:
+                eng.start()  # warms up (captures), then admits the queued wave together
             for s in submitted:
                 s.result()
             streams += submitted
