@@ -1,6 +1,9 @@
 """Where int8's graphed decode first parts from its eager decode (issue 46; test_gpu.py's
 test_int8_graphs_equal_eager_tokens_bf16 and int8_graphs_check.py: the four requests alone agree, together they part
 at request 0's frame 38 of 40, with or without prefill graphs, lazy graphs, the one-row bucket, prefill_fit or pdl).
+Its answer (stop 71): the eager run stepped request 0 alone first, the graphed one all four (int8's kernels depend
+on the row count). The test now queues its requests before the engine's loop starts and passes (stop 72); this script
+still submits to a running engine, as a server's requests come.
 
 Both engines run the test's four requests at once with every slow layer's output and the slow head's logits copied
 into buffers of their own inside the step (so a CUDA graph records the copies too), and after each decode step is
