@@ -16,7 +16,10 @@
 #   benchopen:R: `bench` open loop, 2 x $MAX requests at R/s (Poisson), in-process and through the engine process;
 #   open:R:   the same arrivals through HTTP against the server now running (issue 43: the same load at each door);
 #   burst, steady: cold's two loads again against the server now running (named after it), e.g.
-#             PARTS="cold restart:+slack_prefill burst steady restart:- burst steady".
+#             PARTS="cold restart:+slack_prefill burst steady restart:- burst steady";
+#   burst:N:  N requests at once, one each (issue 44 with int8: TTS_QUANT=int8 PARTS="cold restart:- burst:64
+#             burst:64 restart:- burst:256 burst:256": each size at a warm restart's ready, then once warm).
+#   A run named again gets -2, -3, ... after its name.
 # Prints the tables last. Usage: scripts/device/front_door.sh   (env: PARTS="bench cold overload live warm",
 #   MAX=256, FRAMES=192, PROCS=4, SESSIONS=64, LIVE_PROCS=$PROCS (a list; repeats run again), BENCH_RUNS=1
 #   (bench's first audio at 256 moves between runs: several show how much),
@@ -36,7 +39,9 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 python3 -c "import torch, uvicorn; print('torch', torch.__version__, '| uvicorn', uvicorn.__version__)"
 random_checkpoint "$CKPT" "$W/write.log" || exit 1
 RUNS=()
-lt() { local name=$1 t0; t0=$(date +%s); shift; timeout 240 python3 -m ttsengine loadtest "$URL" \
+lt() { local name=$1 base=$1 t0 k=2; t0=$(date +%s); shift
+  while [[ " ${RUNS[*]} " == *" $name "* ]]; do name="$base-$k"; k=$((k + 1)); done  # a repeat: NAME-2, ...
+  timeout 240 python3 -m ttsengine loadtest "$URL" \
   --max-new-tokens "$FRAMES" --processes "$PROCS" --out "$W/$name" "$@" > "$W/$name.log" 2>&1
   echo "loadtest $name exit $? ($(( $(date +%s) - t0 )) s)"; RUNS+=("$name"); }
 SRV=cold PFX=  # the server now running; a restart's live runs carry its name ($PFX)
@@ -76,6 +81,7 @@ for part in $PARTS; do
           lt burst-cold --concurrency "$MAX" --requests "$MAX"; lt steady --concurrency "$MAX" ;;
     overload) lt overload --concurrency $((2 * MAX)) ;;
     burst) lt "${PFX}burst" --concurrency "$MAX" --requests "$MAX" ;;  # $MAX at once, one request each
+    burst:*) lt "${PFX}burst${part#burst:}" --concurrency "${part#burst:}" --requests "${part#burst:}" ;;
     steady) lt "${PFX}steady" --concurrency "$MAX" ;;
     clients) lt steady-httpx --concurrency "$MAX" --client httpx
              lt "steady-p$((2 * PROCS))" --concurrency "$MAX" --processes $((2 * PROCS)) ;;
